@@ -1,0 +1,31 @@
+# The two set-up commands of the README: `make run` and `make test`.
+# Everything they need is installed here, into .venv (torch from PyPI).
+SHELL := /bin/bash
+PYTHON ?= python3
+VENV ?= .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.installed
+
+.PHONY: install run test lint testenv
+
+install: $(STAMP)
+
+$(STAMP): runtime/pyproject.toml operator/pyproject.toml
+	@echo ">> creating $(VENV) and installing lopa + lopa-operator (torch is large: first run takes a few minutes)"
+	$(PYTHON) -m venv $(VENV)
+	$(VENV)/bin/pip install --upgrade --quiet pip
+	$(VENV)/bin/pip install --progress-bar off -e './runtime[dev]' -e ./operator
+	touch $(STAMP)
+
+run: install
+	$(VENV)/bin/lopa generate --prompt "$${PROMPT:-12+34=}"
+
+# Builds (once per machine, cached) the Kubernetes test control plane from the Go module proxy.
+testenv:
+	@if [ -x tools/k8s-testenv/build.sh ]; then tools/k8s-testenv/build.sh; fi
+
+lint: install
+	$(VENV)/bin/ruff check .
+
+test: install testenv lint
+	$(PY) -m pytest tests

@@ -1,0 +1,82 @@
+"""The block table of one branch (algorithm.md section 2): pure data, no torch."""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass
+
+
+class BlockState(enum.Enum):
+    ACTIVE = "active"  # being decoded
+    TO_CACHE = "to_cache"  # complete; its K/V are written in the next forward
+    IN_CACHE = "in_cache"  # K/V in the shared cache
+
+
+@dataclass
+class Block:
+    start: int
+    end: int
+    state: BlockState
+    # Sticky "the previous block crossed tau_act" flag (the authors' `is_complete`):
+    # only fully activated blocks get the one-token fallback fill.
+    fully_activated: bool = False
+
+    @property
+    def size(self) -> int:
+        return self.end - self.start
+
+    @property
+    def completed(self) -> bool:
+        return self.state is not BlockState.ACTIVE
+
+
+@dataclass(frozen=True)
+class SequenceSpec:
+    """Request-wide constants the rules need (ids come from the checkpoint, never hard-coded)."""
+
+    mask_id: int
+    eos_ids: frozenset[int]
+    block_size: int
+    max_blocks: int  # generated blocks allowed: max_new_tokens // block_size
+    max_length: int  # prompt + generation must fit the KV cache
+
+
+@dataclass
+class Branch:
+    """One candidate: a full token sequence (prompt + generated, masks included) and its blocks.
+
+    blocks[0] is the prompt. `creation` is the Conf of the lookahead token that
+    created the branch (1.0 for the base branch).
+    """
+
+    tokens: list[int]
+    blocks: list[Block]
+    eos_seen: bool = False
+    creation: float = 1.0
+    lookahead_position: int | None = None
+    finished: bool = False
+
+    @classmethod
+    def from_prompt(cls, prompt: list[int]) -> Branch:
+        # The prompt starts TO_CACHE: the first forward writes its K/V.
+        return cls(tokens=list(prompt), blocks=[Block(0, len(prompt), BlockState.TO_CACHE, True)])
+
+    @property
+    def prompt_length(self) -> int:
+        return self.blocks[0].end
+
+    def copy(self) -> Branch:
+        return Branch(
+            tokens=list(self.tokens),
+            blocks=[Block(b.start, b.end, b.state, b.fully_activated) for b in self.blocks],
+            eos_seen=self.eos_seen,
+            creation=self.creation,
+            lookahead_position=self.lookahead_position,
+            finished=self.finished,
+        )
+
+    def masks_left(self, block: Block, mask_id: int) -> int:
+        return sum(1 for t in self.tokens[block.start : block.end] if t == mask_id)
+
+    def decoded_fraction(self, block: Block, mask_id: int) -> float:
+        return (block.size - self.masks_left(block, mask_id)) / block.size

@@ -1,0 +1,192 @@
+"""The decision rules of D2F and LoPA (algorithm.md sections 3-4), as pure functions.
+
+Nothing here touches torch: executors reduce logits to one `PositionStat` per
+masked position, and these rules decide fills, scores, the winner and spawns.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+
+from lopa.decoding.blocks import Block, BlockState, Branch, SequenceSpec
+
+
+@dataclass(frozen=True)
+class PositionStat:
+    """What verification yields for one masked position of one branch."""
+
+    position: int  # absolute
+    token: int  # x_hat: argmax, or a sample when temperature > 0
+    prob: float  # P(x_hat); the fill threshold always uses it
+    conf: float  # Conf: the ranking/scoring value (prob, neg_entropy or margin)
+
+
+# -- section 3, steps 1-3: per-round block growth ---------------------------------------------
+
+
+def maybe_add_block(branch: Branch, spec: SequenceSpec, tau_add: float) -> bool:
+    """Step 1: append one all-mask block when the last block is decoded enough."""
+    generated_blocks = len(branch.blocks) - 1
+    if generated_blocks >= spec.max_blocks or branch.eos_seen:
+        return False
+    if len(branch.tokens) + spec.block_size > spec.max_length:
+        return False
+    last = branch.blocks[-1]
+    if branch.decoded_fraction(last, spec.mask_id) < tau_add:
+        return False
+    start = len(branch.tokens)
+    branch.tokens.extend([spec.mask_id] * spec.block_size)
+    branch.blocks.append(Block(start, start + spec.block_size, BlockState.ACTIVE))
+    return True
+
+
+def update_activation(branch: Branch, mask_id: int, tau_act: float) -> None:
+    """Step 2: block j decoded >= tau_act fully activates block j+1 (sticky)."""
+    for previous, block in zip(branch.blocks, branch.blocks[1:], strict=False):
+        if not block.fully_activated and branch.decoded_fraction(previous, mask_id) >= tau_act:
+            block.fully_activated = True
+
+
+def is_finished(branch: Branch) -> bool:
+    """Step 3: no masks remain and no block is ACTIVE (blocks leave ACTIVE only with 0 masks)."""
+    return all(b.state is not BlockState.ACTIVE for b in branch.blocks)
+
+
+# -- layout -------------------------------------------------------------------------------------
+
+
+def window_start(branch: Branch) -> int:
+    """First TO_CACHE position if any, else the first ACTIVE position (== cache length)."""
+    for block in branch.blocks:
+        if block.state is BlockState.TO_CACHE:
+            return block.start
+    for block in branch.blocks:
+        if block.state is BlockState.ACTIVE:
+            return block.start
+    return len(branch.tokens)
+
+
+def to_cache_length(branch: Branch) -> int:
+    """u: the number of TO_CACHE tokens at the head of the window."""
+    u = 0
+    for block in branch.blocks:
+        if block.state is BlockState.TO_CACHE:
+            u += block.size
+        elif u or block.state is BlockState.ACTIVE:
+            break
+    return u
+
+
+def completed_prefix_end(branch: Branch) -> int:
+    """End of the leading run of completed (TO_CACHE / IN_CACHE) blocks."""
+    end = 0
+    for block in branch.blocks:
+        if not block.completed:
+            break
+        end = block.end
+    return end
+
+
+def masked_positions(branch: Branch, mask_id: int) -> list[int]:
+    """Masked positions of ACTIVE blocks, in position order."""
+    return [
+        p
+        for block in branch.blocks
+        if block.state is BlockState.ACTIVE
+        for p in range(block.start, block.end)
+        if branch.tokens[p] == mask_id
+    ]
+
+
+# -- section 3, step 5: fills ---------------------------------------------------------------------
+
+
+def select_fills(stats: Sequence[PositionStat], tau_conf: float, fully_activated: bool) -> list[PositionStat]:
+    """One block's fills: P > tau_conf (strict); else, in a fully activated block only, the best Conf."""
+    fills = [s for s in stats if s.prob > tau_conf]
+    if not fills and fully_activated and stats:
+        # max() keeps the first maximum: ties go to the earlier position.
+        fills = [max(stats, key=lambda s: s.conf)]
+    return fills
+
+
+def anchor_fill(branch: Branch, stats: Iterable[PositionStat], spec: SequenceSpec, tau_conf: float) -> None:
+    """Apply step 5 to every ACTIVE block with masks, in block order; EOS sets eos_seen."""
+    by_position = {s.position: s for s in stats}
+    for block in branch.blocks:
+        if block.state is not BlockState.ACTIVE:
+            continue
+        block_stats = [
+            by_position[p]
+            for p in range(block.start, block.end)
+            if branch.tokens[p] == spec.mask_id and p in by_position
+        ]
+        for fill in select_fills(block_stats, tau_conf, block.fully_activated):
+            branch.tokens[fill.position] = fill.token
+            if fill.token in spec.eos_ids:
+                branch.eos_seen = True
+
+
+# -- step 6 / LoPA step 8: bookkeeping --------------------------------------------------------------
+
+
+def mark_cached(branch: Branch) -> None:
+    """After a forward, the TO_CACHE blocks it wrote are IN_CACHE."""
+    for block in branch.blocks:
+        if block.state is BlockState.TO_CACHE:
+            block.state = BlockState.IN_CACHE
+
+
+def promote(branch: Branch, mask_id: int, allowed: set[int] | None = None) -> None:
+    """ACTIVE blocks with 0 masks become TO_CACHE in block order while no earlier block is ACTIVE.
+
+    `allowed` restricts promotion to those block indices (LoPA: blocks the anchor
+    fill completed), so TO_CACHE content is identical across branches.
+    """
+    for index, block in enumerate(branch.blocks):
+        if block.state is not BlockState.ACTIVE:
+            continue
+        if branch.masks_left(block, mask_id) or (allowed is not None and index not in allowed):
+            return
+        block.state = BlockState.TO_CACHE
+
+
+def completed_active_blocks(branch: Branch, mask_id: int) -> set[int]:
+    """Indices of ACTIVE blocks with no masks left (LoPA's base_completed)."""
+    return {
+        i
+        for i, b in enumerate(branch.blocks)
+        if b.state is BlockState.ACTIVE and not branch.masks_left(b, mask_id)
+    }
+
+
+# -- section 4: scoring, winner, spawn -----------------------------------------------------------------
+
+
+def future_confidence(confs: Sequence[float], beta: float) -> float:
+    """Mean of the lowest max(1, floor(beta*n)) Conf values; +1.0 when nothing is masked."""
+    if not confs:
+        return 1.0
+    count = max(1, math.floor(beta * len(confs)))
+    return sum(sorted(confs)[:count]) / count
+
+
+def branch_score(confs: Sequence[float], creation: float, alpha: float, beta: float) -> float:
+    return alpha * creation + (1.0 - alpha) * future_confidence(confs, beta)
+
+
+def pick_winner(scores: Sequence[float]) -> int:
+    """Highest score; ties go to the earlier candidate (the base, last, loses ties)."""
+    best = 0
+    for index, score in enumerate(scores):
+        if score > scores[best]:
+            best = index
+    return best
+
+
+def spawn_positions(stats: Sequence[PositionStat], k: int) -> list[PositionStat]:
+    """Top-k positions by Conf, stable by position (sorted() is stable)."""
+    ordered = sorted(sorted(stats, key=lambda s: s.position), key=lambda s: -s.conf)
+    return ordered[:k]

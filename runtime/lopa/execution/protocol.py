@@ -1,0 +1,73 @@
+"""The small protocol between executors and models.
+
+A `WindowModel` runs one verification forward: a batch of rows, each a branch's
+tokens from the window start (== cache length) to that branch's end. All rows
+share the cached prefix. Each row stages the K/V of its first `n_stage` tokens
+(the TO_CACHE tokens) into its own staging slot; `commit(slot, n)` appends one
+slot's staged K/V to the shared cache. Logits are raw (unshifted): output `i`
+predicts token `i + 1`; the executor applies the shift.
+
+Real models (lopa.model) and synthetic ones (tests) implement the same protocol,
+so the executor and decoder are tested against both.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Protocol
+
+import torch
+
+from lopa.params import AttentionMode
+
+
+@dataclass(frozen=True)
+class WindowBatch:
+    """One batched verification forward.
+
+    tokens:    [R, L] int64; row r is valid for its first lengths[r] entries, the rest is padding
+               (masked out as attention keys; its outputs are garbage and must be ignored).
+    lengths:   valid tokens per row, each >= n_stage and >= 1.
+    block_ids: [R, L] int64 block index of each token (0 = prompt); used by block_causal attention:
+               a token of block b sees cached tokens and window tokens of blocks <= b.
+    start:     absolute position of window index 0; equals the model's cache length.
+               Position ids are start + arange(L).
+    n_stage:   u, the number of TO_CACHE tokens at the head of every row; their K/V go to
+               staging slot first_slot + r.
+    mode:      attention mode.
+    first_slot: staging slot of row 0 (non-zero when rows are forwarded one at a time).
+    """
+
+    tokens: torch.Tensor
+    lengths: list[int]
+    block_ids: torch.Tensor
+    start: int
+    n_stage: int
+    mode: AttentionMode
+    first_slot: int = 0
+
+    @property
+    def rows(self) -> int:
+        return int(self.tokens.shape[0])
+
+
+class WindowModel(Protocol):
+    """A model with a KV cache that the executors drive (see module docstring)."""
+
+    vocab_size: int
+    max_length: int  # longest sequence (prompt + generation) the cache holds
+
+    def reset(self, num_slots: int) -> None:
+        """Empty the cache for a new request; make sure at least num_slots staging slots exist."""
+
+    def cache_length(self) -> int:
+        """Number of tokens whose K/V are in the shared cache."""
+
+    def forward(self, batch: WindowBatch) -> torch.Tensor:
+        """Raw logits [R, L, vocab] (float).
+
+        Stages the K/V of row r's first n_stage tokens in slot first_slot + r.
+        """
+
+    def commit(self, slot: int, n: int) -> None:
+        """Append the first n staged tokens of `slot` to the shared cache."""

@@ -1,0 +1,91 @@
+"""Decoding parameters: the knobs of algorithm.md with the paper's defaults, validated once."""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass, fields, replace
+
+
+class AttentionMode(str, enum.Enum):
+    FULL = "full"  # LoPA default: window tokens see every window token
+    BLOCK_CAUSAL = "block_causal"  # original D2F: block b sees the prompt and blocks 0..b
+
+
+class ConfKind(str, enum.Enum):
+    PROB = "prob"  # P(x_hat)
+    NEG_ENTROPY = "neg_entropy"  # sum p*log(p+1e-10); Dream's default
+    MARGIN = "margin"  # top1 - top2
+
+
+class InvalidParameter(ValueError):
+    """A decoding parameter is out of range; `field` names it (for CLI and gRPC errors)."""
+
+    def __init__(self, field: str, message: str) -> None:
+        super().__init__(f"{field}: {message}")
+        self.field = field
+
+
+MAX_BRANCHES = 64  # hard ceiling; servers configure a lower limit
+
+
+@dataclass(frozen=True)
+class DecodingParams:
+    """Everything that decides which tokens get filled. Defaults follow the paper (Table 5)."""
+
+    block_size: int = 32
+    max_new_tokens: int = 256
+    tau_add: float = 0.1  # append a block once the last block is this decoded
+    tau_act: float = 0.95  # fully activate block j+1 once block j is this decoded
+    tau_conf: float = 0.9  # fill positions with P > tau_conf (strict)
+    branches: int = 0  # k lookahead branches; 0 is the D2F baseline
+    conf: ConfKind = ConfKind.NEG_ENTROPY
+    alpha: float = 0.0  # weight of the branch-creation confidence in the score
+    beta: float = 1.0  # fraction of lowest future Conf values averaged (1 = plain mean)
+    attention: AttentionMode = AttentionMode.FULL
+    temperature: float = 0.0  # 0 = greedy
+    top_p: float = 1.0
+    top_k: int = 0  # 0 = off
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        for name, kind in (("conf", ConfKind), ("attention", AttentionMode)):
+            try:
+                object.__setattr__(self, name, kind(getattr(self, name)))
+            except ValueError:
+                choices = ", ".join(k.value for k in kind)
+                got = getattr(self, name)
+                raise InvalidParameter(name, f"must be one of {choices}, got {got!r}") from None
+        self.validate()
+
+    def validate(self, max_branches: int = MAX_BRANCHES) -> None:
+        """Raise InvalidParameter naming the first bad field."""
+        if self.block_size < 1:
+            raise InvalidParameter("block_size", f"must be >= 1, got {self.block_size}")
+        if self.max_new_tokens < 1:
+            raise InvalidParameter("max_new_tokens", f"must be >= 1, got {self.max_new_tokens}")
+        for name in ("tau_add", "tau_act", "tau_conf", "alpha", "beta", "top_p"):
+            value = getattr(self, name)
+            if not 0.0 <= value <= 1.0:
+                raise InvalidParameter(name, f"must be in [0, 1], got {value}")
+        if self.beta == 0.0:
+            raise InvalidParameter("beta", "must be > 0 (it is the fraction of Conf values averaged)")
+        if self.top_p == 0.0:
+            raise InvalidParameter("top_p", "must be > 0")
+        if not 0 <= self.branches <= max_branches:
+            raise InvalidParameter("branches", f"must be in [0, {max_branches}], got {self.branches}")
+        if self.temperature < 0.0:
+            raise InvalidParameter("temperature", f"must be >= 0, got {self.temperature}")
+        if self.top_k < 0:
+            raise InvalidParameter("top_k", f"must be >= 0, got {self.top_k}")
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature == 0.0
+
+    def with_overrides(self, **overrides: object) -> DecodingParams:
+        """A copy with the given fields replaced (None values ignored), validated."""
+        known = {f.name for f in fields(self)}
+        for name in overrides:
+            if name not in known:
+                raise InvalidParameter(name, "unknown decoding parameter")
+        return replace(self, **{k: v for k, v in overrides.items() if v is not None})

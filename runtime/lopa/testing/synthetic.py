@@ -1,0 +1,60 @@
+"""A synthetic WindowModel: logits from a rule over the visible sequence, no weights.
+
+It honours the protocol exactly (shared cached prefix, per-slot staging, commit),
+so decoders and executors can be tested on models whose confidences are chosen
+by hand. `rule(sequence, position)` returns the logits for `position` given the
+tokens the model can see; the raw output at window index i is the rule for
+position start + i + 1 (the Dream logit shift).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+
+import torch
+
+from lopa.execution.protocol import WindowBatch
+
+Rule = Callable[[Sequence[int], int], torch.Tensor]
+
+
+class SyntheticModel:
+    def __init__(self, vocab_size: int, max_length: int, rule: Rule) -> None:
+        self.vocab_size = vocab_size
+        self.max_length = max_length
+        self.rule = rule
+        self.cache: list[int] = []
+        self.staged: dict[int, list[int]] = {}
+        self.forward_calls = 0
+        self.rows_seen: list[int] = []
+
+    def reset(self, num_slots: int) -> None:
+        self.cache, self.staged = [], {}
+
+    def cache_length(self) -> int:
+        return len(self.cache)
+
+    def forward(self, batch: WindowBatch) -> torch.Tensor:
+        if batch.start != len(self.cache):
+            raise AssertionError(f"window start {batch.start} != cache length {len(self.cache)}")
+        self.forward_calls += 1
+        self.rows_seen.append(batch.rows)
+        out = torch.zeros((batch.rows, batch.tokens.shape[1], self.vocab_size))
+        for row, length in enumerate(batch.lengths):
+            window = batch.tokens[row, :length].tolist()
+            sequence = self.cache + window
+            for i in range(length):
+                out[row, i] = self.rule(sequence, batch.start + i + 1)
+            self.staged[batch.first_slot + row] = window[: batch.n_stage]
+        return out
+
+    def commit(self, slot: int, n: int) -> None:
+        self.cache.extend(self.staged[slot][:n])
+
+
+def peaked(vocab_size: int, token: int, prob: float) -> torch.Tensor:
+    """Logits of a distribution with `prob` on `token` and the rest spread evenly."""
+    rest = (1.0 - prob) / (vocab_size - 1)
+    probs = torch.full((vocab_size,), rest)
+    probs[token] = prob
+    return torch.log(probs)
