@@ -1,0 +1,141 @@
+"""A preallocated static KV cache with per-slot staging.
+
+Layout: `cache` is [layers, 2 (K/V), max_length, kv_heads, head_dim]; the first `length` positions
+hold the committed prefix. Each staging slot (one per batch row) is [layers, 2, capacity, kv_heads,
+head_dim] and receives the K/V of its row's first n_stage tokens during a forward; `commit(slot, n)`
+appends them to the cache. `pack_staged` / `append_packed` move the same bytes as ONE contiguous
+tensor so that a distributed commit is a single broadcast.
+"""
+
+from __future__ import annotations
+
+import torch
+
+_STAGING_ROUND = 64  # staging capacity grows in steps of this many tokens (fewer reallocations)
+
+
+class KVCache:
+    def __init__(
+        self,
+        num_layers: int,
+        kv_heads: int,
+        head_dim: int,
+        max_length: int,
+        dtype: torch.dtype = torch.float32,
+        device: torch.device | str = "cpu",
+        num_slots: int = 1,
+    ) -> None:
+        if max_length < 1:
+            raise ValueError(f"max_length must be >= 1, got {max_length}")
+        self.num_layers = num_layers
+        self.kv_heads = kv_heads
+        self.head_dim = head_dim
+        self.max_length = max_length
+        self.dtype = dtype
+        self.device = torch.device(device)
+        self.cache = torch.zeros(self._shape(max_length), dtype=dtype, device=self.device)
+        self._length = 0
+        self._staging = torch.zeros((0, *self._shape(0)), dtype=dtype, device=self.device)
+        self._staged: list[int] = []  # tokens staged in each slot by the latest forward
+        self._stage_n = 0  # tokens per row that the forward in progress stages
+        self.ensure_staging(num_slots, 0)
+
+    def _shape(self, length: int) -> tuple[int, ...]:
+        return (self.num_layers, 2, length, self.kv_heads, self.head_dim)
+
+    @property
+    def length(self) -> int:
+        return self._length
+
+    @property
+    def num_slots(self) -> int:
+        return int(self._staging.shape[0])
+
+    @property
+    def staging_capacity(self) -> int:
+        return int(self._staging.shape[3])
+
+    def reset(self, num_slots: int) -> None:
+        """Empty the cache (no zeroing needed: only [0, length) is ever read); ensure num_slots slots."""
+        self._length = 0
+        self.ensure_staging(num_slots, 0)
+        self._staged = [0] * self.num_slots
+
+    def ensure_staging(self, num_slots: int, n: int) -> None:
+        """Grow the staging area to at least num_slots slots of n tokens. Growing drops staged data."""
+        if n > self.max_length:
+            raise ValueError(f"cannot stage {n} tokens: max_length is {self.max_length}")
+        slots, capacity = self.num_slots, self.staging_capacity
+        if num_slots <= slots and n <= capacity:
+            return
+        capacity = max(capacity, min(self.max_length, -(-n // _STAGING_ROUND) * _STAGING_ROUND))
+        slots = max(slots, num_slots)
+        self._staging = torch.zeros((slots, *self._shape(capacity)), dtype=self.dtype, device=self.device)
+        self._staged = [0] * slots
+
+    # ---- reads -------------------------------------------------------------------------------
+
+    def cached(self, layer: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """Views of the committed keys and values of `layer`, each [length, kv_heads, head_dim]."""
+        return self.cache[layer, 0, : self._length], self.cache[layer, 1, : self._length]
+
+    def staged(self, slot: int, layer: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """Views of the K/V staged in `slot` for `layer`, each [n_staged, kv_heads, head_dim]."""
+        n = self._staged[slot]
+        return self._staging[slot, layer, 0, :n], self._staging[slot, layer, 1, :n]
+
+    def staged_count(self, slot: int) -> int:
+        return self._staged[slot]
+
+    # ---- staging during a forward ----------------------------------------------------------
+
+    def begin_stage(self, rows: int, n: int) -> None:
+        """Start a forward that stages the first n tokens of each of `rows` rows into slots 0..rows-1."""
+        if self._length + n > self.max_length:
+            raise ValueError(f"staging {n} tokens after {self._length} exceeds max_length {self.max_length}")
+        self.ensure_staging(rows, n)
+        self._stage_n = n
+        self._staged = [n if slot < rows else 0 for slot in range(self.num_slots)]
+
+    def stage(self, layer: int, keys: torch.Tensor, values: torch.Tensor) -> None:
+        """keys/values [R, L, kv_heads, head_dim] of one layer; row r's first n go to slot r."""
+        rows, n = keys.shape[0], self._stage_n
+        if n == 0:
+            return
+        self._staging[:rows, layer, 0, :n] = keys[:, :n]
+        self._staging[:rows, layer, 1, :n] = values[:, :n]
+
+    # ---- commits -----------------------------------------------------------------------------
+
+    def commit(self, slot: int, n: int) -> None:
+        """Append the first n staged tokens of `slot` to the cache."""
+        self._check_commit(n)
+        if n > self._staged[slot]:
+            raise ValueError(f"slot {slot} holds {self._staged[slot]} staged tokens, cannot commit {n}")
+        end = self._length + n
+        self.cache[:, :, self._length : end] = self._staging[slot, :, :, :n]
+        self._length = end
+
+    def packed_shape(self, n: int) -> torch.Size:
+        """Shape of `pack_staged(slot, n)`: what a receiver allocates before a broadcast."""
+        return torch.Size(self._shape(n))
+
+    def pack_staged(self, slot: int, n: int) -> torch.Tensor:
+        """All layers' K and V of the first n staged tokens of `slot`, as one contiguous tensor."""
+        if n > self._staged[slot]:
+            raise ValueError(f"slot {slot} holds {self._staged[slot]} staged tokens, cannot pack {n}")
+        return self._staging[slot, :, :, :n].contiguous()
+
+    def append_packed(self, packed: torch.Tensor, n: int) -> None:
+        """Inverse of pack_staged: append n tokens' K/V (from any rank) to the cache."""
+        self._check_commit(n)
+        if packed.shape != self.packed_shape(n):
+            expected = tuple(self.packed_shape(n))
+            raise ValueError(f"packed K/V has shape {tuple(packed.shape)}, expected {expected}")
+        end = self._length + n
+        self.cache[:, :, self._length : end] = packed.to(device=self.device, dtype=self.dtype)
+        self._length = end
+
+    def _check_commit(self, n: int) -> None:
+        if n < 0 or self._length + n > self.max_length:
+            raise ValueError(f"cannot commit {n} tokens after {self._length}: max_length {self.max_length}")

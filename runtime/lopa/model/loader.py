@@ -1,0 +1,123 @@
+"""load_model: config + safetensors (+ optional PEFT LoRA, merged) + tokenizer -> ready model."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from lopa.model.config import CONFIG_FILE, DreamConfig
+from lopa.model.dream import DreamModel
+from lopa.model.errors import CheckpointError
+from lopa.model.lora import ADAPTER_WEIGHTS, merge_adapter, read_adapter
+from lopa.model.tokenizer import load_tokenizer
+from lopa.model.weights import load_tensors
+from lopa.model.window import DreamWindowModel
+
+_DTYPES = {
+    "float32": torch.float32,
+    "fp32": torch.float32,
+    "bfloat16": torch.bfloat16,
+    "bf16": torch.bfloat16,
+    "float16": torch.float16,
+    "fp16": torch.float16,
+}
+_LM_HEAD = "lm_head.weight"
+_EMBED = "model.embed_tokens.weight"
+MASK_TOKEN = "<|mask|>"
+
+
+def parse_dtype(dtype: str | torch.dtype) -> torch.dtype:
+    if isinstance(dtype, torch.dtype):
+        return dtype
+    try:
+        return _DTYPES[dtype]
+    except KeyError:
+        raise ValueError(f"dtype must be one of {', '.join(_DTYPES)}, got {dtype!r}") from None
+
+
+@dataclass(frozen=True)
+class SpecialIds:
+    mask: int
+    eos: tuple[int, ...]  # any of these ends generation
+    pad: int
+
+
+@dataclass(frozen=True)
+class LoadedModel:
+    """What load_model returns; unpacks as `model, tokenizer, config = load_model(...)`."""
+
+    model: DreamModel
+    tokenizer: Any
+    config: DreamConfig
+    special: SpecialIds
+
+    def __iter__(self) -> Iterator[Any]:
+        return iter((self.model, self.tokenizer, self.config))
+
+    @property
+    def mask_token_id(self) -> int:
+        return self.special.mask
+
+    @property
+    def eos_token_ids(self) -> tuple[int, ...]:
+        return self.special.eos
+
+    def window_model(self, max_length: int, num_slots: int = 1) -> DreamWindowModel:
+        """A WindowModel over this model with a KV cache of max_length tokens."""
+        return DreamWindowModel(self.model, max_length, num_slots)
+
+
+def load_model(
+    model_dir: str | Path,
+    adapter_dir: str | Path | None = None,
+    dtype: str | torch.dtype = "float32",
+    device: str | torch.device = "cpu",
+    tokenizer_dir: str | Path | None = None,
+) -> LoadedModel:
+    """Load a Dream checkpoint directory, merging a PEFT LoRA adapter if given.
+
+    Raises CheckpointError naming the missing or inconsistent file/field/tensor.
+    """
+    model_dir = Path(model_dir)
+    torch_dtype, torch_device = parse_dtype(dtype), torch.device(device)
+    config = DreamConfig.from_dir(model_dir)
+    with torch.device("meta"):  # no memory, no random init: every parameter comes from the files
+        model = DreamModel(config)
+    expected = {name: param.shape for name, param in model.state_dict().items()}
+    optional = frozenset({_LM_HEAD}) if config.tie_word_embeddings else frozenset()
+    weights = load_tensors(model_dir, expected, torch_device, torch_dtype, optional)
+    if adapter_dir is not None:
+        # merge_adapter adds B @ A in fp32 and rounds once to the model dtype.
+        merge_adapter(weights, read_adapter(adapter_dir), Path(adapter_dir) / ADAPTER_WEIGHTS)
+    if _LM_HEAD not in weights:
+        weights[_LM_HEAD] = weights[_EMBED]  # tied embeddings
+    model.load_state_dict(weights, strict=True, assign=True)
+    model.eval().requires_grad_(False)
+    tokenizer = load_tokenizer(tokenizer_dir or model_dir)
+    return LoadedModel(model, tokenizer, config, resolve_special_ids(config, tokenizer, model_dir))
+
+
+def resolve_special_ids(config: DreamConfig, tokenizer: Any, model_dir: str | Path = ".") -> SpecialIds:
+    """Mask/eos/pad ids: from config.json first, else from the tokenizer; never hard-coded."""
+    mask = config.mask_token_id
+    if mask is None:
+        mask = getattr(tokenizer, "mask_token_id", None)
+    if mask is None:
+        token_id = tokenizer.convert_tokens_to_ids(MASK_TOKEN)
+        if isinstance(token_id, int) and token_id != getattr(tokenizer, "unk_token_id", None):
+            mask = token_id
+    if mask is None:
+        raise CheckpointError(Path(model_dir) / CONFIG_FILE, f"no mask_token_id and no {MASK_TOKEN} token")
+    eos = config.eos_token_ids
+    if not eos and tokenizer.eos_token_id is not None:
+        eos = (int(tokenizer.eos_token_id),)
+    if not eos:
+        raise CheckpointError(Path(model_dir) / CONFIG_FILE, "no eos_token_id in the config or the tokenizer")
+    pad = config.pad_token_id
+    if pad is None:
+        pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else eos[0]
+    return SpecialIds(mask=int(mask), eos=tuple(eos), pad=int(pad))

@@ -1,0 +1,133 @@
+"""Random Dream checkpoints and PEFT LoRA adapters in the exact on-disk formats the loader reads."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from pathlib import Path
+from typing import Any
+
+import torch
+from safetensors.torch import save_file
+from torch import nn
+
+from lopa.model.config import DreamConfig
+from lopa.model.dream import DreamModel
+from lopa.testing.tokenizer import TOKENIZER_VOCAB_SIZE, special_token_id, write_char_tokenizer
+
+
+def tiny_config(**overrides: Any) -> DreamConfig:
+    """A Dream config small enough for CPU tests, with ids matching the test tokenizer."""
+    eos = special_token_id("<|endoftext|>")
+    base = DreamConfig(
+        vocab_size=128,
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        rms_norm_eps=1e-6,
+        rope_theta=10000.0,
+        max_position_embeddings=512,
+        mask_token_id=special_token_id("<|mask|>"),
+        eos_token_ids=(eos,),
+        pad_token_id=eos,
+        bos_token_id=eos,
+        tie_word_embeddings=False,
+    )
+    return dataclasses.replace(base, **overrides)
+
+
+def _parameter_shapes(config: DreamConfig) -> dict[str, torch.Size]:
+    with torch.device("meta"):
+        model = DreamModel(config)
+    shapes = {name: p.shape for name, p in model.state_dict().items()}
+    if config.tie_word_embeddings:
+        shapes.pop("lm_head.weight")
+    return shapes
+
+
+def random_weights(config: DreamConfig, seed: int = 0) -> dict[str, torch.Tensor]:
+    """Random fp32 weights under the checkpoint's parameter names (norms near 1, the rest small)."""
+    generator = torch.Generator().manual_seed(seed)
+    weights = {}
+    for name, shape in _parameter_shapes(config).items():
+        noise = torch.randn(shape, generator=generator)
+        weights[name] = 1.0 + 0.1 * noise if "norm" in name else 0.05 * noise
+    return weights
+
+
+def write_random_checkpoint(
+    directory: str | Path, config: DreamConfig, shards: int = 1, seed: int = 0
+) -> dict[str, torch.Tensor]:
+    """Write config.json, safetensors (+ index when shards > 1) and a tokenizer; return the weights."""
+    if config.vocab_size < TOKENIZER_VOCAB_SIZE:
+        raise ValueError(f"vocab_size must be >= {TOKENIZER_VOCAB_SIZE} (the test tokenizer's size)")
+    if shards < 1:
+        raise ValueError(f"shards must be >= 1, got {shards}")
+    directory = Path(directory)
+    directory.mkdir(parents=True, exist_ok=True)
+    config.to_json(directory / "config.json")
+    weights = random_weights(config, seed)
+    names = list(weights)
+    if shards == 1:
+        save_file(weights, str(directory / "model.safetensors"))
+    else:
+        weight_map = {}
+        for index in range(shards):
+            part = names[index * len(names) // shards : (index + 1) * len(names) // shards]
+            filename = f"model-{index + 1:05d}-of-{shards:05d}.safetensors"
+            save_file({name: weights[name] for name in part}, str(directory / filename))
+            weight_map.update(dict.fromkeys(part, filename))
+        total = sum(t.numel() * t.element_size() for t in weights.values())
+        index_json = {"metadata": {"total_size": total}, "weight_map": weight_map}
+        (directory / "model.safetensors.index.json").write_text(json.dumps(index_json, indent=2) + "\n")
+    write_char_tokenizer(directory)
+    return weights
+
+
+def write_random_lora_adapter(
+    directory: str | Path,
+    config: DreamConfig,
+    r: int = 4,
+    alpha: float = 8.0,
+    targets: tuple[str, ...] = ("q_proj", "k_proj", "v_proj", "o_proj"),
+    seed: int = 0,
+    use_rslora: bool = False,
+) -> dict[str, torch.Tensor]:
+    """Write a PEFT LoRA adapter (adapter_config.json + adapter_model.safetensors); return its tensors.
+
+    Unlike PEFT's initialisation, lora_B is random too, so the adapter changes the outputs.
+    """
+    directory = Path(directory)
+    directory.mkdir(parents=True, exist_ok=True)
+    with torch.device("meta"):
+        model = DreamModel(config)
+    generator = torch.Generator().manual_seed(seed)
+    tensors = {}
+    for name, module in model.named_modules():
+        if isinstance(module, nn.Linear) and name.rsplit(".", 1)[-1] in targets:
+            prefix = f"base_model.model.{name}"
+            a = torch.randn(r, module.in_features, generator=generator)
+            b = torch.randn(module.out_features, r, generator=generator)
+            tensors[f"{prefix}.lora_A.weight"], tensors[f"{prefix}.lora_B.weight"] = 0.1 * a, 0.1 * b
+    save_file(tensors, str(directory / "adapter_model.safetensors"))
+    adapter_config = {
+        "peft_type": "LORA",
+        "task_type": "CAUSAL_LM",
+        "base_model_name_or_path": None,
+        "r": r,
+        "lora_alpha": alpha,
+        "lora_dropout": 0.0,
+        "target_modules": list(targets),
+        "bias": "none",
+        "fan_in_fan_out": False,
+        "use_rslora": use_rslora,
+        "use_dora": False,
+        "modules_to_save": None,
+        "rank_pattern": {},
+        "alpha_pattern": {},
+        "inference_mode": True,
+    }
+    (directory / "adapter_config.json").write_text(json.dumps(adapter_config, indent=2) + "\n")
+    return tensors
