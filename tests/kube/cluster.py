@@ -49,6 +49,9 @@ REQUIRED_BINARIES = (
     "kwok",
     "helm",
 )
+# kwok's default stages (node init/heartbeat, pod ready/complete/delete), which build.sh
+# extracts from the pinned kwok module next to the binaries.
+KWOK_STAGES = "kwok-stages.yaml"
 SERVICE_CIDR = "10.96.0.0/16"
 SERVICE_IP = "10.96.0.1"  # first address of SERVICE_CIDR: the `kubernetes` Service
 POD_CIDR = "10.244.0.0/16"
@@ -91,7 +94,10 @@ def find_bin_dir(env_var: str = "LOPA_TESTENV_BIN_DIR") -> Path:
 
 
 def missing_binaries(bin_dir: Path) -> list[str]:
-    return [name for name in REQUIRED_BINARIES if not os.access(bin_dir / name, os.X_OK)]
+    missing = [name for name in REQUIRED_BINARIES if not os.access(bin_dir / name, os.X_OK)]
+    if not (bin_dir / KWOK_STAGES).is_file():
+        missing.append(KWOK_STAGES)
+    return missing
 
 
 def ensure_binaries(progress: TextIO | None = None) -> Path:
@@ -586,6 +592,7 @@ class KubeCluster:
         kubeconfig = self.work_dir / "kubeconfigs" / "kwok.kubeconfig"
         self._spawn("kwok", "kwok", [
             f"--kubeconfig={kubeconfig}",
+            f"--config={self.bin_dir / KWOK_STAGES}",
             "--manage-all-nodes=false",
             f"--manage-nodes-with-annotation-selector={KWOK_ANNOTATION}={KWOK_ANNOTATION_VALUE}",
             f"--cidr={POD_CIDR}",

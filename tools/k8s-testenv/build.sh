@@ -44,12 +44,23 @@ KEY="k8s-${K8S_VERSION}_etcd-${ETCD_VERSION}_kwok-${KWOK_VERSION}_helm-${HELM_VE
 CACHE_ROOT="${LOPA_TESTENV_CACHE:-$HOME/.cache/lopa-testenv}"
 BIN_DIR="$CACHE_ROOT/$KEY/bin"
 BINARIES=(kube-apiserver kube-controller-manager kube-scheduler kubectl etcd kwok helm)
+# kwok has no built-in stages when run on its own (kwokctl passes them in), so its
+# default "fast" stages are taken from the pinned kwok module into this config file.
+KWOK_STAGES="kwok-stages.yaml"
+KWOK_STAGE_FILES=(
+  kustomize/stage/node/fast/node-initialize.yaml
+  kustomize/stage/node/heartbeat/node-heartbeat.yaml
+  kustomize/stage/pod/fast/pod-ready.yaml
+  kustomize/stage/pod/fast/pod-complete.yaml
+  kustomize/stage/pod/fast/pod-delete.yaml
+)
 
 all_present() {
   local b
   for b in "${BINARIES[@]}"; do
     [[ -x "$BIN_DIR/$b" ]] || return 1
   done
+  [[ -s "$BIN_DIR/$KWOK_STAGES" ]]
 }
 
 case "${1:-}" in
@@ -153,6 +164,19 @@ build etcd "-s -w" etcd=go.etcd.io/etcd/server/v3
 log "[3/4] kwok $KWOK_VERSION"
 build kwok "-s -w -X sigs.k8s.io/kwok/pkg/consts.Version=$KWOK_VERSION -X sigs.k8s.io/kwok/pkg/consts.KubeVersion=$K8S_VERSION" \
   kwok=sigs.k8s.io/kwok/cmd/kwok
+
+if [[ ! -s "$BIN_DIR/$KWOK_STAGES" ]]; then
+  kwok_dir="$(cd "$HERE/kwok" && go list -m -f '{{.Dir}}' sigs.k8s.io/kwok)"
+  {
+    echo "# kwok $KWOK_VERSION default stages, from ${KWOK_STAGE_FILES[*]}"
+    for f in "${KWOK_STAGE_FILES[@]}"; do
+      echo "---"
+      cat "$kwok_dir/$f"
+    done
+  } > "$BIN_DIR/$KWOK_STAGES.tmp"
+  mv -f "$BIN_DIR/$KWOK_STAGES.tmp" "$BIN_DIR/$KWOK_STAGES"
+  log "  wrote $KWOK_STAGES"
+fi
 
 log "[4/4] helm $HELM_VERSION"
 build helm "-s -w -X helm.sh/helm/v3/internal/version.version=$HELM_VERSION -X helm.sh/helm/v3/internal/version.gitTreeState=clean" \
