@@ -1,0 +1,37 @@
+"""The `lopa` command: one subcommand per module, errors as one clear line."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Sequence
+
+from lopa.cli import generate
+from lopa.cli.decoding_flags import flag_name
+from lopa.model.errors import CheckpointError
+from lopa.params import InvalidParameter
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="lopa", description="LoPA decoding for D2F diffusion LMs")
+    subparsers = parser.add_subparsers(dest="command", required=True)
+    generate.add_parser(subparsers)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        return int(args.handler(args) or 0)
+    except InvalidParameter as error:
+        reason = str(error).split(": ", 1)[1]
+        parser.exit(2, f"lopa {args.command}: error: {flag_name(error.field)}: {reason}\n")
+    except CheckpointError as error:
+        parser.exit(1, f"lopa {args.command}: error: {error}\n")
+    except KeyboardInterrupt:
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

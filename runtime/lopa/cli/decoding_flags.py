@@ -1,0 +1,51 @@
+"""One command-line flag per DecodingParams field, with the paper's defaults in the help."""
+
+from __future__ import annotations
+
+import argparse
+from dataclasses import fields
+
+from lopa.params import AttentionMode, ConfKind, DecodingParams
+
+HELP = {
+    "block_size": "positions per generated block (paper: 32; 16 for MATH-like tasks)",
+    "max_new_tokens": "generation budget; max_new_tokens // block_size blocks",
+    "tau_add": "append a block once the last block is this fraction decoded",
+    "tau_act": "fully activate the next block once a block is this fraction decoded",
+    "tau_conf": "fill positions whose P(x_hat) is strictly above this",
+    "branches": "lookahead branches k (0 = D2F baseline; the anchor is not counted)",
+    "conf": "confidence used to rank positions and score branches",
+    "alpha": "weight of the branch-creation confidence in the branch score",
+    "beta": "fraction of the lowest future confidences averaged in the score (1 = mean)",
+    "attention": "full (LoPA default) or block_causal (original D2F)",
+    "temperature": "0 = greedy; > 0 samples x_hat",
+    "top_p": "nucleus sampling mass (1 = off)",
+    "top_k": "top-k filter (0 = off)",
+    "seed": "sampling seed",
+}
+CHOICES = {"conf": [k.value for k in ConfKind], "attention": [m.value for m in AttentionMode]}
+
+
+def flag_name(field_name: str) -> str:
+    return "--" + field_name.replace("_", "-")
+
+
+def add_decoding_flags(parser: argparse.ArgumentParser, defaults: DecodingParams | None = None) -> None:
+    defaults = defaults or DecodingParams()
+    group = parser.add_argument_group("decoding (algorithm.md; defaults follow the LoPA paper)")
+    for field in fields(DecodingParams):
+        default = getattr(defaults, field.name)
+        default = getattr(default, "value", default)
+        group.add_argument(
+            flag_name(field.name),
+            dest=field.name,
+            type=type(default),
+            default=default,
+            choices=CHOICES.get(field.name),
+            help=f"{HELP[field.name]} (default: {default})",
+        )
+
+
+def params_from_args(args: argparse.Namespace) -> DecodingParams:
+    """Build validated params; InvalidParameter names the field (mapped to its flag by the caller)."""
+    return DecodingParams(**{f.name: getattr(args, f.name) for f in fields(DecodingParams)})

@@ -1,0 +1,76 @@
+"""`lopa generate`: one request on the local engine, printing the answer and its stats."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+from lopa.cli.decoding_flags import add_decoding_flags, params_from_args
+from lopa.decoding.decoder import StepEvent
+from lopa.engine import Completion, LocalEngine
+
+
+def add_parser(subparsers: argparse._SubParsersAction) -> None:
+    parser = subparsers.add_parser(
+        "generate",
+        help="decode one prompt locally (batched branches on one device)",
+        description="Decode one prompt with D2F (--branches 0) or LoPA (--branches k > 0).",
+    )
+    add_model_flags(parser)
+    parser.add_argument("--prompt", required=True, help="prompt text")
+    parser.add_argument("--chat", action="store_true", help="apply the tokenizer's chat template")
+    parser.add_argument("--stop", action="append", default=[], help="stop sequence (repeatable)")
+    parser.add_argument("--json", action="store_true", help="print one JSON object instead of text")
+    parser.add_argument("--verbose", action="store_true", help="print every step's fills to stderr")
+    add_decoding_flags(parser)
+    parser.set_defaults(handler=run)
+
+
+def add_model_flags(parser: argparse.ArgumentParser) -> None:
+    group = parser.add_argument_group("model")
+    group.add_argument("--model", default=None, help="checkpoint directory (default: the bundled model)")
+    group.add_argument("--adapter", default=None, help="PEFT LoRA adapter directory, merged at load")
+    group.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
+    group.add_argument("--device", default="cpu", help="cpu, cuda, cuda:1, ...")
+    group.add_argument("--max-length", type=int, default=None, help="KV cache length (prompt + output)")
+
+
+def stats_of(completion: Completion) -> dict[str, float | int | str]:
+    result = completion.result
+    return {
+        "forwards": result.forwards,
+        "tokens": result.tokens,
+        "generated_positions": len(result.generated_ids),
+        "tpf": round(result.tpf, 4),
+        "padded_tpf": round(result.padded_tpf, 4),
+        "tokens_per_s": round(result.tokens_per_s, 2),
+        "wall_s": round(result.wall_s, 4),
+        "finish_reason": completion.finish_reason,
+    }
+
+
+def run(args: argparse.Namespace) -> int:
+    params = params_from_args(args)
+    engine = LocalEngine.from_dirs(args.model, args.adapter, args.dtype, args.device, args.max_length)
+
+    def show_step(event: StepEvent) -> None:
+        fills = ", ".join(f"{p}:{engine.decode([t])!r}" for p, t in event.fills)
+        line = f"step {event.step}: {event.candidates} candidates, winner {event.winner}: {fills}"
+        print(line, file=sys.stderr)
+
+    completion = engine.generate(
+        args.prompt, params, stop=args.stop, on_step=show_step if args.verbose else None, chat=args.chat
+    )
+    stats = stats_of(completion)
+    if args.json:
+        print(json.dumps({"text": completion.text, "output_ids": completion.result.output_ids, **stats}))
+        return 0
+    print(completion.text)
+    print(
+        f"-- {stats['tokens']} tokens in {stats['forwards']} forwards: TPF {stats['tpf']:.2f} "
+        f"(padded {stats['padded_tpf']:.2f}), {stats['tokens_per_s']:.1f} tokens/s, "
+        f"{stats['wall_s']:.3f} s wall (prefill included), finish: {stats['finish_reason']}",
+        file=sys.stderr,
+    )
+    return 0
