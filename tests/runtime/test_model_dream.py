@@ -1,0 +1,45 @@
+"""DreamModel matches transformers' Qwen2 (same weights) when both attend bidirectionally."""
+
+import pytest
+import torch
+
+from lopa.model import DreamModel
+from lopa.testing import tiny_config
+from lopa.testing.checkpoint import random_weights
+
+
+def test_matches_transformers_qwen2_without_causal_mask() -> None:
+    transformers = pytest.importorskip("transformers")
+    config = tiny_config()
+    weights = random_weights(config, seed=5)
+    ours = DreamModel(config)
+    ours.load_state_dict(weights, strict=True)
+    reference_config = transformers.Qwen2Config(
+        vocab_size=config.vocab_size,
+        hidden_size=config.hidden_size,
+        intermediate_size=config.intermediate_size,
+        num_hidden_layers=config.num_hidden_layers,
+        num_attention_heads=config.num_attention_heads,
+        num_key_value_heads=config.num_key_value_heads,
+        rms_norm_eps=config.rms_norm_eps,
+        rope_theta=config.rope_theta,
+        max_position_embeddings=config.max_position_embeddings,
+        tie_word_embeddings=False,
+        attn_implementation="sdpa",
+    )
+    reference = transformers.Qwen2ForCausalLM(reference_config)
+    missing, unexpected = reference.load_state_dict(weights, strict=False)
+    assert not unexpected
+    assert all("rotary" in name for name in missing)
+
+    tokens = torch.randint(0, config.vocab_size, (2, 9), generator=torch.Generator().manual_seed(1))
+    positions = torch.arange(5, 14)  # absolute positions, as after a cached prefix
+    everything = torch.zeros(2, 1, 9, 9)  # additive 4D mask: nothing masked, i.e. no causal mask
+    with torch.no_grad():
+        expected = reference(
+            input_ids=tokens, position_ids=positions.expand(2, 9), attention_mask=everything
+        ).logits
+        got = ours(tokens, positions)
+        causal = ours(tokens, positions, torch.ones(9, 9, dtype=torch.bool).tril())
+    torch.testing.assert_close(got, expected, rtol=1e-5, atol=1e-5)
+    assert (causal - got).abs().max() > 1e-3  # and the mask is honoured
