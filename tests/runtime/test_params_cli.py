@@ -1,0 +1,106 @@
+"""Bad decoding parameters fail with a message naming the field, from the API and from the CLI."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from lopa.cli import main
+from lopa.engine import LocalEngine
+from lopa.params import DecodingParams, InvalidParameter
+
+BAD_PARAMS = [
+    ({"tau_conf": 1.5}, "tau_conf"),
+    ({"tau_add": -0.1}, "tau_add"),
+    ({"tau_act": 2.0}, "tau_act"),
+    ({"block_size": 0}, "block_size"),
+    ({"branches": -1}, "branches"),
+    ({"branches": 10_000}, "branches"),
+    ({"max_new_tokens": 0}, "max_new_tokens"),
+    ({"conf": "loudness"}, "conf"),
+    ({"attention": "sideways"}, "attention"),
+]
+
+
+@pytest.mark.parametrize(("overrides", "field"), BAD_PARAMS)
+def test_api_rejects_bad_params_naming_the_field(overrides: dict, field: str) -> None:
+    with pytest.raises(InvalidParameter) as raised:
+        DecodingParams(**overrides)
+    assert raised.value.field == field
+    assert field in str(raised.value)
+
+
+@pytest.mark.parametrize(("overrides", "field"), BAD_PARAMS)
+def test_cli_rejects_bad_params_naming_the_flag(
+    overrides: dict, field: str, tiny_checkpoint: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    flags = [f"--{k.replace('_', '-')}={v}" for k, v in overrides.items()]
+    with pytest.raises(SystemExit) as exited:
+        main(["generate", "--model", str(tiny_checkpoint), "--prompt", "hi", *flags])
+    assert exited.value.code == 2
+    flag = "--" + field.replace("_", "-")
+    assert flag in capsys.readouterr().err
+
+
+@pytest.fixture(scope="module")
+def engine(tiny_checkpoint: Path) -> LocalEngine:
+    return LocalEngine.from_dirs(tiny_checkpoint, max_length=64)
+
+
+def test_prompt_over_the_length_limit(engine: LocalEngine) -> None:
+    with pytest.raises(InvalidParameter, match="length limit 64") as raised:
+        engine.generate("a" * 60, DecodingParams(block_size=8, max_new_tokens=16))
+    assert raised.value.field == "prompt"
+
+
+def test_empty_prompt_and_budget_below_one_block(engine: LocalEngine) -> None:
+    with pytest.raises(InvalidParameter) as empty:
+        engine.generate("", DecodingParams())
+    assert empty.value.field == "prompt"
+    with pytest.raises(InvalidParameter) as small:
+        engine.generate("hi", DecodingParams(block_size=32, max_new_tokens=8))
+    assert small.value.field == "max_new_tokens"
+
+
+def test_cli_generate_json_on_a_real_checkpoint(tiny_checkpoint: Path) -> None:
+    """The installed console script decodes a prompt and reports consistent stats."""
+    out = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "lopa",
+            "generate",
+            "--model",
+            str(tiny_checkpoint),
+            "--prompt",
+            "hello",
+            "--block-size",
+            "8",
+            "--max-new-tokens",
+            "16",
+            "--branches",
+            "2",
+            "--json",
+        ],
+        check=True,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    report = json.loads(out.stdout)
+    assert report["generated_positions"] == 16
+    assert 1 <= report["tokens"] <= 16
+    assert report["forwards"] >= 2
+    assert report["tpf"] == pytest.approx(report["tokens"] / report["forwards"], abs=1e-3)
+    assert report["padded_tpf"] == pytest.approx(16 / (report["forwards"] + 1), abs=1e-3)
+
+
+def test_cli_reports_a_missing_checkpoint(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as exited:
+        main(["generate", "--model", str(tmp_path / "nowhere"), "--prompt", "hi"])
+    assert exited.value.code == 1
+    assert "config.json" in capsys.readouterr().err
