@@ -1,0 +1,71 @@
+"""KVCache: staging slots, commits, and the pack/append round trip used by distributed commits."""
+
+import pytest
+import torch
+
+from lopa.model import KVCache
+
+LAYERS, HEADS, DIM = 3, 2, 4
+
+
+def _cache(max_length: int = 40) -> KVCache:
+    return KVCache(LAYERS, HEADS, DIM, max_length, dtype=torch.float32, num_slots=2)
+
+
+def _stage(cache: KVCache, rows: int, length: int, n: int, seed: int) -> list[torch.Tensor]:
+    """Stage random K/V for `rows` rows; return per-layer keys [R, L, H, D] (values = -keys)."""
+    generator = torch.Generator().manual_seed(seed)
+    cache.begin_stage(rows, n)
+    keys = []
+    for layer in range(LAYERS):
+        k = torch.randn(rows, length, HEADS, DIM, generator=generator)
+        cache.stage(layer, k, -k)
+        keys.append(k)
+    return keys
+
+
+def test_stage_and_commit() -> None:
+    cache = _cache()
+    cache.reset(2)
+    keys = _stage(cache, rows=2, length=9, n=5, seed=0)
+    assert cache.staged_count(1) == 5
+    cache.commit(1, 3)  # a prefix of the staged tokens is allowed
+    assert cache.length == 3
+    for layer in range(LAYERS):
+        k, v = cache.cached(layer)
+        assert torch.equal(k, keys[layer][1, :3]) and torch.equal(v, -keys[layer][1, :3])
+    with pytest.raises(ValueError, match="staged"):
+        cache.commit(0, 6)
+
+
+def test_pack_append_round_trip() -> None:
+    source, target = _cache(), _cache()
+    source.reset(2)
+    target.reset(1)
+    _stage(source, rows=2, length=6, n=6, seed=1)
+    target.append_packed(source.pack_staged(0, 6), 6)
+    source.commit(0, 6)  # both caches hold the same prefix now
+
+    keys = _stage(source, rows=2, length=8, n=4, seed=2)
+    packed = source.pack_staged(1, 4)
+    assert packed.is_contiguous() and packed.shape == source.packed_shape(4)
+    target.append_packed(packed.clone(), 4)
+    source.commit(1, 4)
+    assert target.length == source.length == 10
+    assert torch.equal(target.cache[:, :, :10], source.cache[:, :, :10])
+    assert torch.equal(target.cached(2)[0][6:], keys[2][1, :4])
+    with pytest.raises(ValueError, match="shape"):
+        target.append_packed(packed, 3)
+
+
+def test_slots_and_capacity_grow_and_limits_hold() -> None:
+    cache = _cache(max_length=100)
+    cache.reset(5)
+    assert cache.num_slots == 5
+    _stage(cache, rows=7, length=70, n=70, seed=3)  # more rows and a longer stage than allocated
+    assert cache.num_slots == 7 and cache.staging_capacity >= 70
+    cache.commit(6, 70)
+    with pytest.raises(ValueError, match="max_length"):
+        cache.begin_stage(1, 31)
+    cache.reset(1)
+    assert cache.length == 0 and cache.staged_count(0) == 0
