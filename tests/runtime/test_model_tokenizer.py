@@ -1,0 +1,53 @@
+"""Tokenizer loading without remote code, including Dream's layout (vocab.json + merges.txt + auto_map)."""
+
+import json
+from pathlib import Path
+
+import pytest
+from tokenizers import pre_tokenizers
+
+from lopa.model import CheckpointError, load_tokenizer
+from lopa.testing import write_char_tokenizer
+
+
+def _special(content: str) -> dict:
+    return {"content": content, "special": True, "lstrip": False, "rstrip": False, "normalized": False}
+
+
+def _write_dream_style_tokenizer(directory: Path) -> dict[str, int]:
+    """A tiny byte-level BPE whose tokenizer_config points AutoTokenizer at remote code, like Dream's."""
+    vocab = {ch: i for i, ch in enumerate(sorted(pre_tokenizers.ByteLevel.alphabet()))}
+    vocab.update(he=len(vocab), ll=len(vocab) + 1)
+    (directory / "vocab.json").write_text(json.dumps(vocab))
+    (directory / "merges.txt").write_text("#version: 0.2\nh e\nl l\n")
+    eos, mask = len(vocab), len(vocab) + 1
+    config = {
+        "tokenizer_class": "DreamTokenizer",
+        "auto_map": {"AutoTokenizer": ["tokenization_dream.DreamTokenizer", None]},
+        "eos_token": "<|endoftext|>",
+        "pad_token": "<|endoftext|>",
+        "added_tokens_decoder": {str(eos): _special("<|endoftext|>"), str(mask): _special("<|mask|>")},
+    }
+    (directory / "tokenizer_config.json").write_text(json.dumps(config))
+    return {"he": vocab["he"], "eos": eos, "mask": mask}
+
+
+def test_dream_layout_loads_without_remote_code(tmp_path: Path) -> None:
+    ids = _write_dream_style_tokenizer(tmp_path)
+    tokenizer = load_tokenizer(tmp_path)
+    assert tokenizer("he<|mask|>")["input_ids"] == [ids["he"], ids["mask"]]
+    assert tokenizer.eos_token_id == ids["eos"]
+    assert tokenizer.decode(tokenizer("hello world")["input_ids"]) == "hello world"
+
+
+def test_char_tokenizer_round_trip(tmp_path: Path) -> None:
+    write_char_tokenizer(tmp_path)
+    tokenizer = load_tokenizer(tmp_path)
+    text = "x = [1, 2]\n<|endoftext|>"
+    assert tokenizer.decode(tokenizer(text)["input_ids"]) == text
+
+
+def test_unloadable_tokenizer_is_named(tmp_path: Path) -> None:
+    (tmp_path / "tokenizer_config.json").write_text(json.dumps({"tokenizer_class": "NoSuchTokenizer"}))
+    with pytest.raises(CheckpointError, match=r"tokenizer_config\.json: cannot load the tokenizer"):
+        load_tokenizer(tmp_path)
