@@ -4,6 +4,7 @@ import pytest
 import torch
 
 from lopa.model import DreamModel
+from lopa.model.dream import attend
 from lopa.testing import tiny_config
 from lopa.testing.checkpoint import random_weights
 
@@ -43,3 +44,16 @@ def test_matches_transformers_qwen2_without_causal_mask() -> None:
         causal = ours(tokens, positions, torch.ones(9, 9, dtype=torch.bool).tril())
     torch.testing.assert_close(got, expected, rtol=1e-5, atol=1e-5)
     assert (causal - got).abs().max() > 1e-3  # and the mask is honoured
+
+
+def test_gqa_native_and_repeated_kv_agree() -> None:
+    generator = torch.Generator().manual_seed(2)
+    q = torch.randn(2, 4, 5, 8, generator=generator)
+    k, v = torch.randn(2, 2, 2, 7, 8, generator=generator)
+    mask = torch.rand(2, 1, 5, 7, generator=generator) > 0.3
+    mask[..., 0] = True
+    native = attend(q, k, v, mask, repeat_kv=False)
+    torch.testing.assert_close(attend(q, k, v, mask, repeat_kv=True), native)
+    # head 3 uses KV head 1
+    alone = attend(q[:, 3:4], k[:, 1:2], v[:, 1:2], mask, repeat_kv=False)
+    torch.testing.assert_close(native[:, 3:4], alone)

@@ -95,14 +95,26 @@ class DreamAttention(nn.Module):
             past_k, past_v = past
             k = torch.cat((past_k.unsqueeze(0).expand(rows, -1, -1, -1), k), dim=1)
             v = torch.cat((past_v.unsqueeze(0).expand(rows, -1, -1, -1), v), dim=1)
-        out = F.scaled_dot_product_attention(
-            q.transpose(1, 2),
-            k.transpose(1, 2),
-            v.transpose(1, 2),
-            attn_mask=mask,
-            enable_gqa=self.heads != self.kv_heads,
-        )
+        # On accelerators a mask + enable_gqa falls back to the math kernel (it materialises the whole
+        # score matrix); repeating the KV heads keeps the memory-efficient kernel usable.
+        repeat_kv = x.device.type != "cpu"
+        out = attend(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), mask, repeat_kv)
         return self.o_proj(out.transpose(1, 2).reshape(rows, length, self.heads * self.head_dim))
+
+
+def attend(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None, repeat_kv: bool
+) -> torch.Tensor:
+    """SDPA over [R, heads, L, D] queries and [R, kv_heads, S, D] keys/values (GQA: head h uses
+    KV head h // (heads / kv_heads)), either natively or by repeating the KV heads."""
+    groups = q.shape[1] // k.shape[1]
+    if groups == 1:
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
+    if not repeat_kv:
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=True)
+    return F.scaled_dot_product_attention(
+        q, k.repeat_interleave(groups, dim=1), v.repeat_interleave(groups, dim=1), attn_mask=mask
+    )
 
 
 class DreamMLP(nn.Module):
