@@ -1,0 +1,59 @@
+{{/* Full name of the release's objects (truncated to a DNS label). */}}
+{{- define "lopa-operator.fullname" -}}
+{{- if contains .Chart.Name .Release.Name -}}
+{{- .Release.Name | trunc 63 | trimSuffix "-" -}}
+{{- else -}}
+{{- printf "%s-%s" .Release.Name .Chart.Name | trunc 63 | trimSuffix "-" -}}
+{{- end -}}
+{{- end -}}
+
+{{- define "lopa-operator.serviceAccountName" -}}
+{{- if .Values.serviceAccount.create -}}
+{{- default (include "lopa-operator.fullname" .) .Values.serviceAccount.name -}}
+{{- else -}}
+{{- default "default" .Values.serviceAccount.name -}}
+{{- end -}}
+{{- end -}}
+
+{{- define "lopa-operator.selectorLabels" -}}
+app.kubernetes.io/name: {{ .Chart.Name }}
+app.kubernetes.io/instance: {{ .Release.Name }}
+{{- end -}}
+
+{{- define "lopa-operator.labels" -}}
+{{ include "lopa-operator.selectorLabels" . }}
+app.kubernetes.io/version: {{ .Chart.AppVersion | quote }}
+app.kubernetes.io/managed-by: {{ .Release.Service }}
+app.kubernetes.io/part-of: lopa
+helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version }}
+{{- end -}}
+
+{{/* The rules the operator needs, and nothing more (see operator/lopa_operator/kube.py). */}}
+{{- define "lopa-operator.rules" -}}
+# LoPADeployments: watched by kopf, annotated/finalized by kopf, status written by the operator.
+- apiGroups: [lopa.dev]
+  resources: [lopadeployments]
+  verbs: [get, list, watch, patch]
+- apiGroups: [lopa.dev]
+  resources: [lopadeployments/status]
+  verbs: [get, patch]
+# Children carry ownerReferences with blockOwnerDeletion.
+- apiGroups: [lopa.dev]
+  resources: [lopadeployments/finalizers]
+  verbs: [update]
+# Children are server-side applied (patch; create when missing).
+- apiGroups: [""]
+  resources: [configmaps, services]
+  verbs: [get, create, patch]
+- apiGroups: [apps]
+  resources: [statefulsets, deployments]
+  verbs: [get, create, patch]
+# Worker pods are observed for group health and deleted to recreate or roll the group.
+- apiGroups: [""]
+  resources: [pods]
+  verbs: [list, delete]
+# Kubernetes events about LoPADeployments (kopf and the operator).
+- apiGroups: [""]
+  resources: [events]
+  verbs: [create, patch]
+{{- end -}}

@@ -1,0 +1,26 @@
+# lopa runtime for Huawei Ascend NPUs (HCCL): the image when spec.accelerator.type is ascend.
+#
+# Note: this image is not built in CI (no NPU, no CANN licence acceptance there). It must start
+# FROM a CANN base image whose CANN version matches the torch-npu release below and the driver
+# on the nodes (see https://gitee.com/ascend/pytorch for the matrix). The Ascend device plugin
+# sets ASCEND_VISIBLE_DEVICES and the Ascend Docker runtime mounts the driver
+# (/usr/local/Ascend/driver) into the container; do not bake the driver into the image.
+# Ascend 910 servers are aarch64: build with --platform linux/arm64.
+#   docker build --platform linux/arm64 -f docker/runtime-ascend.Dockerfile \
+#     --build-arg CANN_IMAGE=<registry>/cann:<version>-910b-ubuntu22.04-py3.11 \
+#     -t ghcr.io/lopa-dev/lopa:0.1.0-ascend .
+ARG CANN_IMAGE=ascendai/cann:latest
+FROM ${CANN_IMAGE}
+ENV PYTHONUNBUFFERED=1 \
+    PIP_NO_CACHE_DIR=1
+# torch and torch-npu must be the pair published for the CANN version of the base image.
+ARG TORCH_VERSION=2.5.1
+ARG TORCH_NPU_VERSION=2.5.1
+RUN pip install "torch==${TORCH_VERSION}" "torch-npu==${TORCH_NPU_VERSION}"
+WORKDIR /src
+COPY runtime/ ./runtime/
+RUN pip install ./runtime && rm -rf /src
+# The CANN environment (set_env.sh) is sourced by the base image's entrypoint on most tags;
+# lopa imports torch_npu only when the config asks for device npu.
+EXPOSE 50051 50052 29500 9090
+ENTRYPOINT ["lopa"]

@@ -1,0 +1,60 @@
+"""`lopa-operator` / `python -m lopa_operator`: runs the kopf operator with namespace options."""
+
+from __future__ import annotations
+
+import argparse
+import os
+
+import kopf
+
+
+def parse(argv: list[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(prog="lopa-operator", description=__doc__)
+    p.add_argument(
+        "-n",
+        "--namespace",
+        action="append",
+        default=[],
+        help="namespace to watch (repeatable; globs allowed); default: all namespaces",
+    )
+    p.add_argument("-A", "--all-namespaces", action="store_true", help="watch every namespace")
+    p.add_argument(
+        "--liveness",
+        default=os.environ.get("LOPA_OPERATOR_LIVENESS", "http://0.0.0.0:8080/healthz"),
+        help="kopf liveness endpoint URL ('' disables)",
+    )
+    p.add_argument(
+        "--metrics-port",
+        type=int,
+        default=int(os.environ.get("LOPA_OPERATOR_METRICS_PORT", "9090")),
+        help="Prometheus /metrics port (0 disables)",
+    )
+    p.add_argument("--resync-seconds", type=float, default=None, help="seconds between status resyncs")
+    p.add_argument(
+        "--log-level",
+        default=os.environ.get("LOPA_OPERATOR_LOG_LEVEL", "info"),
+        choices=["debug", "info", "warning"],
+    )
+    return p.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = parse(argv)
+    # Handlers read these at import time (decorator arguments), so set them before importing.
+    os.environ["LOPA_OPERATOR_METRICS_PORT"] = str(args.metrics_port)
+    if args.resync_seconds is not None:
+        os.environ["LOPA_OPERATOR_RESYNC_SECONDS"] = str(args.resync_seconds)
+    from . import handlers  # noqa: F401  (registers the handlers)
+
+    kopf.configure(debug=args.log_level == "debug", quiet=args.log_level == "warning")
+    namespaces = [] if args.all_namespaces else args.namespace
+    kopf.run(
+        standalone=True,  # one replica (Recreate): no peering objects, no peering RBAC
+        clusterwide=not namespaces,
+        namespaces=namespaces,
+        liveness_endpoint=args.liveness or None,
+    )
+
+
+if __name__ == "__main__":
+    main()

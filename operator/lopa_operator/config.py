@@ -1,0 +1,92 @@
+"""Renders the one config file (`docs/lopa.yaml` shape, snake_case keys) that master and workers read."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from typing import Any
+
+import yaml
+
+from . import names
+from . import spec as specs
+
+# camelCase spec key -> snake_case config key, in the order of docs/lopa.yaml.
+DECODING_KEYS = {
+    "blockSize": "block_size",
+    "maxNewTokens": "max_new_tokens",
+    "tauAdd": "tau_add",
+    "tauAct": "tau_act",
+    "tauConf": "tau_conf",
+    "branches": "branches",
+    "conf": "conf",
+    "alpha": "alpha",
+    "beta": "beta",
+    "attention": "attention",
+    "temperature": "temperature",
+    "topP": "top_p",
+    "topK": "top_k",
+    "seed": "seed",
+}
+LIMIT_KEYS = {
+    "maxBranches": "max_branches",
+    "maxNewTokens": "max_new_tokens",
+    "maxPromptTokens": "max_prompt_tokens",
+    "queueSize": "queue_size",
+    "requestTimeoutSeconds": "request_timeout_s",
+}
+FLOAT_KEYS = {"tau_add", "tau_act", "tau_conf", "alpha", "beta", "temperature", "top_p"}
+
+
+def _number(key: str, value: Any) -> Any:
+    # JSON has one number type: the API server may hand back 1 for 1.0; the runtime wants floats.
+    return float(value) if key in FLOAT_KEYS else value
+
+
+def render(name: str, namespace: str, spec: dict[str, Any]) -> dict[str, Any]:
+    """The config document for deployment `name`; `spec` must have its defaults applied."""
+    model = spec["model"]
+    workers = spec["branchParallelism"]
+    doc: dict[str, Any] = {
+        "model": {
+            "path": model.get("path", ""),
+            "adapter": model.get("adapter", ""),
+            "dtype": specs.dtype(spec),
+            "device": specs.device(spec),
+        },
+        "decoding": {
+            snake: _number(snake, spec["decoding"][camel]) for camel, snake in DECODING_KEYS.items()
+        },
+        "limits": {snake: spec["limits"][camel] for camel, snake in LIMIT_KEYS.items()},
+        "master": {"listen": f"0.0.0.0:{names.CLIENT_PORT}", "metrics_port": names.METRICS_PORT},
+        "workers": {
+            "count": workers,
+            "addresses": [
+                f"{names.worker_host(name, namespace, rank)}:{names.WORKER_PORT}" for rank in range(workers)
+            ],
+            "listen_port": names.WORKER_PORT,
+            "metrics_port": names.METRICS_PORT,
+            "backend": specs.backend(spec),
+            "rendezvous": f"{names.worker_host(name, namespace, 0)}:{names.RENDEZVOUS_PORT}",
+            "join_timeout_s": spec["collective"]["joinTimeoutSeconds"],
+            "step_timeout_s": spec["collective"]["stepTimeoutSeconds"],
+        },
+    }
+    tls = spec.get("tls")
+    if tls:
+        doc["tls"] = {
+            "cert": f"{names.TLS_DIR}/tls.crt",
+            "key": f"{names.TLS_DIR}/tls.key",
+            "client_ca": f"{names.TLS_DIR}/ca.crt" if tls.get("requireClientCert") else "",
+        }
+    return doc
+
+
+def dump(doc: dict[str, Any]) -> str:
+    return yaml.safe_dump(doc, sort_keys=False, default_flow_style=False)
+
+
+def digest(*parts: Any) -> str:
+    """A short stable hash of JSON-serialisable parts (config text, pod-relevant spec)."""
+    blob = json.dumps(parts, sort_keys=True, separators=(",", ":"), default=str).encode()
+    return hashlib.sha256(blob).hexdigest()[:16]

@@ -1,0 +1,173 @@
+"""Group failure policy, as a pure function of what exists and what status remembers.
+
+A collective cannot heal a lost member: when a worker of a formed group is deleted, replaced
+(new UID), restarted (restartCount grew) or failed, every worker pod is deleted so the
+StatefulSet recreates the whole group. Consecutive restarts are bounded (then Degraded) and
+spaced by an exponential backoff. Pods running an outdated config hash are rolled (deleted)
+without counting as failures.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+from . import names
+
+Pod = dict[str, Any]
+
+
+@dataclass(frozen=True)
+class Memory:
+    """Group state kept in status between reconciles (status is the operator's only memory)."""
+
+    members: tuple[tuple[str, str, int], ...] = ()  # (pod name, uid, restarts) of the formed group
+    total_restarts: int = 0
+    recent_restarts: int = 0
+    last_restart: dt.datetime | None = None
+    formed_at: dt.datetime | None = None
+
+    @classmethod
+    def from_status(cls, status: dict[str, Any]) -> Memory:
+        return cls(
+            members=tuple(
+                (m["name"], m["uid"], int(m.get("restarts", 0))) for m in status.get("groupMembers") or []
+            ),
+            total_restarts=int(status.get("groupRestarts") or 0),
+            recent_restarts=int(status.get("recentGroupRestarts") or 0),
+            last_restart=parse_time(status.get("lastGroupRestartTime")),
+            formed_at=parse_time(status.get("groupFormedTime")),
+        )
+
+    def to_status(self) -> dict[str, Any]:
+        return {
+            "groupMembers": [{"name": n, "uid": u, "restarts": r} for n, u, r in self.members],
+            "groupRestarts": self.total_restarts,
+            "recentGroupRestarts": self.recent_restarts,
+            "lastGroupRestartTime": format_time(self.last_restart),
+            "groupFormedTime": format_time(self.formed_at),
+        }
+
+
+@dataclass(frozen=True)
+class Decision:
+    memory: Memory
+    delete: list[Pod] = field(default_factory=list)  # worker pods to delete now
+    state: str = "Forming"  # Forming | Formed | Rolling | Restarting | Backoff | Exhausted
+    message: str = ""
+    counted: bool = False  # a group restart was started by this decision
+
+
+def parse_time(value: str | None) -> dt.datetime | None:
+    return dt.datetime.fromisoformat(value.replace("Z", "+00:00")) if value else None
+
+
+def format_time(value: dt.datetime | None) -> str | None:
+    return value.astimezone(dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ") if value else None
+
+
+def restarts(pod: Pod) -> int:
+    return sum(
+        int(c.get("restartCount", 0)) for c in (pod.get("status") or {}).get("containerStatuses") or []
+    )
+
+
+def is_terminating(pod: Pod) -> bool:
+    return bool(pod["metadata"].get("deletionTimestamp"))
+
+
+def config_hash(pod: Pod) -> str | None:
+    return (pod["metadata"].get("annotations") or {}).get(names.CONFIG_HASH_ANNOTATION)
+
+
+def backoff_seconds(policy: dict[str, Any], recent: int) -> float:
+    """Wait before restart number recent+1: none for the first, then backoff * 2^(recent-1), capped."""
+    if recent == 0:
+        return 0.0
+    return float(min(policy["backoffSeconds"] * 2 ** (recent - 1), policy["maxBackoffSeconds"]))
+
+
+def _failure(memory: Memory, live: dict[str, Pod]) -> str | None:
+    for name, uid, count in memory.members:
+        pod = live.get(name)
+        if pod is None:
+            return f"worker pod {name} was lost"
+        if pod["metadata"]["uid"] != uid:
+            return f"worker pod {name} was replaced"
+        if restarts(pod) > count:
+            return f"worker pod {name} restarted"
+        if (pod.get("status") or {}).get("phase") == "Failed":
+            return f"worker pod {name} failed"
+    return None
+
+
+def decide(
+    workers: list[Pod],
+    wanted: int,
+    desired_hash: str,
+    memory: Memory,
+    policy: dict[str, Any],
+    now: dt.datetime,
+) -> Decision:
+    live = {p["metadata"]["name"]: p for p in workers if not is_terminating(p)}
+
+    stale = [p for p in live.values() if config_hash(p) != desired_hash]
+    if stale:
+        # A spec change: every pod must run the new config; this is no failure.
+        return Decision(
+            replace(memory, members=(), formed_at=None, recent_restarts=0),
+            delete=stale,
+            state="Rolling",
+            message=f"rolling {len(stale)} worker pod(s) to config {desired_hash}",
+        )
+
+    if memory.members:
+        failure = _failure(memory, live)
+        if failure is None:
+            if (
+                memory.recent_restarts
+                and memory.formed_at
+                and ((now - memory.formed_at).total_seconds() >= policy["resetAfterSeconds"])
+            ):
+                memory = replace(memory, recent_restarts=0)
+            return Decision(
+                memory, state="Formed", message=f"{len(memory.members)} worker pod(s) in the group"
+            )
+        if memory.recent_restarts >= policy["maxGroupRestarts"]:
+            return Decision(
+                memory,
+                state="Exhausted",
+                message=f"{failure}; {memory.recent_restarts} consecutive group restart(s) reached "
+                f"failurePolicy.maxGroupRestarts={policy['maxGroupRestarts']}",
+            )
+        wait = backoff_seconds(policy, memory.recent_restarts)
+        if memory.last_restart and (now - memory.last_restart).total_seconds() < wait:
+            return Decision(
+                memory, state="Backoff", message=f"{failure}; restarting the group after {wait:.0f}s backoff"
+            )
+        memory = replace(
+            memory,
+            members=(),
+            formed_at=None,
+            total_restarts=memory.total_restarts + 1,
+            recent_restarts=memory.recent_restarts + 1,
+            last_restart=now,
+        )
+        return Decision(
+            memory,
+            delete=list(live.values()),
+            state="Restarting",
+            message=f"{failure}; recreating all {wanted} worker pod(s) "
+            f"(restart {memory.recent_restarts}/{policy['maxGroupRestarts']})",
+            counted=True,
+        )
+
+    running = [p for p in live.values() if (p.get("status") or {}).get("phase") == "Running"]
+    if len(live) == wanted and len(running) == wanted:
+        # Remember the incarnation that forms the group: any change to it later is a failure.
+        members = tuple(sorted((p["metadata"]["name"], p["metadata"]["uid"], restarts(p)) for p in running))
+        return Decision(
+            replace(memory, members=members, formed_at=now), state="Formed", message="group formed"
+        )
+    return Decision(memory, state="Forming", message=f"{len(running)}/{wanted} worker pod(s) running")

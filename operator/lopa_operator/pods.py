@@ -1,0 +1,152 @@
+"""Pod templates of the two roles (the pod contract of architecture.md), as plain dicts."""
+
+from __future__ import annotations
+
+import copy
+from typing import Any
+
+from . import accelerators, names
+from . import spec as specs
+
+MODEL_VOLUME = "model"
+CONFIG_VOLUME = "config"
+TLS_VOLUME = "tls"
+
+
+def _field_env(name: str, path: str) -> dict[str, Any]:
+    return {"name": name, "valueFrom": {"fieldRef": {"fieldPath": path}}}
+
+
+def _config_volume(name: str) -> dict[str, Any]:
+    return {"name": CONFIG_VOLUME, "configMap": {"name": names.config_map(name)}}
+
+
+def _model_volumes(spec: dict[str, Any]) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    pvc = spec["model"].get("pvc")
+    if not pvc:
+        return [], []
+    volume = {
+        "name": MODEL_VOLUME,
+        "persistentVolumeClaim": {"claimName": pvc["claimName"], "readOnly": True},
+    }
+    mount: dict[str, Any] = {
+        "name": MODEL_VOLUME,
+        "mountPath": pvc.get("mountPath", "/models"),
+        "readOnly": True,
+    }
+    if pvc.get("subPath"):
+        mount["subPath"] = pvc["subPath"]
+    return [volume], [mount]
+
+
+def _resources(base: dict[str, Any] | None, limits: dict[str, str]) -> dict[str, Any]:
+    """User resources plus accelerator limits (extended resources need requests == limits)."""
+    out = copy.deepcopy(base or {})
+    if limits:
+        out.setdefault("limits", {}).update(limits)
+        out.setdefault("requests", {}).update(limits)
+    return out
+
+
+def _common_pod_spec(spec: dict[str, Any], tolerations: list[dict[str, Any]]) -> dict[str, Any]:
+    pod: dict[str, Any] = {"enableServiceLinks": False}
+    if spec.get("serviceAccountName"):
+        pod["serviceAccountName"] = spec["serviceAccountName"]
+    if spec.get("imagePullSecrets"):
+        pod["imagePullSecrets"] = copy.deepcopy(spec["imagePullSecrets"])
+    if spec.get("nodeSelector"):
+        pod["nodeSelector"] = dict(spec["nodeSelector"])
+    all_tolerations = copy.deepcopy(spec.get("tolerations") or []) + tolerations
+    if all_tolerations:
+        pod["tolerations"] = all_tolerations
+    if spec.get("affinity"):
+        pod["affinity"] = copy.deepcopy(spec["affinity"])
+    return pod
+
+
+def _template(name: str, role: str, config_hash: str, pod: dict[str, Any]) -> dict[str, Any]:
+    return {
+        "metadata": {
+            "labels": names.labels(name, role),
+            "annotations": {names.CONFIG_HASH_ANNOTATION: config_hash},
+        },
+        "spec": pod,
+    }
+
+
+def worker_template(name: str, spec: dict[str, Any], config_hash: str) -> dict[str, Any]:
+    wiring = accelerators.wiring(spec)
+    model_volumes, model_mounts = _model_volumes(spec)
+    env = [
+        # Rank = StatefulSet pod index; kubelet expands $(LOPA_RANK) in the command below.
+        _field_env("LOPA_RANK", f"metadata.labels['{names.POD_INDEX_LABEL}']"),
+        {"name": "LOPA_WORLD_SIZE", "value": str(spec["branchParallelism"])},
+        _field_env("LOPA_POD_NAME", "metadata.name"),
+        _field_env("LOPA_NAMESPACE", "metadata.namespace"),
+        *wiring.env,
+        *copy.deepcopy(spec.get("env") or []),
+    ]
+    container = {
+        "name": names.ROLE_WORKER,
+        "image": specs.image(spec),
+        "imagePullPolicy": spec["imagePullPolicy"],
+        "command": [
+            "lopa",
+            "worker",
+            "--config",
+            f"{names.CONFIG_DIR}/{names.CONFIG_FILE}",
+            "--rank",
+            "$(LOPA_RANK)",
+        ],
+        "env": env,
+        "ports": [
+            {"name": "grpc", "containerPort": names.WORKER_PORT, "protocol": "TCP"},
+            {"name": "rendezvous", "containerPort": names.RENDEZVOUS_PORT, "protocol": "TCP"},
+            {"name": "metrics", "containerPort": names.METRICS_PORT, "protocol": "TCP"},
+        ],
+        "resources": _resources(spec.get("resources"), wiring.limits),
+        "volumeMounts": [
+            {"name": CONFIG_VOLUME, "mountPath": names.CONFIG_DIR, "readOnly": True},
+            *model_mounts,
+            *wiring.mounts,
+        ],
+        # Ready = model loaded and the collective joined (the worker serves health after joining).
+        "readinessProbe": {"grpc": {"port": names.WORKER_PORT}, "periodSeconds": 5, "failureThreshold": 3},
+    }
+    pod = _common_pod_spec(spec, wiring.tolerations)
+    pod["containers"] = [container]
+    pod["volumes"] = [_config_volume(name), *model_volumes, *wiring.volumes]
+    return _template(name, names.ROLE_WORKER, config_hash, pod)
+
+
+def master_template(name: str, spec: dict[str, Any], config_hash: str) -> dict[str, Any]:
+    model_volumes, model_mounts = _model_volumes(spec)  # the master needs the tokenizer files
+    mounts = [{"name": CONFIG_VOLUME, "mountPath": names.CONFIG_DIR, "readOnly": True}, *model_mounts]
+    volumes = [_config_volume(name), *model_volumes]
+    tls = spec.get("tls")
+    if tls:
+        mounts.append({"name": TLS_VOLUME, "mountPath": names.TLS_DIR, "readOnly": True})
+        volumes.append({"name": TLS_VOLUME, "secret": {"secretName": tls["secretName"]}})
+    container = {
+        "name": names.ROLE_MASTER,
+        "image": specs.image(spec),
+        "imagePullPolicy": spec["imagePullPolicy"],
+        "command": ["lopa", "master", "--config", f"{names.CONFIG_DIR}/{names.CONFIG_FILE}"],
+        "env": [
+            _field_env("LOPA_POD_NAME", "metadata.name"),
+            _field_env("LOPA_NAMESPACE", "metadata.namespace"),
+            *copy.deepcopy(spec.get("env") or []),
+        ],
+        "ports": [
+            {"name": "grpc", "containerPort": names.CLIENT_PORT, "protocol": "TCP"},
+            {"name": "metrics", "containerPort": names.METRICS_PORT, "protocol": "TCP"},
+        ],
+        "resources": copy.deepcopy((spec.get("master") or {}).get("resources") or {}),
+        "volumeMounts": mounts,
+        # grpc.health.v1 reports SERVING only once every worker joined the group.
+        "readinessProbe": {"grpc": {"port": names.CLIENT_PORT}, "periodSeconds": 5, "failureThreshold": 3},
+    }
+    pod = _common_pod_spec(spec, [])
+    pod["containers"] = [container]
+    pod["volumes"] = volumes
+    return _template(name, names.ROLE_MASTER, config_hash, pod)

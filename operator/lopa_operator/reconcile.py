@@ -1,0 +1,147 @@
+"""One idempotent reconcile: apply children, enforce the group policy, write status and events.
+
+Called from create/update/resume handlers and from the resync timer; it always re-reads the
+object so that a stale watch body cannot double-count a group restart.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import logging
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import replace
+from typing import Any
+
+import kopf
+
+from . import group, metrics, names, render
+from . import spec as specs
+from . import status as statuses
+from .kube import Kube, path
+
+EventFn = Callable[[dict[str, Any], str, str, str], None]  # (object, type, reason, message)
+
+_locks: dict[tuple[str, str], threading.Lock] = {}
+_locks_guard = threading.Lock()
+
+
+def _lock(namespace: str, name: str) -> threading.Lock:
+    # Handlers and the timer run in worker threads; one reconcile per object at a time.
+    with _locks_guard:
+        return _locks.setdefault((namespace, name), threading.Lock())
+
+
+def forget(namespace: str, name: str) -> None:
+    with _locks_guard:
+        _locks.pop((namespace, name), None)
+    metrics.forget(namespace, name)
+
+
+def _ensure(kube: Kube, child: dict[str, Any], owner: dict[str, Any]) -> bool:
+    """Applies `child` unless the live object already carries the same spec hash; True if applied."""
+    kopf.append_owner_reference(child, owner=owner)
+    meta = child["metadata"]
+    live = kube.get(path(child["kind"], meta["namespace"], meta["name"]))
+    if live is not None:
+        live_hash = (live["metadata"].get("annotations") or {}).get(names.SPEC_HASH_ANNOTATION)
+        owned = any(
+            r.get("uid") == owner["metadata"]["uid"] for r in live["metadata"].get("ownerReferences") or []
+        )
+        if owned and live_hash == meta["annotations"][names.SPEC_HASH_ANNOTATION]:
+            return False
+    kube.apply(child)
+    return True
+
+
+def _events(
+    obj: dict[str, Any],
+    before: dict[str, Any],
+    after: dict[str, Any],
+    decision: group.Decision,
+    post: EventFn,
+) -> None:
+    if decision.state == "Rolling":
+        post(obj, "Normal", "RollingGroup", decision.message)
+    elif decision.state == "Restarting":
+        post(obj, "Warning", "GroupRestart", decision.message)
+    old = {c["type"]: c for c in before.get("conditions") or []}
+    for c in after["conditions"]:
+        prev = old.get(c["type"])
+        if prev and prev.get("status") == c["status"] and prev.get("reason") == c["reason"]:
+            continue
+        if c["type"] == "Available" and c["status"] == "True":
+            post(obj, "Normal", "Available", c["message"])
+        elif c["type"] == "Schedulable" and c["status"] == "False":
+            post(obj, "Warning", "Unschedulable", c["message"])
+        elif c["type"] == "Degraded" and c["status"] == "True":
+            post(obj, "Warning", "Degraded", c["message"])
+
+
+def reconcile(
+    kube: Kube,
+    namespace: str,
+    name: str,
+    trigger: str,
+    post: EventFn,
+    logger: logging.Logger | logging.LoggerAdapter,
+) -> dict[str, Any] | None:
+    """Brings the children of one LoPADeployment in line and returns the status written."""
+    started = time.monotonic()
+    result = "error"
+    try:
+        with _lock(namespace, name):
+            obj = kube.get(path(names.KIND, namespace, name))
+            if obj is None or obj["metadata"].get("deletionTimestamp"):
+                result = "gone"
+                return None  # owner references let the garbage collector remove the children
+            out = _reconcile(kube, obj, post, logger)
+            result = "ok"
+            return out
+    finally:
+        metrics.RECONCILES.labels(trigger, result).inc()
+        metrics.RECONCILE_SECONDS.labels(trigger).observe(time.monotonic() - started)
+
+
+def _reconcile(
+    kube: Kube, obj: dict[str, Any], post: EventFn, logger: logging.Logger | logging.LoggerAdapter
+) -> dict[str, Any]:
+    meta = obj["metadata"]
+    name, namespace = meta["name"], meta["namespace"]
+    spec = specs.with_defaults(obj.get("spec"))
+    children = render.children(name, namespace, obj.get("spec") or {})
+    applied = [c["kind"] + "/" + c["metadata"]["name"] for c in children if _ensure(kube, c, obj)]
+    if applied:
+        logger.info("applied %s", ", ".join(applied))
+    desired_hash = render.group_hash(name, namespace, spec)
+
+    pods = kube.list(
+        "Pod", namespace, f"app.kubernetes.io/instance={name},app.kubernetes.io/managed-by={names.MANAGER}"
+    )
+    workers = [
+        p for p in pods if p["metadata"]["labels"].get("app.kubernetes.io/component") == names.ROLE_WORKER
+    ]
+    before = obj.get("status") or {}
+    memory = group.Memory.from_status(before)
+    if before.get("observedGeneration") != meta.get("generation"):
+        memory = replace(memory, recent_restarts=0)  # a new spec gets a fresh restart budget
+    now = dt.datetime.now(dt.timezone.utc)
+    decision = group.decide(
+        workers, spec["branchParallelism"], desired_hash, memory, spec["failurePolicy"], now
+    )
+    for pod in decision.delete:
+        kube.delete("Pod", namespace, pod["metadata"]["name"], uid=pod["metadata"]["uid"])
+    if decision.delete:
+        logger.info("%s: deleted %d worker pod(s)", decision.state, len(decision.delete))
+    if decision.counted:
+        metrics.GROUP_RESTARTS.labels(namespace, name).inc()
+    elif decision.state == "Rolling":
+        metrics.GROUP_ROLLS.labels(namespace, name).inc(len(decision.delete))
+
+    after = statuses.derive(obj, spec, pods, desired_hash, decision, now)
+    if any(before.get(k) != v for k, v in after.items()):
+        kube.patch_status(namespace, name, after)
+    _events(obj, before, after, decision, post)
+    metrics.observe(namespace, name, after)
+    return after

@@ -1,0 +1,165 @@
+"""Unit tests of the group failure policy and status derivation (pure functions)."""
+
+from __future__ import annotations
+
+import datetime as dt
+
+from lopa_operator import group, names, status
+from lopa_operator import spec as specs
+
+NOW = dt.datetime(2026, 1, 1, 12, 0, 0, tzinfo=dt.timezone.utc)
+POLICY = specs.with_defaults({})["failurePolicy"]
+HASH = "h1"
+
+
+def pod(name: str, uid: str, *, role: str = "worker", phase: str = "Running", ready: bool = True,
+        restarts: int = 0, config_hash: str = HASH, deleting: bool = False, unschedulable: str = "") -> dict:
+    conditions = [{"type": "Ready", "status": "True" if ready else "False"}]
+    if unschedulable:
+        phase = "Pending"
+        conditions = [{"type": "PodScheduled", "status": "False", "reason": "Unschedulable",
+                       "message": unschedulable}]
+    meta = {
+        "name": name,
+        "uid": uid,
+        "labels": {"app.kubernetes.io/component": role},
+        "annotations": {names.CONFIG_HASH_ANNOTATION: config_hash},
+    }
+    if deleting:
+        meta["deletionTimestamp"] = "2026-01-01T00:00:00Z"
+    return {
+        "metadata": meta,
+        "status": {"phase": phase, "conditions": conditions,
+                   "containerStatuses": [{"name": role, "restartCount": restarts}]},
+    }
+
+
+def formed(uids: tuple[str, ...] = ("a", "b"), **kw: object) -> group.Memory:
+    members = tuple((f"d-worker-{i}", uid, 0) for i, uid in enumerate(uids))
+    return group.Memory(members=members, formed_at=NOW - dt.timedelta(seconds=5), **kw)  # type: ignore[arg-type]
+
+
+def test_group_forms_once_every_worker_runs() -> None:
+    pods = [pod("d-worker-0", "a"), pod("d-worker-1", "b", phase="Pending")]
+    assert group.decide(pods, 2, HASH, group.Memory(), POLICY, NOW).state == "Forming"
+    pods[1] = pod("d-worker-1", "b")
+    decision = group.decide(pods, 2, HASH, group.Memory(), POLICY, NOW)
+    assert decision.state == "Formed" and not decision.delete
+    assert decision.memory.members == (("d-worker-0", "a", 0), ("d-worker-1", "b", 0))
+
+
+def test_lost_worker_recreates_whole_group() -> None:
+    # worker-1 was deleted and the StatefulSet already made a new one: a new UID.
+    pods = [pod("d-worker-0", "a"), pod("d-worker-1", "b2")]
+    decision = group.decide(pods, 2, HASH, formed(), POLICY, NOW)
+    assert decision.state == "Restarting" and decision.counted
+    assert sorted(p["metadata"]["uid"] for p in decision.delete) == ["a", "b2"]
+    assert decision.memory.total_restarts == 1 and decision.memory.recent_restarts == 1
+    assert decision.memory.members == ()
+    assert "d-worker-1 was replaced" in decision.message
+
+
+def test_missing_and_restarted_workers_are_failures() -> None:
+    missing = group.decide([pod("d-worker-0", "a")], 2, HASH, formed(), POLICY, NOW)
+    assert missing.state == "Restarting" and "lost" in missing.message
+    restarted = [pod("d-worker-0", "a"), pod("d-worker-1", "b", restarts=1)]
+    decision = group.decide(restarted, 2, HASH, formed(), POLICY, NOW)
+    assert decision.state == "Restarting" and "restarted" in decision.message
+
+
+def test_backoff_then_exhausted() -> None:
+    pods = [pod("d-worker-0", "a"), pod("d-worker-1", "b2")]
+    recent = formed(recent_restarts=2, total_restarts=2, last_restart=NOW - dt.timedelta(seconds=5))
+    # third restart waits backoff * 2^(2-1) = 20 s after the last one
+    assert group.decide(pods, 2, HASH, recent, POLICY, NOW).state == "Backoff"
+    later = NOW + dt.timedelta(seconds=30)
+    assert group.decide(pods, 2, HASH, recent, POLICY, later).state == "Restarting"
+    exhausted = formed(recent_restarts=POLICY["maxGroupRestarts"], total_restarts=9)
+    decision = group.decide(pods, 2, HASH, exhausted, POLICY, NOW)
+    assert decision.state == "Exhausted" and not decision.delete
+    assert "maxGroupRestarts=5" in decision.message
+
+
+def test_backoff_is_capped() -> None:
+    assert group.backoff_seconds(POLICY, 0) == 0
+    assert group.backoff_seconds(POLICY, 1) == 10
+    assert group.backoff_seconds(POLICY, 3) == 40
+    assert group.backoff_seconds(POLICY, 30) == POLICY["maxBackoffSeconds"]
+
+
+def test_stale_config_rolls_without_counting() -> None:
+    pods = [pod("d-worker-0", "a", config_hash="old"), pod("d-worker-1", "b", config_hash="old")]
+    decision = group.decide(pods, 2, HASH, formed(recent_restarts=3), POLICY, NOW)
+    assert decision.state == "Rolling" and not decision.counted
+    assert len(decision.delete) == 2 and decision.memory.recent_restarts == 0
+
+
+def test_healthy_group_clears_recent_restarts_after_reset_window() -> None:
+    pods = [pod("d-worker-0", "a"), pod("d-worker-1", "b")]
+    memory = group.Memory(members=formed().members, recent_restarts=2,
+                          formed_at=NOW - dt.timedelta(seconds=POLICY["resetAfterSeconds"] + 1))
+    assert group.decide(pods, 2, HASH, memory, POLICY, NOW).memory.recent_restarts == 0
+
+
+def test_terminating_pods_are_ignored() -> None:
+    pods = [pod("d-worker-0", "a", deleting=True), pod("d-worker-1", "b", deleting=True)]
+    assert group.decide(pods, 2, HASH, group.Memory(), POLICY, NOW).state == "Forming"
+
+
+def test_memory_round_trips_through_status() -> None:
+    memory = formed(total_restarts=3, recent_restarts=1, last_restart=NOW)
+    assert group.Memory.from_status(memory.to_status()) == memory
+
+
+def _cr(generation: int = 1) -> dict:
+    return {"metadata": {"name": "d", "namespace": "ns", "generation": generation}, "status": {}}
+
+
+def _conditions(st: dict) -> dict[str, dict]:
+    return {c["type"]: c for c in st["conditions"]}
+
+
+def test_status_available_when_group_and_master_ready() -> None:
+    spec = specs.with_defaults({"branchParallelism": 2})
+    pods = [pod("d-worker-0", "a"), pod("d-worker-1", "b"), pod("d-master-x", "m", role="master")]
+    decision = group.decide(pods[:2], 2, HASH, group.Memory(), POLICY, NOW)
+    st = status.derive(_cr(3), spec, pods, HASH, decision, NOW)
+    cond = _conditions(st)
+    assert st["phase"] == "Available" and st["ready"] == "2/2" and st["observedGeneration"] == 3
+    assert cond["Available"]["status"] == "True" and cond["CollectiveReady"]["status"] == "True"
+    assert cond["Progressing"]["status"] == "False" and cond["Degraded"]["status"] == "False"
+    assert st["endpoint"] == "d.ns.svc:50051"
+    assert set(cond) == set(status.CONDITION_TYPES)
+
+
+def test_status_names_missing_resource_when_unschedulable() -> None:
+    spec = specs.with_defaults({"branchParallelism": 2, "accelerator": {"type": "nvidia"}})
+    message = "0/6 nodes are available: 2 Insufficient nvidia.com/gpu, 4 node(s) didn't match selector."
+    pods = [pod("d-worker-0", "a", unschedulable=message), pod("d-worker-1", "b", unschedulable=message)]
+    decision = group.decide(pods, 2, HASH, group.Memory(), POLICY, NOW)
+    st = status.derive(_cr(), spec, pods, HASH, decision, NOW)
+    sched = _conditions(st)["Schedulable"]
+    assert sched["status"] == "False" and sched["reason"] == "InsufficientResources"
+    assert sched["message"].startswith("Insufficient nvidia.com/gpu")
+    assert st["phase"] == "Pending"
+
+
+def test_status_degraded_when_restarts_exhausted() -> None:
+    spec = specs.with_defaults({"branchParallelism": 2})
+    pods = [pod("d-worker-0", "a"), pod("d-worker-1", "b2")]
+    decision = group.decide(pods, 2, HASH, formed(recent_restarts=5), POLICY, NOW)
+    st = status.derive(_cr(), spec, pods, HASH, decision, NOW)
+    assert st["phase"] == "Degraded" and _conditions(st)["Degraded"]["status"] == "True"
+    assert _conditions(st)["Available"]["status"] == "False"
+
+
+def test_transition_time_kept_while_status_unchanged() -> None:
+    spec = specs.with_defaults({"branchParallelism": 1})
+    pods = [pod("d-worker-0", "a")]
+    decision = group.decide(pods, 1, HASH, group.Memory(), POLICY, NOW)
+    first = status.derive(_cr(), spec, pods, HASH, decision, NOW)
+    cr = {**_cr(), "status": first}
+    later = status.derive(cr, spec, pods, HASH, decision, NOW + dt.timedelta(minutes=5))
+    assert _conditions(later)["Available"]["lastTransitionTime"] == _conditions(first)["Available"][
+        "lastTransitionTime"
+    ]

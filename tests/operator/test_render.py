@@ -1,0 +1,186 @@
+"""Unit tests of the pure rendering functions: no cluster needed."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import yaml
+
+from lopa_operator import config, names, render
+from lopa_operator import spec as specs
+
+REPO = Path(__file__).resolve().parents[2]
+SAMPLES = REPO / "manifests" / "samples"
+
+
+def sample(file: str, kind: str = names.KIND) -> dict:
+    docs = [d for d in yaml.safe_load_all((SAMPLES / file).read_text()) if d]
+    return next(d for d in docs if d["kind"] == kind)
+
+
+def by_kind(objs: list[dict]) -> dict[str, dict]:
+    return {f"{o['kind']}/{o['metadata']['name']}": o for o in objs}
+
+
+def worker_container(objs: list[dict], name: str) -> dict:
+    sts = by_kind(objs)[f"StatefulSet/{names.worker_set(name)}"]
+    return sts["spec"]["template"]["spec"]["containers"][0]
+
+
+def env_of(container: dict) -> dict[str, dict]:
+    return {e["name"]: e for e in container["env"]}
+
+
+def test_children_names_and_contract() -> None:
+    objs = render.children("demo", "ns1", {"branchParallelism": 3})
+    assert list(by_kind(objs)) == [
+        "ConfigMap/demo-config",
+        "Service/demo-workers",
+        "StatefulSet/demo-worker",
+        "Deployment/demo-master",
+        "Service/demo",
+    ]
+    kinds = by_kind(objs)
+    headless = kinds["Service/demo-workers"]["spec"]
+    assert headless["clusterIP"] == "None" and headless["publishNotReadyAddresses"] is True
+    sts = kinds["StatefulSet/demo-worker"]["spec"]
+    assert sts["podManagementPolicy"] == "Parallel" and sts["replicas"] == 3
+    assert sts["serviceName"] == "demo-workers"
+    worker = sts["template"]["spec"]["containers"][0]
+    assert worker["command"] == ["lopa", "worker", "--config", "/etc/lopa/lopa.yaml", "--rank", "$(LOPA_RANK)"]
+    rank = env_of(worker)["LOPA_RANK"]["valueFrom"]["fieldRef"]["fieldPath"]
+    assert rank == "metadata.labels['apps.kubernetes.io/pod-index']"
+    master = kinds["Deployment/demo-master"]["spec"]
+    assert master["strategy"]["type"] == "Recreate"
+    assert master["template"]["spec"]["containers"][0]["command"] == [
+        "lopa", "master", "--config", "/etc/lopa/lopa.yaml",
+    ]
+    client = kinds["Service/demo"]["spec"]
+    grpc = next(p for p in client["ports"] if p["name"] == "grpc")
+    assert grpc == {"name": "grpc", "port": 50051, "targetPort": "grpc", "appProtocol": "grpc"}
+    assert any(p["port"] == names.METRICS_PORT for p in client["ports"])
+
+
+def test_config_matches_docs_shape() -> None:
+    reference = yaml.safe_load((REPO / "docs" / "lopa.yaml").read_text())
+    doc = config.render("demo", "default", specs.with_defaults({"accelerator": {"type": "nvidia"},
+                                                                 "branchParallelism": 2,
+                                                                 "tls": {"secretName": "s"}}))
+
+    def shape(d: object) -> object:
+        return {k: shape(v) for k, v in d.items()} if isinstance(d, dict) else type(d).__name__
+
+    # Same sections, same keys in the same order, same value types (paths/addresses aside).
+    assert list(doc) == list(reference)
+    for section in reference:
+        assert list(doc[section]) == list(reference[section]), section
+    assert shape(doc["decoding"]) == shape(reference["decoding"])
+    assert doc["decoding"] == reference["decoding"]  # CRD defaults are the documented defaults
+    assert doc["limits"] == reference["limits"]
+    assert doc["workers"] == reference["workers"]  # demo/default with 2 nccl workers is the docs example
+
+
+def test_config_hash_changes_with_decoding_only_when_spec_changes() -> None:
+    base = {"branchParallelism": 2}
+    h1 = render.group_hash("demo", "ns", specs.with_defaults(base))
+    assert h1 == render.group_hash("demo", "ns", specs.with_defaults(base))
+    h2 = render.group_hash("demo", "ns", specs.with_defaults({**base, "decoding": {"tauConf": 0.8}}))
+    assert h1 != h2
+    objs = render.children("demo", "ns", {**base, "decoding": {"tauConf": 0.8}})
+    for kind in ("StatefulSet/demo-worker", "Deployment/demo-master"):
+        template = by_kind(objs)[kind]["spec"]["template"]
+        assert template["metadata"]["annotations"][names.CONFIG_HASH_ANNOTATION] == h2
+
+
+def test_nvidia_sample_wiring() -> None:
+    cr = sample("nvidia.yaml")
+    objs = render.children(cr["metadata"]["name"], "ns", cr["spec"])
+    worker = worker_container(objs, "d2f-dream")
+    assert worker["resources"]["limits"]["nvidia.com/gpu"] == "1"
+    env = env_of(worker)
+    assert env["TORCH_NCCL_ASYNC_ERROR_HANDLING"]["value"] == "1"
+    pod = by_kind(objs)["StatefulSet/d2f-dream-worker"]["spec"]["template"]["spec"]
+    shm = next(v for v in pod["volumes"] if v["name"] == "dshm")
+    assert shm["emptyDir"] == {"medium": "Memory", "sizeLimit": "16Gi"}
+    assert {"name": "dshm", "mountPath": "/dev/shm"} in worker["volumeMounts"]
+    model = next(v for v in pod["volumes"] if v["name"] == "model")
+    assert model["persistentVolumeClaim"] == {"claimName": "d2f-models", "readOnly": True}
+    text = by_kind(objs)["ConfigMap/d2f-dream-config"]["data"]["lopa.yaml"]
+    doc = yaml.safe_load(text)
+    assert doc["workers"]["backend"] == "nccl" and doc["model"]["device"] == "cuda"
+    assert doc["model"]["adapter"] == "/models/D2F_Dream_Base_7B_Lora"
+    assert doc["workers"]["addresses"][3] == "d2f-dream-worker-3.d2f-dream-workers.ns.svc:50052"
+
+
+def test_ascend_sample_wiring() -> None:
+    cr = sample("ascend.yaml")
+    objs = render.children(cr["metadata"]["name"], "ns", cr["spec"])
+    worker = worker_container(objs, "d2f-dream-ascend")
+    assert worker["resources"]["limits"] == {"huawei.com/Ascend910": "1"}
+    env = env_of(worker)
+    assert env["HCCL_CONNECT_TIMEOUT"]["value"] == "900"
+    assert env["HCCL_EXEC_TIMEOUT"]["value"] == "120"
+    assert env["HCCL_IF_IP"]["valueFrom"]["fieldRef"]["fieldPath"] == "status.podIP"
+    assert "ASCEND_VISIBLE_DEVICES" not in env  # the device plugin sets it
+    doc = yaml.safe_load(by_kind(objs)["ConfigMap/d2f-dream-ascend-config"]["data"]["lopa.yaml"])
+    assert doc["workers"]["backend"] == "hccl" and doc["model"]["device"] == "npu"
+
+
+def test_ascend_resource_name_is_configurable() -> None:
+    spec = {"accelerator": {"type": "ascend", "devicesPerWorker": 2, "resourceName": "huawei.com/Ascend910B"}}
+    worker = worker_container(render.children("a", "ns", spec), "a")
+    assert worker["resources"]["limits"] == {"huawei.com/Ascend910B": "2"}
+
+
+def test_cpu_sample_wiring() -> None:
+    cr = sample("cpu.yaml")
+    objs = render.children(cr["metadata"]["name"], "ns", cr["spec"])
+    worker = worker_container(objs, "lopa-cpu")
+    assert not any("/" in k for k in worker["resources"].get("limits", {}))  # no device resources
+    assert "NCCL_DEBUG" not in env_of(worker)
+    doc = yaml.safe_load(by_kind(objs)["ConfigMap/lopa-cpu-config"]["data"]["lopa.yaml"])
+    assert doc["workers"]["backend"] == "gloo"
+    assert doc["model"] == {"path": "", "adapter": "", "dtype": "float32", "device": "cpu"}  # bundled model
+
+
+def test_user_settings_pass_through() -> None:
+    spec = {
+        "image": "example/lopa:dev",
+        "nodeSelector": {"pool": "a"},
+        "tolerations": [{"key": "k", "operator": "Exists"}],
+        "affinity": {"nodeAffinity": {}},
+        "env": [{"name": "HF_HOME", "value": "/cache"}],
+        "service": {"type": "LoadBalancer", "port": 443, "annotations": {"a": "b"}},
+        "tls": {"secretName": "lopa-tls", "requireClientCert": True},
+    }
+    objs = by_kind(render.children("u", "ns", spec))
+    pod = objs["StatefulSet/u-worker"]["spec"]["template"]["spec"]
+    assert pod["nodeSelector"] == {"pool": "a"} and pod["affinity"] == {"nodeAffinity": {}}
+    assert pod["tolerations"] == [{"key": "k", "operator": "Exists"}]
+    assert pod["containers"][0]["image"] == "example/lopa:dev"
+    assert env_of(pod["containers"][0])["HF_HOME"]["value"] == "/cache"
+    svc = objs["Service/u"]
+    assert svc["spec"]["type"] == "LoadBalancer" and svc["metadata"]["annotations"]["a"] == "b"
+    assert svc["spec"]["ports"][0]["port"] == 443
+    master = objs["Deployment/u-master"]["spec"]["template"]["spec"]
+    assert {"name": "tls", "secret": {"secretName": "lopa-tls"}} in master["volumes"]
+    doc = yaml.safe_load(objs["ConfigMap/u-config"]["data"]["lopa.yaml"])
+    assert doc["tls"]["client_ca"] == "/etc/lopa/tls/ca.crt"
+
+
+@pytest.mark.parametrize("kind", ["cpu", "nvidia", "ascend"])
+def test_default_image_per_accelerator(kind: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv(f"LOPA_RUNTIME_IMAGE_{kind.upper()}", raising=False)
+    assert specs.image(specs.with_defaults({"accelerator": {"type": kind}})) == specs.DEFAULT_IMAGES[kind]
+    monkeypatch.setenv(f"LOPA_RUNTIME_IMAGE_{kind.upper()}", "mirror/lopa:x")
+    assert specs.image(specs.with_defaults({"accelerator": {"type": kind}})) == "mirror/lopa:x"
+
+
+def test_spec_hash_is_stable_and_sensitive() -> None:
+    a = render.children("d", "ns", {"branchParallelism": 2})
+    b = render.children("d", "ns", {"branchParallelism": 2})
+    c = render.children("d", "ns", {"branchParallelism": 3})
+    key = names.SPEC_HASH_ANNOTATION
+    assert [o["metadata"]["annotations"][key] for o in a] == [o["metadata"]["annotations"][key] for o in b]
+    assert a[2]["metadata"]["annotations"][key] != c[2]["metadata"]["annotations"][key]
