@@ -31,6 +31,7 @@ def test_stage_and_commit() -> None:
     assert cache.staged_count(1) == 5
     cache.commit(1, 3)  # a prefix of the staged tokens is allowed
     assert cache.length == 3
+    assert cache.staged_count(0) == cache.staged_count(1) == 0  # a commit consumes the staging
     for layer in range(LAYERS):
         k, v = cache.cached(layer)
         assert torch.equal(k, keys[layer][1, :3]) and torch.equal(v, -keys[layer][1, :3])

@@ -4,7 +4,8 @@ Layout: `cache` is [layers, 2 (K/V), max_length, kv_heads, head_dim]; the first 
 hold the committed prefix. Each staging slot (one per batch row) is [layers, 2, capacity, kv_heads,
 head_dim] and receives the K/V of its row's first n_stage tokens during a forward; `commit(slot, n)`
 appends them to the cache. `pack_staged` / `append_packed` move the same bytes as ONE contiguous
-tensor so that a distributed commit is a single broadcast.
+tensor so that a distributed commit is a single broadcast. A commit (either way) consumes the staging
+of every slot: pack before committing.
 """
 
 from __future__ import annotations
@@ -114,7 +115,7 @@ class KVCache:
             raise ValueError(f"slot {slot} holds {self._staged[slot]} staged tokens, cannot commit {n}")
         end = self._length + n
         self.cache[:, :, self._length : end] = self._staging[slot, :, :, :n]
-        self._length = end
+        self._advance(end)
 
     def packed_shape(self, n: int) -> torch.Size:
         """Shape of `pack_staged(slot, n)`: what a receiver allocates before a broadcast."""
@@ -134,7 +135,12 @@ class KVCache:
             raise ValueError(f"packed K/V has shape {tuple(packed.shape)}, expected {expected}")
         end = self._length + n
         self.cache[:, :, self._length : end] = packed.to(device=self.device, dtype=self.dtype)
+        self._advance(end)
+
+    def _advance(self, end: int) -> None:
+        # Staged K/V belong to the window before this commit: consumed, so none can be committed twice.
         self._length = end
+        self._staged = [0] * self.num_slots
 
     def _check_commit(self, n: int) -> None:
         if n < 0 or self._length + n > self.max_length:
