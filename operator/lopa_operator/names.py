@@ -20,7 +20,6 @@ RENDEZVOUS_PORT = 29500
 METRICS_PORT = 9090
 
 CONFIG_HASH_ANNOTATION = f"{GROUP}/config-hash"
-SPEC_HASH_ANNOTATION = f"{GROUP}/spec-hash"  # on every child: skip the apply when unchanged
 POD_INDEX_LABEL = "apps.kubernetes.io/pod-index"
 
 ROLE_WORKER = "worker"

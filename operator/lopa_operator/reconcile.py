@@ -39,20 +39,10 @@ def forget(namespace: str, name: str) -> None:
     metrics.forget(namespace, name)
 
 
-def _ensure(kube: Kube, child: dict[str, Any], owner: dict[str, Any]) -> bool:
-    """Applies `child` unless the live object already carries the same spec hash; True if applied."""
+def _ensure(kube: Kube, child: dict[str, Any], owner: dict[str, Any]) -> None:
+    """Server-side applies `child`: creates it, repairs drift, and is a no-op write when nothing changed."""
     kopf.append_owner_reference(child, owner=owner)
-    meta = child["metadata"]
-    live = kube.get(path(child["kind"], meta["namespace"], meta["name"]))
-    if live is not None:
-        live_hash = (live["metadata"].get("annotations") or {}).get(names.SPEC_HASH_ANNOTATION)
-        owned = any(
-            r.get("uid") == owner["metadata"]["uid"] for r in live["metadata"].get("ownerReferences") or []
-        )
-        if owned and live_hash == meta["annotations"][names.SPEC_HASH_ANNOTATION]:
-            return False
     kube.apply(child)
-    return True
 
 
 def _events(
@@ -111,9 +101,8 @@ def _reconcile(
     name, namespace = meta["name"], meta["namespace"]
     spec = specs.with_defaults(obj.get("spec"))
     children = render.children(name, namespace, obj.get("spec") or {})
-    applied = [c["kind"] + "/" + c["metadata"]["name"] for c in children if _ensure(kube, c, obj)]
-    if applied:
-        logger.info("applied %s", ", ".join(applied))
+    for child in children:
+        _ensure(kube, child, obj)
     desired_hash = render.group_hash(name, namespace, spec)
 
     pods = kube.list(

@@ -12,14 +12,6 @@ from . import config, names, pods
 from . import spec as specs
 
 
-def _stamp(obj: dict[str, Any]) -> dict[str, Any]:
-    """Adds the spec-hash annotation: reconcile skips an apply when the live child has the same."""
-    annotations = obj["metadata"].setdefault("annotations", {})
-    annotations.pop(names.SPEC_HASH_ANNOTATION, None)
-    annotations[names.SPEC_HASH_ANNOTATION] = config.digest(obj)
-    return obj
-
-
 def config_map(name: str, namespace: str, text: str) -> dict[str, Any]:
     return {
         "apiVersion": "v1",
@@ -137,4 +129,4 @@ def children(name: str, namespace: str, raw_spec: dict[str, Any]) -> list[dict[s
         master_deployment(name, namespace, spec, digest),
         client_service(name, namespace, spec),
     ]
-    return [_stamp(copy.deepcopy(obj)) for obj in objs]
+    return [copy.deepcopy(obj) for obj in objs]

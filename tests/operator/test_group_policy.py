@@ -12,13 +12,24 @@ POLICY = specs.with_defaults({})["failurePolicy"]
 HASH = "h1"
 
 
-def pod(name: str, uid: str, *, role: str = "worker", phase: str = "Running", ready: bool = True,
-        restarts: int = 0, config_hash: str = HASH, deleting: bool = False, unschedulable: str = "") -> dict:
+def pod(
+    name: str,
+    uid: str,
+    *,
+    role: str = "worker",
+    phase: str = "Running",
+    ready: bool = True,
+    restarts: int = 0,
+    config_hash: str = HASH,
+    deleting: bool = False,
+    unschedulable: str = "",
+) -> dict:
     conditions = [{"type": "Ready", "status": "True" if ready else "False"}]
     if unschedulable:
         phase = "Pending"
-        conditions = [{"type": "PodScheduled", "status": "False", "reason": "Unschedulable",
-                       "message": unschedulable}]
+        conditions = [
+            {"type": "PodScheduled", "status": "False", "reason": "Unschedulable", "message": unschedulable}
+        ]
     meta = {
         "name": name,
         "uid": uid,
@@ -29,8 +40,11 @@ def pod(name: str, uid: str, *, role: str = "worker", phase: str = "Running", re
         meta["deletionTimestamp"] = "2026-01-01T00:00:00Z"
     return {
         "metadata": meta,
-        "status": {"phase": phase, "conditions": conditions,
-                   "containerStatuses": [{"name": role, "restartCount": restarts}]},
+        "status": {
+            "phase": phase,
+            "conditions": conditions,
+            "containerStatuses": [{"name": role, "restartCount": restarts}],
+        },
     }
 
 
@@ -96,8 +110,11 @@ def test_stale_config_rolls_without_counting() -> None:
 
 def test_healthy_group_clears_recent_restarts_after_reset_window() -> None:
     pods = [pod("d-worker-0", "a"), pod("d-worker-1", "b")]
-    memory = group.Memory(members=formed().members, recent_restarts=2,
-                          formed_at=NOW - dt.timedelta(seconds=POLICY["resetAfterSeconds"] + 1))
+    memory = group.Memory(
+        members=formed().members,
+        recent_restarts=2,
+        formed_at=NOW - dt.timedelta(seconds=POLICY["resetAfterSeconds"] + 1),
+    )
     assert group.decide(pods, 2, HASH, memory, POLICY, NOW).memory.recent_restarts == 0
 
 
@@ -160,6 +177,7 @@ def test_transition_time_kept_while_status_unchanged() -> None:
     first = status.derive(_cr(), spec, pods, HASH, decision, NOW)
     cr = {**_cr(), "status": first}
     later = status.derive(cr, spec, pods, HASH, decision, NOW + dt.timedelta(minutes=5))
-    assert _conditions(later)["Available"]["lastTransitionTime"] == _conditions(first)["Available"][
-        "lastTransitionTime"
-    ]
+    assert (
+        _conditions(later)["Available"]["lastTransitionTime"]
+        == _conditions(first)["Available"]["lastTransitionTime"]
+    )

@@ -48,13 +48,23 @@ def test_children_names_and_contract() -> None:
     assert sts["podManagementPolicy"] == "Parallel" and sts["replicas"] == 3
     assert sts["serviceName"] == "demo-workers"
     worker = sts["template"]["spec"]["containers"][0]
-    assert worker["command"] == ["lopa", "worker", "--config", "/etc/lopa/lopa.yaml", "--rank", "$(LOPA_RANK)"]
+    assert worker["command"] == [
+        "lopa",
+        "worker",
+        "--config",
+        "/etc/lopa/lopa.yaml",
+        "--rank",
+        "$(LOPA_RANK)",
+    ]
     rank = env_of(worker)["LOPA_RANK"]["valueFrom"]["fieldRef"]["fieldPath"]
     assert rank == "metadata.labels['apps.kubernetes.io/pod-index']"
     master = kinds["Deployment/demo-master"]["spec"]
     assert master["strategy"]["type"] == "Recreate"
     assert master["template"]["spec"]["containers"][0]["command"] == [
-        "lopa", "master", "--config", "/etc/lopa/lopa.yaml",
+        "lopa",
+        "master",
+        "--config",
+        "/etc/lopa/lopa.yaml",
     ]
     client = kinds["Service/demo"]["spec"]
     grpc = next(p for p in client["ports"] if p["name"] == "grpc")
@@ -64,9 +74,13 @@ def test_children_names_and_contract() -> None:
 
 def test_config_matches_docs_shape() -> None:
     reference = yaml.safe_load((REPO / "docs" / "lopa.yaml").read_text())
-    doc = config.render("demo", "default", specs.with_defaults({"accelerator": {"type": "nvidia"},
-                                                                 "branchParallelism": 2,
-                                                                 "tls": {"secretName": "s"}}))
+    doc = config.render(
+        "demo",
+        "default",
+        specs.with_defaults(
+            {"accelerator": {"type": "nvidia"}, "branchParallelism": 2, "tls": {"secretName": "s"}}
+        ),
+    )
 
     def shape(d: object) -> object:
         return {k: shape(v) for k, v in d.items()} if isinstance(d, dict) else type(d).__name__
@@ -175,12 +189,3 @@ def test_default_image_per_accelerator(kind: str, monkeypatch: pytest.MonkeyPatc
     assert specs.image(specs.with_defaults({"accelerator": {"type": kind}})) == specs.DEFAULT_IMAGES[kind]
     monkeypatch.setenv(f"LOPA_RUNTIME_IMAGE_{kind.upper()}", "mirror/lopa:x")
     assert specs.image(specs.with_defaults({"accelerator": {"type": kind}})) == "mirror/lopa:x"
-
-
-def test_spec_hash_is_stable_and_sensitive() -> None:
-    a = render.children("d", "ns", {"branchParallelism": 2})
-    b = render.children("d", "ns", {"branchParallelism": 2})
-    c = render.children("d", "ns", {"branchParallelism": 3})
-    key = names.SPEC_HASH_ANNOTATION
-    assert [o["metadata"]["annotations"][key] for o in a] == [o["metadata"]["annotations"][key] for o in b]
-    assert a[2]["metadata"]["annotations"][key] != c[2]["metadata"]["annotations"][key]

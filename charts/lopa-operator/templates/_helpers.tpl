@@ -44,10 +44,10 @@ helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version }}
 # Children are server-side applied (patch; create when missing).
 - apiGroups: [""]
   resources: [configmaps, services]
-  verbs: [get, create, patch]
+  verbs: [create, patch]
 - apiGroups: [apps]
   resources: [statefulsets, deployments]
-  verbs: [get, create, patch]
+  verbs: [create, patch]
 # Worker pods are observed for group health and deleted to recreate or roll the group.
 - apiGroups: [""]
   resources: [pods]

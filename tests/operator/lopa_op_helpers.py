@@ -1,0 +1,204 @@
+"""Helpers of the operator acceptance tests: chart install, the operator process, waits.
+
+The operator runs as a real subprocess (`python -m lopa_operator`) authenticated as the
+chart's ServiceAccount, so a missing RBAC rule shows up as a Forbidden line in its log.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import subprocess
+import sys
+import time
+import urllib.request
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from kube.cluster import KubeCluster, free_ports
+
+REPO = Path(__file__).resolve().parents[2]
+CHART = REPO / "charts" / "lopa-operator"
+SAMPLES = REPO / "manifests" / "samples"
+RELEASE = "lopa-operator"
+RELEASE_NAMESPACE = "lopa-system"
+SERVICE_ACCOUNT = "lopa-operator"  # the chart's fullname for this release name
+RESYNC_SECONDS = 1.0  # short timer interval: status follows the cluster within a second or two
+FORBIDDEN_MARKERS = ("Forbidden", "forbidden", " 403", "(403)", "Unauthorized", " 401")
+
+
+def ensure_chart(kube: KubeCluster) -> None:
+    """Installs the chart once per cluster (idempotent across test modules)."""
+    if kube.helm("status", RELEASE, "-n", RELEASE_NAMESPACE, check=False).returncode == 0:
+        return
+    kube.helm("install", RELEASE, str(CHART), "-n", RELEASE_NAMESPACE, "--create-namespace")
+    kube.kubectl("wait", "--for=condition=Established", "crd/lopadeployments.lopa.dev", "--timeout=60s")
+
+
+class OperatorProcess:
+    """`python -m lopa_operator --all-namespaces` with the chart ServiceAccount's token."""
+
+    def __init__(self, kube: KubeCluster, log_path: Path) -> None:
+        self.kube = kube
+        self.log_path = log_path
+        self.liveness_port, self.metrics_port = free_ports(2)
+        kubeconfig = kube.serviceaccount_kubeconfig(RELEASE_NAMESPACE, SERVICE_ACCOUNT, create=False)
+        env = {
+            **kube.env(kubeconfig),
+            "LOPA_OPERATOR_RETRY_BACKOFF": "1",
+            "PYTHONUNBUFFERED": "1",
+        }
+        self._log = log_path.open("wb")
+        self.process = subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "lopa_operator",
+                "--all-namespaces",
+                f"--liveness=http://127.0.0.1:{self.liveness_port}/healthz",
+                f"--metrics-port={self.metrics_port}",
+                f"--resync-seconds={RESYNC_SECONDS}",
+            ],
+            env=env,
+            stdout=self._log,
+            stderr=subprocess.STDOUT,
+            cwd=REPO,
+        )
+
+    def http_get(self, port: int, path: str) -> tuple[int, str]:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}{path}", timeout=5) as response:
+            return response.status, response.read().decode()
+
+    def wait_started(self, timeout: float = 60.0) -> None:
+        def live() -> bool:
+            if self.process.poll() is not None:
+                raise RuntimeError(f"operator exited with {self.process.returncode}:\n{self.log()}")
+            return self.http_get(self.liveness_port, "/healthz")[0] == 200
+
+        try:
+            self.kube.wait_for(live, timeout=timeout, description="operator liveness endpoint")
+        except TimeoutError as exc:
+            raise TimeoutError(f"{exc}\n--- operator log ---\n{self.log()}") from None
+
+    def log(self) -> str:
+        self._log.flush()
+        return self.log_path.read_text(errors="replace")
+
+    def forbidden_lines(self) -> list[str]:
+        return [line for line in self.log().splitlines() if any(m in line for m in FORBIDDEN_MARKERS)]
+
+    def stop(self) -> None:
+        if self.process.poll() is None:
+            self.process.terminate()
+            try:
+                self.process.wait(timeout=20)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                self.process.wait(timeout=10)
+        self._log.close()
+
+
+@contextlib.contextmanager
+def running_operator(kube: KubeCluster, log_path: Path) -> Iterator[OperatorProcess]:
+    ensure_chart(kube)
+    op = OperatorProcess(kube, log_path)
+    try:
+        op.wait_started()
+        yield op
+    finally:
+        op.stop()
+
+
+def load_sample(file: str) -> list[dict[str, Any]]:
+    return [d for d in yaml.safe_load_all((SAMPLES / file).read_text()) if d]
+
+
+def lopa(kube: KubeCluster, namespace: str, name: str) -> dict[str, Any]:
+    return kube.get_json("lopadeployment", name, "-n", namespace)
+
+
+def condition(obj: dict[str, Any], kind: str) -> dict[str, Any]:
+    for c in (obj.get("status") or {}).get("conditions") or []:
+        if c["type"] == kind:
+            return c
+    return {}
+
+
+def pods(kube: KubeCluster, namespace: str, name: str, role: str = "worker") -> list[dict[str, Any]]:
+    selector = f"app.kubernetes.io/instance={name},app.kubernetes.io/component={role}"
+    items = kube.get_json("pods", "-n", namespace, "-l", selector)["items"]
+    return [p for p in items if not p["metadata"].get("deletionTimestamp")]
+
+
+def wait_status(
+    kube: KubeCluster,
+    namespace: str,
+    name: str,
+    check: Callable[[dict[str, Any]], bool],
+    timeout: float = 60.0,
+    description: str = "status",
+) -> dict[str, Any]:
+    """Polls the LoPADeployment until `check(obj)`; the timeout message carries the last status."""
+    last: dict[str, Any] = {}
+
+    def probe() -> dict[str, Any] | None:
+        nonlocal last
+        last = lopa(kube, namespace, name)
+        return last if check(last) else None
+
+    try:
+        return kube.wait_for(probe, timeout=timeout, interval=0.5, description=description)
+    except TimeoutError as exc:
+        raise TimeoutError(f"{exc}; last status:\n{json.dumps(last.get('status'), indent=1)}") from None
+
+
+def is_available(obj: dict[str, Any]) -> bool:
+    st = obj.get("status") or {}
+    return (
+        st.get("phase") == "Available"
+        and condition(obj, "Available").get("status") == "True"
+        and st.get("observedGeneration") == obj["metadata"]["generation"]
+    )
+
+
+def bind_model_volume(kube: KubeCluster, namespace: str, claim: str = "d2f-models") -> str:
+    """A hostPath PV pre-bound to the sample's PVC (the test cluster has no provisioner)."""
+    pv = f"models-{namespace}"
+    kube.apply(
+        {
+            "apiVersion": "v1",
+            "kind": "PersistentVolume",
+            "metadata": {"name": pv, "labels": {"lopa.dev/test": "true"}},
+            "spec": {
+                "capacity": {"storage": "40Gi"},
+                "accessModes": ["ReadOnlyMany"],
+                "persistentVolumeReclaimPolicy": "Delete",
+                "storageClassName": "",
+                "hostPath": {"path": f"/tmp/{pv}"},
+                "claimRef": {"namespace": namespace, "name": claim},
+            },
+        }
+    )
+    return pv
+
+
+def delete_all(kube: KubeCluster, namespace: str, timeout: float = 60.0) -> None:
+    """Deletes every LoPADeployment of `namespace` while the operator still runs (it owns the finalizer)."""
+    kube.kubectl("delete", "lopadeployments", "--all", "-n", namespace, "--wait=false", check=False)
+    kube.wait_for(
+        lambda: not kube.get_json("lopadeployments", "-n", namespace)["items"],
+        timeout=timeout,
+        description=f"LoPADeployments of {namespace} gone",
+    )
+
+
+def elapsed(start: float) -> float:
+    return time.monotonic() - start
+
+
+def env_flag(name: str) -> bool:
+    return os.environ.get(name) == "1"

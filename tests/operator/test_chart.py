@@ -1,0 +1,91 @@
+"""The Helm chart: lint, install, least-privilege RBAC, and the generated install bundle."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+from pathlib import Path
+
+import pytest
+from lopa_op_helpers import CHART, RELEASE, RELEASE_NAMESPACE, REPO, SAMPLES, SERVICE_ACCOUNT, ensure_chart
+
+from kube.cluster import KubeCluster
+
+SA_USER = f"system:serviceaccount:{RELEASE_NAMESPACE}:{SERVICE_ACCOUNT}"
+
+
+def test_helm_lint_clean(kube: KubeCluster) -> None:
+    for values in ([], ["--set", "watchNamespaces={team-a,team-b}"]):
+        result = kube.helm("lint", "--strict", str(CHART), *values)
+        assert "0 chart(s) failed" in result.stdout, result.stdout
+        assert "[WARNING]" not in result.stdout and "[ERROR]" not in result.stdout, result.stdout
+
+
+def test_helm_install(kube: KubeCluster) -> None:
+    ensure_chart(kube)
+    status = kube.helm("status", RELEASE, "-n", RELEASE_NAMESPACE, "-o", "json")
+    assert '"status":"deployed"' in status.stdout.replace(" ", "")
+    crd = kube.get_json("crd", "lopadeployments.lopa.dev")
+    assert crd["spec"]["names"]["shortNames"] == ["lopa"]
+    deployment = kube.get_json("deployment", RELEASE, "-n", RELEASE_NAMESPACE)
+    assert deployment["spec"]["replicas"] == 1 and deployment["spec"]["strategy"]["type"] == "Recreate"
+    pod = deployment["spec"]["template"]["spec"]
+    assert pod["serviceAccountName"] == SERVICE_ACCOUNT
+    assert "--all-namespaces" in pod["containers"][0]["args"]
+    assert pod["containers"][0]["livenessProbe"]["httpGet"]["path"] == "/healthz"
+
+
+@pytest.mark.parametrize(
+    ("verb", "resource", "allowed"),
+    [
+        ("patch", "lopadeployments.lopa.dev/status", True),
+        ("watch", "lopadeployments.lopa.dev", True),
+        ("create", "statefulsets.apps", True),
+        ("delete", "pods", True),
+        ("create", "events", True),
+        # Not needed, so not granted: least privilege.
+        ("delete", "statefulsets.apps", False),
+        ("get", "secrets", False),
+        ("create", "pods", False),
+        ("delete", "lopadeployments.lopa.dev", False),
+        ("list", "customresourcedefinitions.apiextensions.k8s.io", False),
+    ],
+)
+def test_rbac_is_least_privilege(kube: KubeCluster, verb: str, resource: str, allowed: bool) -> None:
+    ensure_chart(kube)
+    result = kube.kubectl("auth", "can-i", verb, resource, "-A", f"--as={SA_USER}", check=False)
+    assert result.stdout.strip() == ("yes" if allowed else "no"), (
+        verb,
+        resource,
+        result.stdout,
+        result.stderr,
+    )
+
+
+def test_namespaced_install_renders_roles(kube: KubeCluster) -> None:
+    out = kube.helm(
+        "template", RELEASE, str(CHART), "-n", RELEASE_NAMESPACE, "--set", "watchNamespaces={team-a,team-b}"
+    ).stdout
+    assert "kind: ClusterRole\n" not in out and out.count("kind: Role\n") == 2
+    assert "--namespace=team-a" in out and "--all-namespaces" not in out
+
+
+def test_install_bundle_matches_helm_template(kube: KubeCluster, tmp_path: Path) -> None:
+    env = {
+        **os.environ,
+        "HELM": str(kube.bin_dir / "helm"),
+        **{k: v for k, v in kube.env().items() if k.startswith("HELM_")},
+    }
+    subprocess.run([str(REPO / "manifests" / "generate.sh"), str(tmp_path)], env=env, check=True, timeout=120)
+    for rel in ("install.yaml", "crds/lopadeployments.lopa.dev.yaml"):
+        committed = (REPO / "manifests" / rel).read_text()
+        assert committed == (tmp_path / rel).read_text(), (
+            f"manifests/{rel} is stale: run manifests/generate.sh"
+        )
+
+
+def test_install_bundle_and_samples_pass_server_validation(kube: KubeCluster, namespace: str) -> None:
+    ensure_chart(kube)
+    kube.kubectl("apply", "--dry-run=server", "-f", str(REPO / "manifests" / "install.yaml"))
+    for sample in sorted(SAMPLES.glob("*.yaml")):
+        kube.kubectl("apply", "--dry-run=server", "-n", namespace, "-f", str(sample))

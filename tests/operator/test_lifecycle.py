@@ -1,0 +1,268 @@
+"""Acceptance of the operator on a real control plane with fake GPU/Ascend/CPU nodes.
+
+One operator process (chart ServiceAccount credentials, 1 s resync) serves the whole module;
+each test works in its own namespace and deletes its LoPADeployments before the next.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+from lopa_op_helpers import (
+    SAMPLES,
+    OperatorProcess,
+    bind_model_volume,
+    condition,
+    delete_all,
+    is_available,
+    load_sample,
+    pods,
+    running_operator,
+    wait_status,
+)
+
+from kube.cluster import KubeCluster
+
+NVIDIA = "d2f-dream"
+CHILDREN = [
+    ("configmap", "{}-config"),
+    ("service", "{}-workers"),
+    ("statefulset", "{}-worker"),
+    ("deployment", "{}-master"),
+    ("service", "{}"),
+]
+
+
+@pytest.fixture(scope="module")
+def operator(kube: KubeCluster, tmp_path_factory: pytest.TempPathFactory) -> Iterator[OperatorProcess]:
+    log = tmp_path_factory.mktemp("operator") / "operator.log"
+    with running_operator(kube, log) as op:
+        yield op
+
+
+@pytest.fixture
+def ns(kube: KubeCluster, namespace: str, operator: OperatorProcess) -> Iterator[str]:
+    yield namespace
+    delete_all(kube, namespace)
+    kube.kubectl("delete", "pv", f"models-{namespace}", "--ignore-not-found", "--wait=false", check=False)
+
+
+def deploy_nvidia(kube: KubeCluster, ns: str) -> dict[str, Any]:
+    bind_model_volume(kube, ns)
+    kube.kubectl("apply", "-n", ns, "-f", str(SAMPLES / "nvidia.yaml"))
+    return wait_status(kube, ns, NVIDIA, is_available, timeout=90, description="NVIDIA sample Available")
+
+
+def uids(items: list[dict[str, Any]]) -> set[str]:
+    return {p["metadata"]["uid"] for p in items}
+
+
+def events(kube: KubeCluster, ns: str, name: str) -> list[dict[str, Any]]:
+    return kube.get_json("events", "-n", ns, "--field-selector", f"involvedObject.name={name}")["items"]
+
+
+def test_nvidia_sample_children_pods_status_columns(kube: KubeCluster, ns: str) -> None:
+    obj = deploy_nvidia(kube, ns)
+    for kind, pattern in CHILDREN:
+        child = kube.get_json(kind, pattern.format(NVIDIA), "-n", ns)
+        (owner,) = child["metadata"]["ownerReferences"]
+        assert (owner["kind"], owner["name"], owner["uid"]) == (
+            "LoPADeployment",
+            NVIDIA,
+            obj["metadata"]["uid"],
+        )
+        assert owner["controller"] is True and owner["blockOwnerDeletion"] is True
+
+    workers = pods(kube, ns, NVIDIA)
+    assert len(workers) == 4
+    for pod in workers:
+        container = pod["spec"]["containers"][0]
+        assert container["resources"]["limits"]["nvidia.com/gpu"] == "1"
+        assert pod["spec"]["nodeName"].startswith("kwok-gpu-"), pod["spec"]["nodeName"]
+        assert container["command"][-2:] == ["--rank", "$(LOPA_RANK)"]
+    assert sorted(p["metadata"]["labels"]["apps.kubernetes.io/pod-index"] for p in workers) == [
+        "0",
+        "1",
+        "2",
+        "3",
+    ]
+
+    status = obj["status"]
+    assert status["readyWorkers"] == 4 and status["ready"] == "4/4" and status["groupRestarts"] == 0
+    assert status["endpoint"] == f"{NVIDIA}.{ns}.svc:50051"
+    for kind in ("Available", "CollectiveReady", "Schedulable"):
+        assert condition(obj, kind)["status"] == "True", kind
+    assert condition(obj, "Degraded")["status"] == "False"
+
+    client = kube.get_json("service", NVIDIA, "-n", ns)
+    grpc = next(p for p in client["spec"]["ports"] if p["name"] == "grpc")
+    assert grpc["appProtocol"] == "grpc" and grpc["port"] == 50051
+    headless = kube.get_json("service", f"{NVIDIA}-workers", "-n", ns)["spec"]
+    assert headless["clusterIP"] == "None" and headless["publishNotReadyAddresses"] is True
+
+    table = kube.kubectl("get", "lopa", "-n", ns).stdout.splitlines()
+    assert table[0].split() == ["NAME", "READY", "ACCELERATOR", "WORKERS", "BRANCHES", "PHASE", "AGE"]
+    assert table[1].split()[:6] == [NVIDIA, "4/4", "nvidia", "4", "7", "Available"]
+    assert any(e["reason"] == "Available" for e in events(kube, ns, NVIDIA))
+
+
+def test_decoding_change_rolls_every_pod(kube: KubeCluster, ns: str) -> None:
+    obj = deploy_nvidia(kube, ns)
+    old_workers, old_masters = uids(pods(kube, ns, NVIDIA)), uids(pods(kube, ns, NVIDIA, "master"))
+    old_hash, generation = obj["status"]["configHash"], obj["metadata"]["generation"]
+
+    patch = {"spec": {"decoding": {"tauConf": 0.8}}}
+    kube.kubectl("patch", "lopa", NVIDIA, "-n", ns, "--type=merge", "-p", json.dumps(patch))
+
+    def rolled(o: dict[str, Any]) -> bool:
+        new_hash = o["status"].get("configHash")
+        if not is_available(o) or new_hash == old_hash or o["status"]["observedGeneration"] != generation + 1:
+            return False
+        workers, masters = pods(kube, ns, NVIDIA), pods(kube, ns, NVIDIA, "master")
+        every = workers + masters
+        return (
+            len(workers) == 4
+            and len(masters) == 1
+            and not (uids(workers) & old_workers or uids(masters) & old_masters)
+            and all(p["metadata"]["annotations"]["lopa.dev/config-hash"] == new_hash for p in every)
+        )
+
+    final = wait_status(kube, ns, NVIDIA, rolled, timeout=90, description="group rolled to the new config")
+    config = yaml.safe_load(kube.get_json("configmap", f"{NVIDIA}-config", "-n", ns)["data"]["lopa.yaml"])
+    assert config["decoding"]["tau_conf"] == 0.8
+    assert final["status"]["groupRestarts"] == 0  # a roll is not a failure
+    assert any(e["reason"] == "RollingGroup" for e in events(kube, ns, NVIDIA))
+
+
+def test_lost_worker_recreates_whole_group(kube: KubeCluster, ns: str) -> None:
+    deploy_nvidia(kube, ns)
+    before = uids(pods(kube, ns, NVIDIA))
+    kube.kubectl("delete", "pod", f"{NVIDIA}-worker-1", "-n", ns, "--wait=false")
+
+    def recreated(o: dict[str, Any]) -> bool:
+        workers = pods(kube, ns, NVIDIA)
+        return (
+            o["status"].get("groupRestarts") == 1
+            and is_available(o)
+            and len(workers) == 4
+            and not uids(workers) & before
+        )
+
+    final = wait_status(kube, ns, NVIDIA, recreated, timeout=90, description="whole group recreated")
+    assert final["status"]["recentGroupRestarts"] == 1
+    restarts = [e for e in events(kube, ns, NVIDIA) if e["reason"] == "GroupRestart"]
+    assert restarts and "recreating all 4 worker pod(s)" in restarts[0]["message"]
+
+
+def test_restarts_exhausted_is_degraded(kube: KubeCluster, ns: str) -> None:
+    (cr,) = load_sample("cpu.yaml")
+    cr["spec"]["failurePolicy"] = {"maxGroupRestarts": 0}
+    kube.apply(cr, namespace=ns)
+    name = cr["metadata"]["name"]
+    wait_status(kube, ns, name, is_available, timeout=90, description="CPU deployment Available")
+    kube.kubectl("delete", "pod", f"{name}-worker-0", "-n", ns, "--wait=false")
+    final = wait_status(
+        kube, ns, name, lambda o: o["status"].get("phase") == "Degraded", timeout=60, description="Degraded"
+    )
+    assert condition(final, "Degraded")["reason"] == "GroupRestartsExhausted"
+    assert "maxGroupRestarts=0" in condition(final, "Degraded")["message"]
+    assert condition(final, "Available")["status"] == "False"
+    assert final["status"]["groupRestarts"] == 0  # bounded: nothing was recreated
+
+
+def test_too_many_gpus_is_unschedulable_naming_resource(kube: KubeCluster, ns: str) -> None:
+    cr = {
+        "apiVersion": "lopa.dev/v1alpha1",
+        "kind": "LoPADeployment",
+        "metadata": {"name": "too-big"},
+        "spec": {"accelerator": {"type": "nvidia", "devicesPerWorker": 16}, "branchParallelism": 2},
+    }
+    start = time.monotonic()
+    kube.apply(cr, namespace=ns)
+
+    def unschedulable(o: dict[str, Any]) -> bool:
+        c = condition(o, "Schedulable")
+        return c.get("status") == "False" and "nvidia.com/gpu" in c.get("message", "")
+
+    final = wait_status(kube, ns, "too-big", unschedulable, timeout=60, description="Schedulable=False")
+    assert time.monotonic() - start < 60
+    sched = condition(final, "Schedulable")
+    assert sched["reason"] == "InsufficientResources" and sched["message"].startswith(
+        "Insufficient nvidia.com/gpu"
+    )
+    assert final["status"]["phase"] == "Pending"
+    assert condition(final, "Available")["status"] == "False"
+
+
+def test_deleting_resource_removes_every_child(kube: KubeCluster, ns: str) -> None:
+    deploy_nvidia(kube, ns)
+    kube.kubectl("delete", "lopa", NVIDIA, "-n", ns, "--timeout=60s")
+    selector = f"app.kubernetes.io/instance={NVIDIA}"
+
+    def gone() -> bool:
+        left = kube.get_json(
+            "configmaps,services,statefulsets,deployments,replicasets,pods", "-n", ns, "-l", selector
+        )
+        return not left["items"]
+
+    kube.wait_for(gone, timeout=60, description="every child garbage-collected")
+
+
+def test_ascend_sample_renders_hccl_and_ascend_resource(kube: KubeCluster, ns: str) -> None:
+    claim = next(d for d in load_sample("nvidia.yaml") if d["kind"] == "PersistentVolumeClaim")
+    bind_model_volume(kube, ns)
+    kube.apply(claim, namespace=ns)
+    kube.kubectl("apply", "-n", ns, "-f", str(SAMPLES / "ascend.yaml"))
+    name = "d2f-dream-ascend"
+    wait_status(kube, ns, name, is_available, timeout=90, description="Ascend sample Available")
+    sts = kube.get_json("statefulset", f"{name}-worker", "-n", ns)
+    container = sts["spec"]["template"]["spec"]["containers"][0]
+    env = {e["name"]: e for e in container["env"]}
+    assert {"HCCL_CONNECT_TIMEOUT", "HCCL_EXEC_TIMEOUT", "HCCL_IF_IP"} <= set(env)
+    assert container["resources"]["limits"]["huawei.com/Ascend910"] == "1"
+    config = yaml.safe_load(kube.get_json("configmap", f"{name}-config", "-n", ns)["data"]["lopa.yaml"])
+    assert config["workers"]["backend"] == "hccl" and config["model"]["device"] == "npu"
+    assert all(p["spec"]["nodeName"].startswith("kwok-ascend-") for p in pods(kube, ns, name))
+
+
+def test_cpu_sample_renders_gloo(kube: KubeCluster, ns: str) -> None:
+    kube.kubectl("apply", "-n", ns, "-f", str(SAMPLES / "cpu.yaml"))
+    final = wait_status(kube, ns, "lopa-cpu", is_available, timeout=90, description="CPU sample Available")
+    assert final["status"]["ready"] == "2/2"
+    config = yaml.safe_load(kube.get_json("configmap", "lopa-cpu-config", "-n", ns)["data"]["lopa.yaml"])
+    assert config["workers"]["backend"] == "gloo" and config["model"]["device"] == "cpu"
+    assert config["model"]["path"] == ""  # the runtime's bundled model
+    for pod in pods(kube, ns, "lopa-cpu"):
+        limits = pod["spec"]["containers"][0]["resources"].get("limits", {})
+        assert not any(key.endswith("/gpu") or "Ascend" in key for key in limits)
+
+
+def test_drift_is_repaired_by_resync(kube: KubeCluster, ns: str) -> None:
+    kube.kubectl("apply", "-n", ns, "-f", str(SAMPLES / "cpu.yaml"))
+    wait_status(kube, ns, "lopa-cpu", is_available, timeout=90, description="CPU sample Available")
+    # Edits behind the operator's back are undone by the timer alone (no event on the CR).
+    kube.kubectl("scale", "statefulset", "lopa-cpu-worker", "-n", ns, "--replicas=0")
+    kube.wait_for(
+        lambda: kube.get_json("statefulset", "lopa-cpu-worker", "-n", ns)["spec"]["replicas"] == 2,
+        timeout=30,
+        description="StatefulSet replicas restored",
+    )
+    wait_status(kube, ns, "lopa-cpu", is_available, timeout=60, description="Available again")
+
+
+def test_operator_metrics_liveness_and_clean_log(operator: OperatorProcess, tmp_path: Path) -> None:
+    # Runs last in this module: the log then covers every scenario above.
+    assert operator.http_get(operator.liveness_port, "/healthz")[0] == 200
+    status, text = operator.http_get(operator.metrics_port, "/metrics")
+    assert status == 200
+    assert 'lopa_operator_reconciles_total{result="ok",trigger="timer"}' in text
+    assert "lopa_operator_group_restarts_total" in text and "lopa_operator_ready_workers" in text
+    forbidden = operator.forbidden_lines()
+    assert not forbidden, "operator hit RBAC denials:\n" + "\n".join(forbidden[:20])
+    assert operator.process.poll() is None, operator.log()

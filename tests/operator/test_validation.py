@@ -1,0 +1,92 @@
+"""Invalid LoPADeployments are rejected by the API server (schema + CEL) with the field named."""
+
+from __future__ import annotations
+
+import secrets
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+import yaml
+from lopa_op_helpers import ensure_chart
+
+from kube.cluster import KubeCluster
+
+
+def manifest(spec: dict[str, Any], name: str = "bad") -> str:
+    return yaml.safe_dump(
+        {
+            "apiVersion": "lopa.dev/v1alpha1",
+            "kind": "LoPADeployment",
+            "metadata": {"name": name},
+            "spec": spec,
+        }
+    )
+
+
+CASES = [
+    ("zero-workers", {"branchParallelism": 0}, "spec.branchParallelism"),
+    ("tau-above-one", {"decoding": {"tauConf": 1.5}}, "spec.decoding.tauConf"),
+    ("tau-negative", {"decoding": {"tauAdd": -0.1}}, "spec.decoding.tauAdd"),
+    ("hccl-on-nvidia", {"accelerator": {"type": "nvidia", "backend": "hccl"}}, "spec.accelerator.backend"),
+    ("nccl-on-ascend", {"accelerator": {"type": "ascend", "backend": "nccl"}}, "spec.accelerator.backend"),
+    ("nccl-on-cpu", {"accelerator": {"type": "cpu", "backend": "nccl"}}, "spec.accelerator.backend"),
+    ("unknown-accelerator", {"accelerator": {"type": "tpu"}}, "spec.accelerator.type"),
+    (
+        "branches-over-limit",
+        {"decoding": {"branches": 20}, "limits": {"maxBranches": 15}},
+        "spec.decoding.branches",
+    ),
+    ("relative-model-path", {"model": {"path": "models/x"}}, "spec.model.path"),
+    ("pvc-without-path", {"model": {"pvc": {"claimName": "m"}}}, "spec.model.path"),
+    ("adapter-without-base", {"model": {"adapter": "/models/lora"}}, "spec.model.adapter"),
+    ("bad-conf", {"decoding": {"conf": "entropy"}}, "spec.decoding.conf"),
+    ("bad-shm", {"accelerator": {"type": "nvidia", "shmSize": "lots"}}, "spec.accelerator.shmSize"),
+    (
+        "backoff-over-max",
+        {"failurePolicy": {"backoffSeconds": 600, "maxBackoffSeconds": 60}},
+        "spec.failurePolicy.backoffSeconds",
+    ),
+]
+
+
+@pytest.fixture(scope="module")
+def crd_installed(kube: KubeCluster) -> None:
+    ensure_chart(kube)
+
+
+@pytest.fixture(scope="module")
+def shared_namespace(kube: KubeCluster) -> Iterator[str]:
+    # Rejected objects leave nothing behind: one namespace serves every case (fast).
+    name = f"t-validation-{secrets.token_hex(3)}"
+    kube.kubectl("create", "namespace", name)
+    yield name
+    kube.kubectl("delete", "namespace", name, "--wait=false", check=False)
+
+
+@pytest.mark.parametrize(("case", "spec", "field"), CASES, ids=[c[0] for c in CASES])
+def test_invalid_spec_rejected_naming_field(
+    kube: KubeCluster, crd_installed: None, shared_namespace: str, case: str, spec: dict[str, Any], field: str
+) -> None:
+    result = kube.kubectl(
+        "create", "-n", shared_namespace, "-f", "-", input=manifest(spec, case), check=False
+    )
+    assert result.returncode != 0, f"{case} was accepted"
+    assert "is invalid" in result.stderr, result.stderr
+    assert field in result.stderr, result.stderr
+
+
+def test_name_too_long_rejected(kube: KubeCluster, crd_installed: None, shared_namespace: str) -> None:
+    result = kube.kubectl(
+        "create", "-n", shared_namespace, "-f", "-", input=manifest({}, "x" * 41), check=False
+    )
+    assert result.returncode != 0 and "metadata.name" in result.stderr, result.stderr
+
+
+def test_minimal_spec_gets_defaults(kube: KubeCluster, crd_installed: None, namespace: str) -> None:
+    kube.kubectl("create", "-n", namespace, "-f", "-", input=manifest({}, "minimal"))
+    spec = kube.get_json("lopa", "minimal", "-n", namespace)["spec"]
+    assert spec["branchParallelism"] == 1 and spec["accelerator"]["type"] == "cpu"
+    assert spec["decoding"]["tauConf"] == 0.9 and spec["decoding"]["branches"] == 7
+    assert spec["failurePolicy"]["maxGroupRestarts"] == 5 and spec["service"]["port"] == 50051
+    kube.kubectl("delete", "lopa", "minimal", "-n", namespace, "--wait=false")
