@@ -58,6 +58,25 @@ def test_special_ids_fall_back_to_tokenizer(tmp_path: Path) -> None:
     assert loaded.special.pad == special_token_id("<|endoftext|>")
 
 
+def test_generation_config_adds_eos_ids(tmp_path: Path) -> None:
+    write_random_checkpoint(tmp_path, tiny_config())
+    eos, im_end = special_token_id("<|endoftext|>"), special_token_id("<|im_end|>")
+    (tmp_path / "generation_config.json").write_text(json.dumps({"eos_token_id": [eos, im_end]}))
+    assert load_model(tmp_path).eos_token_ids == (eos, im_end)
+    (tmp_path / "generation_config.json").write_text(json.dumps({"eos_token_id": "end"}))
+    with pytest.raises(CheckpointError, match=r"generation_config\.json: eos_token_id"):
+        load_model(tmp_path)
+
+
+def test_rotary_buffers_in_the_file_are_ignored(tmp_path: Path) -> None:
+    write_random_checkpoint(tmp_path, tiny_config())
+    path = tmp_path / "model.safetensors"
+    tensors = load_file(path)
+    tensors["model.layers.0.self_attn.rotary_emb.inv_freq"] = torch.ones(8)
+    save_file(tensors, path)
+    assert load_model(tmp_path).model is not None
+
+
 def test_tied_embeddings_without_lm_head(tmp_path: Path) -> None:
     written = write_random_checkpoint(tmp_path, tiny_config(tie_word_embeddings=True))
     assert "lm_head.weight" not in written

@@ -133,3 +133,18 @@ def test_forward_rejects_inconsistent_batches(model, sequence) -> None:
         window.forward(_batch(torch.cat([tokens, tokens[:1]]), torch.cat([blocks, blocks[:1]]), 0, 0, FULL))
     with pytest.raises(ValueError, match="max_position_embeddings"):
         DreamWindowModel(model, max_length=10_000)
+
+
+def test_bfloat16_forward_is_close_to_float32(model, sequence) -> None:
+    tokens, blocks = sequence
+    low = DreamModel(model.config).to(torch.bfloat16)
+    low.load_state_dict(model.state_dict())
+    outputs = []
+    for m in (model, low):
+        window = DreamWindowModel(m, max_length=TOTAL)
+        window.reset(1)
+        window.forward(_batch(tokens[:PROMPT], blocks[:PROMPT], 0, PROMPT, FULL))
+        window.commit(0, PROMPT)
+        outputs.append(window.forward(_batch(tokens[PROMPT:], blocks[PROMPT:], PROMPT, 0, FULL)))
+    assert outputs[1].dtype == torch.float32 and not torch.isnan(outputs[1]).any()
+    torch.testing.assert_close(outputs[1], outputs[0], rtol=0, atol=0.05)

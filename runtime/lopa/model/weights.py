@@ -14,6 +14,7 @@ from lopa.model.errors import CheckpointError
 
 SINGLE_FILE = "model.safetensors"
 INDEX_FILE = "model.safetensors.index.json"
+_ROTARY_BUFFER = "rotary_emb.inv_freq"
 
 
 def tensor_files(model_dir: str | Path) -> tuple[dict[str, Path], Path]:
@@ -68,6 +69,8 @@ def load_tensors(
     for name in expected:
         if name not in files and name not in optional:
             raise CheckpointError(source, f"missing tensor {name}")
+    # Rotary frequencies are recomputed, never loaded; some exports still carry them.
+    files = {name: path for name, path in files.items() if not name.endswith(_ROTARY_BUFFER)}
     for name, path in files.items():
         if name not in expected:
             raise CheckpointError(path, f"unexpected tensor {name} (not a parameter of the Dream model)")
