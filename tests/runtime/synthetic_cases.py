@@ -1,0 +1,170 @@
+"""Shared helpers for the decoder tests: synthetic rules, observers and runners.
+
+Nothing here re-implements the code under test: the helpers build SyntheticModel
+rules from small tables, record what the real executor/model were asked to do,
+and run the real Decoder.
+"""
+
+from __future__ import annotations
+
+import zlib
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass, field
+
+import pytest
+import torch
+
+from lopa.decoding.decoder import Decoder, GenerationResult, StepEvent
+from lopa.decoding.executor import BranchWindow
+from lopa.decoding.rules import PositionStat
+from lopa.execution.local import LocalExecutor
+from lopa.execution.protocol import WindowBatch, WindowModel
+from lopa.params import DecodingParams
+from lopa.testing.synthetic import Rule, SyntheticModel, peaked
+
+VOCAB = 20
+MASK = 19
+EOS = 18
+MAX_LENGTH = 128
+
+
+@pytest.fixture(autouse=True, scope="module")
+def torch_one_thread() -> Iterator[None]:
+    """Run a module with one intra-op thread: these tests do thousands of tiny tensor ops,
+    and thread hand-offs on a shared CPU make them ~20x slower. Restored afterwards."""
+    previous = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(previous)
+
+
+# (token, prob) for a position given the visible sequence, or None for "don't care" (uniform).
+Choice = Callable[[Sequence[int], int], "tuple[int, float] | None"]
+
+
+def rule_from(choice: Choice, vocab: int = VOCAB) -> Rule:
+    """A SyntheticModel rule from a (sequence, position) -> (token, prob) | None function.
+
+    The rule is also asked about positions that are already filled and about the
+    position just past the end of the sequence; `choice` only has to answer for
+    the positions it cares about (anything else is uniform).
+    """
+
+    def rule(sequence: Sequence[int], position: int) -> torch.Tensor:
+        picked = choice(sequence, position) if position < len(sequence) else None
+        if picked is None:
+            return torch.zeros(vocab)
+        return peaked(vocab, picked[0], picked[1])
+
+    return rule
+
+
+def filled(sequence: Sequence[int], position: int) -> bool:
+    return position < len(sequence) and sequence[position] != MASK
+
+
+def hash_choice(
+    prompt_length: int, eos_at: int | None = None, eos_prob: float = 0.95, vocab: int = VOCAB
+) -> Choice:
+    """A context-dependent pseudo-random model: the token and P of position p depend on (p, the
+    three tokens left of p, masks included), so the filling order changes later distributions.
+
+    P is drawn from a coarse grid (0.05 steps, never within 0.02 of a threshold used by the
+    tests) so that float rounding cannot flip a threshold decision. Tokens avoid MASK and EOS;
+    generated position `eos_at` (relative to the prompt end) always predicts EOS, with
+    `eos_prob` once its left neighbour is filled and 0.55 before.
+    """
+    grid = [0.32, 0.37, 0.42, 0.47, 0.52, 0.57, 0.62, 0.67, 0.72, 0.77, 0.83, 0.87, 0.93, 0.97, 0.99]
+
+    def choice(sequence: Sequence[int], position: int) -> tuple[int, float] | None:
+        if position < prompt_length:
+            return None
+        if eos_at is not None and position == prompt_length + eos_at:
+            return EOS, (eos_prob if filled(sequence, position - 1) else 0.55)
+        context = [position, *sequence[max(0, position - 3) : position]]
+        h = zlib.crc32(bytes(x % 256 for x in context))
+        token = h % (vocab - 2)  # never MASK (vocab-1) nor EOS (vocab-2)
+        return token, grid[(h >> 8) % len(grid)]
+
+    return choice
+
+
+def synthetic_model(choice: Choice, vocab: int = VOCAB, max_length: int = MAX_LENGTH) -> SyntheticModel:
+    return SyntheticModel(vocab, max_length, rule_from(choice, vocab))
+
+
+@dataclass
+class VerifyCall:
+    start: int
+    n_stage: int
+    windows: list[BranchWindow]
+    stats: list[list[PositionStat]]
+    committed: int | None = None
+
+
+class RecordingExecutor(LocalExecutor):
+    """The real LocalExecutor, plus a log of every verify/commit it served (observation only)."""
+
+    def __init__(self, model: WindowModel) -> None:
+        super().__init__(model)
+        self.calls: list[VerifyCall] = []
+
+    def begin(self, params: DecodingParams, num_candidates: int) -> None:
+        super().begin(params, num_candidates)
+        self.calls = []
+
+    def verify(self, start: int, n_stage: int, windows: Sequence[BranchWindow]) -> list[list[PositionStat]]:
+        stats = super().verify(start, n_stage, windows)
+        self.calls.append(VerifyCall(start, n_stage, list(windows), stats))
+        return stats
+
+    def commit(self, candidate: int) -> None:
+        super().commit(candidate)
+        self.calls[-1].committed = candidate
+
+
+@dataclass
+class RecordingModel:
+    """A WindowModel wrapper that records the shape of every forward, then delegates."""
+
+    inner: WindowModel
+    lengths: list[list[int]] = field(default_factory=list)
+    n_stage: list[int] = field(default_factory=list)
+
+    @property
+    def vocab_size(self) -> int:
+        return self.inner.vocab_size
+
+    @property
+    def max_length(self) -> int:
+        return self.inner.max_length
+
+    def reset(self, num_slots: int) -> None:
+        self.inner.reset(num_slots)
+
+    def cache_length(self) -> int:
+        return self.inner.cache_length()
+
+    def forward(self, batch: WindowBatch) -> torch.Tensor:
+        self.lengths.append(list(batch.lengths))
+        self.n_stage.append(batch.n_stage)
+        return self.inner.forward(batch)
+
+    def commit(self, slot: int, n: int) -> None:
+        self.inner.commit(slot, n)
+
+
+def generate(
+    model: WindowModel,
+    prompt: Sequence[int],
+    params: DecodingParams,
+    executor: LocalExecutor | None = None,
+    mask_id: int = MASK,
+    eos_ids: Sequence[int] = (EOS,),
+    max_length: int = MAX_LENGTH,
+) -> tuple[GenerationResult, list[StepEvent]]:
+    """Run the real Decoder over a LocalExecutor; return the result and every StepEvent."""
+    events: list[StepEvent] = []
+    decoder = Decoder(executor or LocalExecutor(model), mask_id, eos_ids, max_length)
+    result = decoder.generate(prompt, params, on_step=events.append)
+    return result, events
