@@ -39,6 +39,7 @@ class KVCache:
         self._staging = torch.zeros((0, *self._shape(0)), dtype=dtype, device=self.device)
         self._staged: list[int] = []  # tokens staged in each slot by the latest forward
         self._stage_n = 0  # tokens per row that the forward in progress stages
+        self._stage_first = 0  # slot of its row 0
         self.ensure_staging(num_slots, 0)
 
     def _shape(self, length: int) -> tuple[int, ...]:
@@ -63,16 +64,20 @@ class KVCache:
         self._staged = [0] * self.num_slots
 
     def ensure_staging(self, num_slots: int, n: int) -> None:
-        """Grow the staging area to at least num_slots slots of n tokens. Growing drops staged data."""
+        """Grow the staging area to at least num_slots slots of n tokens, keeping what is staged."""
         if n > self.max_length:
             raise ValueError(f"cannot stage {n} tokens: max_length is {self.max_length}")
         slots, capacity = self.num_slots, self.staging_capacity
         if num_slots <= slots and n <= capacity:
             return
         capacity = max(capacity, min(self.max_length, -(-n // _STAGING_ROUND) * _STAGING_ROUND))
-        slots = max(slots, num_slots)
-        self._staging = torch.zeros((slots, *self._shape(capacity)), dtype=self.dtype, device=self.device)
-        self._staged = [0] * slots
+        shape = (max(slots, num_slots), *self._shape(capacity))
+        grown = torch.zeros(shape, dtype=self.dtype, device=self.device)
+        old = self._staging if hasattr(self, "_staging") else None
+        if old is not None:  # rows forwarded one at a time stage into the slots one by one
+            grown[: old.shape[0], :, :, : old.shape[3]] = old
+        self._staging = grown
+        self._staged = self._staged + [0] * (grown.shape[0] - len(self._staged))
 
     # ---- reads -------------------------------------------------------------------------------
 
@@ -90,21 +95,22 @@ class KVCache:
 
     # ---- staging during a forward ----------------------------------------------------------
 
-    def begin_stage(self, rows: int, n: int) -> None:
-        """Start a forward that stages the first n tokens of each of `rows` rows into slots 0..rows-1."""
+    def begin_stage(self, rows: int, n: int, first_slot: int = 0) -> None:
+        """Start a forward that stages the first n tokens of row r into slot first_slot + r."""
         if self._length + n > self.max_length:
             raise ValueError(f"staging {n} tokens after {self._length} exceeds max_length {self.max_length}")
-        self.ensure_staging(rows, n)
-        self._stage_n = n
-        self._staged = [n if slot < rows else 0 for slot in range(self.num_slots)]
+        self.ensure_staging(first_slot + rows, n)
+        self._stage_n, self._stage_first = n, first_slot
+        for slot in range(first_slot, first_slot + rows):
+            self._staged[slot] = n
 
     def stage(self, layer: int, keys: torch.Tensor, values: torch.Tensor) -> None:
-        """keys/values [R, L, kv_heads, head_dim] of one layer; row r's first n go to slot r."""
-        rows, n = keys.shape[0], self._stage_n
+        """keys/values [R, L, kv_heads, head_dim] of one layer; row r's first n go to its slot."""
+        rows, n, first = keys.shape[0], self._stage_n, self._stage_first
         if n == 0:
             return
-        self._staging[:rows, layer, 0, :n] = keys[:, :n]
-        self._staging[:rows, layer, 1, :n] = values[:, :n]
+        self._staging[first : first + rows, layer, 0, :n] = keys[:, :n]
+        self._staging[first : first + rows, layer, 1, :n] = values[:, :n]
 
     # ---- commits -----------------------------------------------------------------------------
 

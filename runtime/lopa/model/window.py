@@ -51,7 +51,7 @@ class DreamWindowModel:
         rows, length = tokens.shape
         mask = build_window_mask(batch.lengths, batch.block_ids.to(device), self.kv.length, batch.mode)
         positions = batch.start + torch.arange(length, device=device)
-        self.kv.begin_stage(rows, batch.n_stage)
+        self.kv.begin_stage(rows, batch.n_stage, batch.first_slot)
         logits = self.model(tokens, positions, mask, past=self.kv, on_kv=self.kv.stage)
         return logits.float()
 
