@@ -176,7 +176,7 @@ def bind_model_volume(kube: KubeCluster, namespace: str, claim: str = "d2f-model
             "spec": {
                 "capacity": {"storage": "40Gi"},
                 "accessModes": ["ReadOnlyMany"],
-                "persistentVolumeReclaimPolicy": "Delete",
+                "persistentVolumeReclaimPolicy": "Retain",
                 "storageClassName": "",
                 "hostPath": {"path": f"/tmp/{pv}"},
                 "claimRef": {"namespace": namespace, "name": claim},

@@ -1,0 +1,124 @@
+"""Reconcile against an in-memory API (no cluster): apply, group policy, status, events."""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+import pytest
+
+from lopa_operator import names, reconcile
+from lopa_operator.kube import path
+
+
+class FakeKube:
+    """Stores objects by API path; pods are added by the test (there is no controller)."""
+
+    def __init__(self, cr: dict[str, Any]) -> None:
+        self.objects: dict[str, dict[str, Any]] = {}
+        self.deleted: list[str] = []
+        meta = cr["metadata"]
+        self.objects[path(names.KIND, meta["namespace"], meta["name"])] = cr
+
+    def get(self, url: str) -> dict[str, Any] | None:
+        return self.objects.get(url)
+
+    def list(self, kind: str, namespace: str, selector: str) -> list[dict[str, Any]]:
+        wanted = dict(kv.split("=") for kv in selector.split(","))
+        prefix = path(kind, namespace) + "/"
+        return [
+            o
+            for p, o in self.objects.items()
+            if p.startswith(prefix) and wanted.items() <= o["metadata"].get("labels", {}).items()
+        ]
+
+    def apply(self, obj: dict[str, Any]) -> dict[str, Any]:
+        meta = obj["metadata"]
+        self.objects[path(obj["kind"], meta["namespace"], meta["name"])] = obj
+        return obj
+
+    def delete(self, kind: str, namespace: str, name: str, uid: str | None = None) -> bool:
+        self.deleted.append(name)
+        return self.objects.pop(path(kind, namespace, name), None) is not None
+
+    def patch_status(self, namespace: str, name: str, status: dict[str, Any]) -> dict[str, Any]:
+        cr = self.objects[path(names.KIND, namespace, name)]
+        cr["status"] = {k: v for k, v in {**cr.get("status", {}), **status}.items() if v is not None}
+        return cr
+
+    def add_pod(self, name: str, uid: str, role: str, template: dict[str, Any]) -> None:
+        self.objects[path("Pod", "ns", name)] = {
+            "metadata": {
+                "name": name,
+                "uid": uid,
+                "labels": template["metadata"]["labels"],
+                "annotations": template["metadata"]["annotations"],
+            },
+            "status": {
+                "phase": "Running",
+                "conditions": [{"type": "Ready", "status": "True"}],
+                "containerStatuses": [{"restartCount": 0}],
+            },
+        }
+
+
+@pytest.fixture
+def fake() -> FakeKube:
+    cr = {
+        "apiVersion": names.API_VERSION,
+        "kind": names.KIND,
+        "metadata": {"name": "d", "namespace": "ns", "uid": "cr-uid", "generation": 1},
+        "spec": {"branchParallelism": 2},
+    }
+    return FakeKube(cr)
+
+
+def run(fake: FakeKube, posted: list[tuple[str, str]]) -> dict[str, Any]:
+    def post(obj: dict[str, Any], kind: str, reason: str, message: str) -> None:
+        posted.append((reason, message))
+
+    out = reconcile.reconcile(fake, "ns", "d", "test", post, logging.getLogger("test"))  # type: ignore[arg-type]
+    assert out is not None
+    return out
+
+
+def templates(fake: FakeKube) -> tuple[dict[str, Any], dict[str, Any]]:
+    sts = fake.objects[path("StatefulSet", "ns", "d-worker")]["spec"]["template"]
+    dep = fake.objects[path("Deployment", "ns", "d-master")]["spec"]["template"]
+    return sts, dep
+
+
+def test_reconcile_creates_owned_children_then_forms_group(fake: FakeKube) -> None:
+    posted: list[tuple[str, str]] = []
+    status = run(fake, posted)
+    assert status["phase"] == "Progressing" and status["ready"] == "0/2"
+    for kind, name in [
+        ("ConfigMap", "d-config"),
+        ("Service", "d-workers"),
+        ("StatefulSet", "d-worker"),
+        ("Deployment", "d-master"),
+        ("Service", "d"),
+    ]:
+        (owner,) = fake.objects[path(kind, "ns", name)]["metadata"]["ownerReferences"]
+        assert owner["uid"] == "cr-uid" and owner["controller"] is True
+    sts, dep = templates(fake)
+    for i in range(2):
+        fake.add_pod(f"d-worker-{i}", f"w{i}", "worker", sts)
+    fake.add_pod("d-master-abc", "m", "master", dep)
+    status = run(fake, posted)
+    assert status["phase"] == "Available" and status["readyWorkers"] == 2
+    assert ("Available", status["conditions"][0]["message"]) in posted
+
+    # A lost member recreates the whole group and is counted.
+    del fake.objects[path("Pod", "ns", "d-worker-1")]
+    fake.add_pod("d-worker-1", "w1-new", "worker", sts)
+    status = run(fake, posted)
+    assert sorted(fake.deleted) == ["d-worker-0", "d-worker-1"]
+    assert status["groupRestarts"] == 1 and status["phase"] == "Progressing"
+    assert any(reason == "GroupRestart" for reason, _ in posted)
+
+
+def test_reconcile_of_deleted_object_does_nothing(fake: FakeKube) -> None:
+    fake.objects[path(names.KIND, "ns", "d")]["metadata"]["deletionTimestamp"] = "2026-01-01T00:00:00Z"
+    assert reconcile.reconcile(fake, "ns", "d", "test", lambda *a: None, logging.getLogger("t")) is None  # type: ignore[arg-type]
+    assert len(fake.objects) == 1
