@@ -1,0 +1,1 @@
+"""The bundled model and its task suite (see bundled/model/MODEL_CARD.md)."""

@@ -1,0 +1,32 @@
+"""The decoding parameters a checkpoint is meant to be served with (`lopa_defaults.json`)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from lopa.params import DecodingParams
+
+DEFAULTS_FILE = "lopa_defaults.json"
+
+
+def read_defaults(model_dir: str | Path) -> dict[str, Any]:
+    """The raw overrides in model_dir/lopa_defaults.json ({} when the file is absent)."""
+    path = Path(model_dir) / DEFAULTS_FILE
+    if not path.is_file():
+        return {}
+    raw = json.loads(path.read_text())
+    return {k: v for k, v in raw.items() if not k.startswith("_")}  # "_comment" keys are notes
+
+
+def model_defaults(model_dir: str | Path) -> DecodingParams:
+    """DecodingParams() with the model's overrides applied (validated)."""
+    return DecodingParams().with_overrides(**read_defaults(model_dir))
+
+
+def write_defaults(model_dir: str | Path, params: dict[str, Any], comment: str = "") -> Path:
+    path = Path(model_dir) / DEFAULTS_FILE
+    body = {"_comment": comment, **params} if comment else dict(params)
+    path.write_text(json.dumps(body, indent=2) + "\n")
+    return path

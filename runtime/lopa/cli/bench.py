@@ -1,0 +1,62 @@
+"""`lopa bench tpf`: LoPA vs D2F on the bundled task suite's held-out split."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+import torch
+
+from lopa.bench.report import plot, table, write_json
+from lopa.bench.tpf import KS, MODES, run_sweep
+from lopa.bundled import tasks
+from lopa.bundled.defaults import model_defaults
+from lopa.engine import LocalEngine, bundled_model_dir
+
+DEFAULT_EXAMPLES = 300  # the published held-out set size
+
+
+def add_parser(subparsers: argparse._SubParsersAction) -> None:
+    parser = subparsers.add_parser("bench", help="benchmarks of the bundled model")
+    kinds = parser.add_subparsers(dest="bench", required=True)
+    tpf = kinds.add_parser(
+        "tpf",
+        help="TPF, accuracy and tokens/s of D2F (k=0) and LoPA k>0, both attention modes",
+        description="Decode the held-out split with D2F and LoPA; print a table, write JSON and a PNG.",
+    )
+    tpf.add_argument("--model", default=None, help="checkpoint directory (default: the bundled model)")
+    tpf.add_argument("--out", required=True, help="directory for tpf.json and tpf.png")
+    tpf.add_argument("--limit", type=int, default=DEFAULT_EXAMPLES, help="held-out prompts to decode")
+    tpf.add_argument("--ks", default=",".join(map(str, KS)), help="comma-separated k values (0 = D2F)")
+    tpf.add_argument("--modes", default=",".join(MODES), help="attention modes, comma-separated")
+    tpf.add_argument("--threads", type=int, default=1, help="torch CPU threads")
+    tpf.add_argument("--tau-conf", type=float, default=None, help="override the model's default tau_conf")
+    tpf.add_argument("--tau-add", type=float, default=None, help="override the model's default tau_add")
+    tpf.add_argument("--tau-act", type=float, default=None, help="override the model's default tau_act")
+    tpf.add_argument("--block-size", type=int, default=None, help="override the model's default block size")
+    tpf.add_argument("--conf", default=None, choices=["prob", "neg_entropy", "margin"], help="Conf kind")
+    tpf.set_defaults(handler=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    torch.set_num_threads(args.threads)
+    model_dir = Path(args.model) if args.model else bundled_model_dir()
+    base = model_defaults(model_dir).with_overrides(
+        tau_conf=args.tau_conf,
+        tau_add=args.tau_add,
+        tau_act=args.tau_act,
+        block_size=args.block_size,
+        conf=args.conf,
+    )
+    ks = [int(k) for k in args.ks.split(",") if k.strip()]
+    modes = [m.strip() for m in args.modes.split(",") if m.strip()]
+    engine = LocalEngine.from_dirs(model_dir)
+    examples = tasks.held_out(args.limit)
+    sweep = run_sweep(engine, examples, base, ks, modes)
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    print(table(sweep))
+    json_path, png_path = write_json(sweep, out / "tpf.json"), plot(sweep, out / "tpf.png")
+    print(f"wrote {json_path} and {png_path}", file=sys.stderr)
+    return 0
