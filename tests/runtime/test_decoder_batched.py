@@ -36,10 +36,13 @@ def ragged_rounds(lengths: list[list[int]], block_size: int) -> int:
 # -- synthetic -------------------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("k", [2, 4])
-def test_batched_equals_row_by_row_on_a_synthetic_model(k: int) -> None:
+@pytest.mark.parametrize(("k", "temperature"), [(2, 0.0), (4, 0.0), (3, 0.7)])
+def test_batched_equals_row_by_row_on_a_synthetic_model(k: int, temperature: float) -> None:
+    """Greedy, and sampled with the same seed (both draw all rows' samples in one call)."""
     prompt = [4, 2, 7, 1, 9]
-    params = DecodingParams(block_size=6, max_new_tokens=30, tau_add=0.5, tau_act=0.8, branches=k)
+    params = DecodingParams(
+        block_size=6, max_new_tokens=30, tau_add=0.5, tau_act=0.8, branches=k, temperature=temperature, seed=7
+    )
     choice = hash_choice(len(prompt), eos_at=26)
 
     batched_model = RecordingModel(synthetic_model(choice))

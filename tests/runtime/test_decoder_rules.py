@@ -292,6 +292,16 @@ def test_eos_written_by_a_lookahead_sets_that_branchs_eos_flag() -> None:
     assert result.forwards == 2
 
 
+def test_no_block_is_appended_past_the_length_limit() -> None:
+    """max_new_tokens allows 4 blocks of 4, but the decoder's length limit is prompt + 9:
+    the third block (11 + 4 > 12) never fits, so generation ends after two blocks."""
+    params = DecodingParams(block_size=4, max_new_tokens=16, tau_add=0.0, conf="prob")
+    result, events = generate(synthetic_model(certain_choice), PROMPT, params, max_length=12)
+    assert len(result.generated_ids) == 8
+    assert max(len(e.tokens) for e in events) == 11
+    assert MASK not in result.generated_ids
+
+
 # -- (f) ties go to the earlier candidate -------------------------------------------------------------
 
 
