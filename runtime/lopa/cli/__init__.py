@@ -6,7 +6,7 @@ import argparse
 import sys
 from collections.abc import Sequence
 
-from lopa.cli import generate
+from lopa.cli import bench, generate, train, worker
 from lopa.cli.decoding_flags import flag_name
 from lopa.model.errors import CheckpointError
 from lopa.params import InvalidParameter
@@ -16,6 +16,9 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="lopa", description="LoPA decoding for D2F diffusion LMs")
     subparsers = parser.add_subparsers(dest="command", required=True)
     generate.add_parser(subparsers)
+    train.add_parser(subparsers)
+    bench.add_parser(subparsers)
+    worker.add_parser(subparsers)
     return parser
 
 

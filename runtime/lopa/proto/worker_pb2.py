@@ -24,29 +24,31 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x14lopa/v1/worker.proto\x12\x07lopa.v1\"\r\n\x0bInfoRequest\"\x89\x01\n\nWorkerInfo\x12\x0c\n\x04rank\x18\x01 \x01(\r\x12\x12\n\nworld_size\x18\x02 \x01(\r\x12\x10\n\x08group_id\x18\x03 \x01(\t\x12\x0e\n\x06joined\x18\x04 \x01(\x08\x12\x0f\n\x07\x62\x61\x63kend\x18\x05 \x01(\t\x12\x12\n\nvocab_size\x18\x06 \x01(\r\x12\x12\n\nmax_length\x18\x07 \x01(\r\"\x9e\x01\n\x05\x42\x65gin\x12\x12\n\nrequest_id\x18\x01 \x01(\x04\x12\x11\n\tnum_slots\x18\x02 \x01(\r\x12\x11\n\tattention\x18\x03 \x01(\t\x12\x0c\n\x04\x63onf\x18\x04 \x01(\t\x12\x13\n\x0btemperature\x18\x05 \x01(\x01\x12\r\n\x05top_p\x18\x06 \x01(\x01\x12\r\n\x05top_k\x18\x07 \x01(\r\x12\x0c\n\x04seed\x18\x08 \x01(\x04\x12\x0c\n\x04\x62\x65ta\x18\t \x01(\x01\"P\n\x06\x43ommit\x12\t\n\x01n\x18\x01 \x01(\r\x12\x13\n\x0bwinner_rank\x18\x02 \x01(\r\x12\x13\n\x0bwinner_slot\x18\x03 \x01(\r\x12\x11\n\tbroadcast\x18\x04 \x01(\x08\";\n\x06Window\x12\x0e\n\x06tokens\x18\x01 \x03(\x05\x12\x11\n\tblock_ids\x18\x02 \x03(\x05\x12\x0e\n\x06masked\x18\x03 \x03(\r\"\xa3\x01\n\x0bStepRequest\x12\x1d\n\x05\x62\x65gin\x18\x01 \x01(\x0b\x32\x0e.lopa.v1.Begin\x12\x1f\n\x06\x63ommit\x18\x02 \x01(\x0b\x32\x0f.lopa.v1.Commit\x12\r\n\x05start\x18\x03 \x01(\r\x12\x0f\n\x07n_stage\x18\x04 \x01(\r\x12 \n\x07windows\x18\x05 \x03(\x0b\x32\x0f.lopa.v1.Window\x12\x12\n\ncache_only\x18\x06 \x01(\x08\"J\n\x0b\x42ranchStats\x12\x0e\n\x06tokens\x18\x01 \x03(\x05\x12\r\n\x05probs\x18\x02 \x03(\x02\x12\r\n\x05\x63onfs\x18\x03 \x03(\x02\x12\r\n\x05score\x18\x04 \x01(\x02\"X\n\tStepReply\x12&\n\x08\x62ranches\x18\x01 \x03(\x0b\x32\x14.lopa.v1.BranchStats\x12\x11\n\tforward_s\x18\x02 \x01(\x01\x12\x10\n\x08\x63ommit_s\x18\x03 \x01(\x01\x32r\n\x06Worker\x12\x31\n\x04Info\x12\x14.lopa.v1.InfoRequest\x1a\x13.lopa.v1.WorkerInfo\x12\x35\n\x05Steps\x12\x14.lopa.v1.StepRequest\x1a\x12.lopa.v1.StepReply(\x01\x30\x01\x62\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x14lopa/v1/worker.proto\x12\x07lopa.v1\"0\n\x0cLeaveRequest\x12\x0e\n\x06reason\x18\x01 \x01(\t\x12\x10\n\x08group_id\x18\x02 \x01(\t\"\r\n\x0bInfoRequest\"\x89\x01\n\nWorkerInfo\x12\x0c\n\x04rank\x18\x01 \x01(\r\x12\x12\n\nworld_size\x18\x02 \x01(\r\x12\x10\n\x08group_id\x18\x03 \x01(\t\x12\x0e\n\x06joined\x18\x04 \x01(\x08\x12\x0f\n\x07\x62\x61\x63kend\x18\x05 \x01(\t\x12\x12\n\nvocab_size\x18\x06 \x01(\r\x12\x12\n\nmax_length\x18\x07 \x01(\r\"\x9e\x01\n\x05\x42\x65gin\x12\x12\n\nrequest_id\x18\x01 \x01(\x04\x12\x11\n\tnum_slots\x18\x02 \x01(\r\x12\x11\n\tattention\x18\x03 \x01(\t\x12\x0c\n\x04\x63onf\x18\x04 \x01(\t\x12\x13\n\x0btemperature\x18\x05 \x01(\x01\x12\r\n\x05top_p\x18\x06 \x01(\x01\x12\r\n\x05top_k\x18\x07 \x01(\r\x12\x0c\n\x04seed\x18\x08 \x01(\x04\x12\x0c\n\x04\x62\x65ta\x18\t \x01(\x01\"P\n\x06\x43ommit\x12\t\n\x01n\x18\x01 \x01(\r\x12\x13\n\x0bwinner_rank\x18\x02 \x01(\r\x12\x13\n\x0bwinner_slot\x18\x03 \x01(\r\x12\x11\n\tbroadcast\x18\x04 \x01(\x08\";\n\x06Window\x12\x0e\n\x06tokens\x18\x01 \x03(\x05\x12\x11\n\tblock_ids\x18\x02 \x03(\x05\x12\x0e\n\x06masked\x18\x03 \x03(\r\"\xa3\x01\n\x0bStepRequest\x12\x1d\n\x05\x62\x65gin\x18\x01 \x01(\x0b\x32\x0e.lopa.v1.Begin\x12\x1f\n\x06\x63ommit\x18\x02 \x01(\x0b\x32\x0f.lopa.v1.Commit\x12\r\n\x05start\x18\x03 \x01(\r\x12\x0f\n\x07n_stage\x18\x04 \x01(\r\x12 \n\x07windows\x18\x05 \x03(\x0b\x32\x0f.lopa.v1.Window\x12\x12\n\ncache_only\x18\x06 \x01(\x08\"J\n\x0b\x42ranchStats\x12\x0e\n\x06tokens\x18\x01 \x03(\x05\x12\r\n\x05probs\x18\x02 \x03(\x02\x12\r\n\x05\x63onfs\x18\x03 \x03(\x02\x12\r\n\x05score\x18\x04 \x01(\x02\"X\n\tStepReply\x12&\n\x08\x62ranches\x18\x01 \x03(\x0b\x32\x14.lopa.v1.BranchStats\x12\x11\n\tforward_s\x18\x02 \x01(\x01\x12\x10\n\x08\x63ommit_s\x18\x03 \x01(\x01\x32\xa7\x01\n\x06Worker\x12\x31\n\x04Info\x12\x14.lopa.v1.InfoRequest\x1a\x13.lopa.v1.WorkerInfo\x12\x35\n\x05Steps\x12\x14.lopa.v1.StepRequest\x1a\x12.lopa.v1.StepReply(\x01\x30\x01\x12\x33\n\x05Leave\x12\x15.lopa.v1.LeaveRequest\x1a\x13.lopa.v1.WorkerInfob\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
 _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'lopa.v1.worker_pb2', _globals)
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
-  _globals['_INFOREQUEST']._serialized_start=33
-  _globals['_INFOREQUEST']._serialized_end=46
-  _globals['_WORKERINFO']._serialized_start=49
-  _globals['_WORKERINFO']._serialized_end=186
-  _globals['_BEGIN']._serialized_start=189
-  _globals['_BEGIN']._serialized_end=347
-  _globals['_COMMIT']._serialized_start=349
-  _globals['_COMMIT']._serialized_end=429
-  _globals['_WINDOW']._serialized_start=431
-  _globals['_WINDOW']._serialized_end=490
-  _globals['_STEPREQUEST']._serialized_start=493
-  _globals['_STEPREQUEST']._serialized_end=656
-  _globals['_BRANCHSTATS']._serialized_start=658
-  _globals['_BRANCHSTATS']._serialized_end=732
-  _globals['_STEPREPLY']._serialized_start=734
-  _globals['_STEPREPLY']._serialized_end=822
-  _globals['_WORKER']._serialized_start=824
-  _globals['_WORKER']._serialized_end=938
+  _globals['_LEAVEREQUEST']._serialized_start=33
+  _globals['_LEAVEREQUEST']._serialized_end=81
+  _globals['_INFOREQUEST']._serialized_start=83
+  _globals['_INFOREQUEST']._serialized_end=96
+  _globals['_WORKERINFO']._serialized_start=99
+  _globals['_WORKERINFO']._serialized_end=236
+  _globals['_BEGIN']._serialized_start=239
+  _globals['_BEGIN']._serialized_end=397
+  _globals['_COMMIT']._serialized_start=399
+  _globals['_COMMIT']._serialized_end=479
+  _globals['_WINDOW']._serialized_start=481
+  _globals['_WINDOW']._serialized_end=540
+  _globals['_STEPREQUEST']._serialized_start=543
+  _globals['_STEPREQUEST']._serialized_end=706
+  _globals['_BRANCHSTATS']._serialized_start=708
+  _globals['_BRANCHSTATS']._serialized_end=782
+  _globals['_STEPREPLY']._serialized_start=784
+  _globals['_STEPREPLY']._serialized_end=872
+  _globals['_WORKER']._serialized_start=875
+  _globals['_WORKER']._serialized_end=1042
 # @@protoc_insertion_point(module_scope)

@@ -44,6 +44,11 @@ class WorkerStub:
                 request_serializer=lopa_dot_v1_dot_worker__pb2.StepRequest.SerializeToString,
                 response_deserializer=lopa_dot_v1_dot_worker__pb2.StepReply.FromString,
                 _registered_method=True)
+        self.Leave = channel.unary_unary(
+                '/lopa.v1.Worker/Leave',
+                request_serializer=lopa_dot_v1_dot_worker__pb2.LeaveRequest.SerializeToString,
+                response_deserializer=lopa_dot_v1_dot_worker__pb2.WorkerInfo.FromString,
+                _registered_method=True)
 
 
 class WorkerServicer:
@@ -61,6 +66,14 @@ class WorkerServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def Leave(self, request, context):
+        """The group lost a member: a collective cannot heal, so the worker exits (code 3)
+        and its supervisor restarts it into a new group.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_WorkerServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -73,6 +86,11 @@ def add_WorkerServicer_to_server(servicer, server):
                     servicer.Steps,
                     request_deserializer=lopa_dot_v1_dot_worker__pb2.StepRequest.FromString,
                     response_serializer=lopa_dot_v1_dot_worker__pb2.StepReply.SerializeToString,
+            ),
+            'Leave': grpc.unary_unary_rpc_method_handler(
+                    servicer.Leave,
+                    request_deserializer=lopa_dot_v1_dot_worker__pb2.LeaveRequest.FromString,
+                    response_serializer=lopa_dot_v1_dot_worker__pb2.WorkerInfo.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -129,6 +147,33 @@ class Worker:
             '/lopa.v1.Worker/Steps',
             lopa_dot_v1_dot_worker__pb2.StepRequest.SerializeToString,
             lopa_dot_v1_dot_worker__pb2.StepReply.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Leave(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/lopa.v1.Worker/Leave',
+            lopa_dot_v1_dot_worker__pb2.LeaveRequest.SerializeToString,
+            lopa_dot_v1_dot_worker__pb2.WorkerInfo.FromString,
             options,
             channel_credentials,
             insecure,

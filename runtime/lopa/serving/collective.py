@@ -1,0 +1,120 @@
+"""The collective group of the workers: backend by device, bounded join, the fused broadcast."""
+
+from __future__ import annotations
+
+import logging
+import socket
+import time
+import uuid
+from dataclasses import dataclass
+from datetime import timedelta
+
+import torch
+import torch.distributed as dist
+
+log = logging.getLogger("lopa.worker")
+
+_BACKEND_OF_DEVICE = {"cpu": "gloo", "cuda": "nccl", "npu": "hccl"}
+
+
+class JoinError(RuntimeError):
+    """The group could not be formed within the join timeout."""
+
+
+def check_backend(backend: str, device: str) -> None:
+    """The backend must match the device kind (gloo/cpu, nccl/cuda, hccl/npu)."""
+    kind = torch.device(device).type
+    expected = _BACKEND_OF_DEVICE.get(kind)
+    if expected is None:
+        raise ValueError(f"model.device: unsupported device {device!r} (cpu, cuda or npu)")
+    if backend != expected:
+        raise ValueError(
+            f"workers.backend: {backend!r} does not match model.device {device!r} (use {expected})"
+        )
+
+
+def prepare_device(device: str) -> None:
+    kind = torch.device(device).type
+    if kind == "npu":
+        import torch_npu  # noqa: F401  (only on Ascend: registers the npu device and hccl)
+
+        torch.npu.set_device(torch.device(device))  # type: ignore[attr-defined]
+    elif kind == "cuda":
+        torch.cuda.set_device(torch.device(device))
+
+
+def split_address(address: str) -> tuple[str, int]:
+    host, _, port = address.rpartition(":")
+    if not host or not port.isdigit():
+        raise ValueError(f"workers.rendezvous: expected host:port, got {address!r}")
+    return host.strip("[]"), int(port)
+
+
+def wait_for_dns(host: str, deadline: float) -> None:
+    """Peers come up in any order: retry name resolution until the deadline."""
+    while True:
+        try:
+            socket.getaddrinfo(host, None)
+            return
+        except socket.gaierror as error:
+            if time.monotonic() > deadline:
+                raise JoinError(f"rendezvous host {host!r} did not resolve: {error}") from None
+            time.sleep(0.5)
+
+
+@dataclass
+class Group:
+    rank: int
+    world_size: int
+    backend: str
+    group_id: str
+    device: torch.device
+    _pg: object
+
+    def broadcast(self, buffer: torch.Tensor, src: int) -> None:
+        """One in-place broadcast; bounded by the step timeout (raises on a lost peer)."""
+        if self.world_size > 1:
+            dist.broadcast(buffer, src=src, group=self._pg)
+
+    def destroy(self) -> None:
+        if dist.is_initialized():
+            dist.destroy_process_group()
+
+
+def join(
+    backend: str,
+    rendezvous: str,
+    rank: int,
+    world_size: int,
+    device: str,
+    join_timeout_s: float,
+    step_timeout_s: float,
+) -> Group:
+    """Join the group; every failure (unreachable, missing peer, timeout) raises JoinError in bounded time."""
+    if not 0 <= rank < world_size:
+        raise JoinError(f"rank {rank} outside [0, {world_size})")
+    host, port = split_address(rendezvous)
+    deadline = time.monotonic() + join_timeout_s
+    wait_for_dns(host, deadline)
+    remaining = max(1.0, deadline - time.monotonic())
+    log.info(
+        "rank %d/%d joining %s group at %s (timeout %.0fs)", rank, world_size, backend, rendezvous, remaining
+    )
+    try:
+        dist.init_process_group(
+            backend,
+            init_method=f"tcp://{host}:{port}",
+            rank=rank,
+            world_size=world_size,
+            timeout=timedelta(seconds=remaining),
+        )
+        # The step group carries the commits; its shorter timeout bounds a step on a lost peer.
+        step_timeout = timedelta(seconds=step_timeout_s)
+        pg = dist.new_group(list(range(world_size)), timeout=step_timeout, backend=backend)
+        token = [uuid.uuid4().hex if rank == 0 else ""]
+        dist.broadcast_object_list(token, src=0)  # one id per group incarnation (the master checks it)
+    except (RuntimeError, ValueError, dist.DistStoreError) as error:  # type: ignore[attr-defined]
+        message = f"rank {rank}: could not join the {backend} group at {rendezvous}: {error}"
+        raise JoinError(message) from error
+    log.info("rank %d joined group %s", rank, token[0])
+    return Group(rank, world_size, backend, str(token[0]), torch.device(device), pg)

@@ -1,0 +1,196 @@
+"""The master's side of the workers: one bidirectional step stream per worker, and the group state.
+
+A WorkerGroup is either attached (every worker reachable, joined, in ONE group incarnation) or not.
+Losing any stream detaches the whole group at once: waiting steps fail immediately, the survivors are
+asked to leave (a collective cannot heal), and the master waits for a NEW group incarnation.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import queue
+import threading
+import time
+from collections.abc import Iterator, Sequence
+
+import grpc
+
+from lopa.proto import worker_pb2, worker_pb2_grpc
+
+log = logging.getLogger("lopa.master")
+
+_CLOSED = object()
+
+
+class WorkerLost(RuntimeError):
+    """A worker stream failed or timed out: the request fails with UNAVAILABLE."""
+
+
+class WorkerLink:
+    def __init__(self, rank: int, address: str) -> None:
+        self.rank, self.address = rank, address
+        self.channel = grpc.insecure_channel(address)
+        self.stub = worker_pb2_grpc.WorkerStub(self.channel)
+        self._requests: queue.Queue[object] = queue.Queue()
+        self._replies: queue.Queue[object] = queue.Queue()
+        self._call: grpc.Future | None = None
+        self.on_lost: list[object] = []
+
+    def info(self, timeout: float) -> worker_pb2.WorkerInfo:
+        return self.stub.Info(worker_pb2.InfoRequest(), timeout=timeout)
+
+    def open(self, group: WorkerGroup) -> None:
+        self._requests, self._replies = queue.Queue(), queue.Queue()
+        requests = self._requests
+
+        def outgoing() -> Iterator[worker_pb2.StepRequest]:
+            while (item := requests.get()) is not _CLOSED:
+                yield item  # type: ignore[misc]
+
+        call = self.stub.Steps(outgoing())
+        self._call = call
+        replies = self._replies
+
+        def read() -> None:
+            try:
+                for reply in call:
+                    replies.put(reply)
+                error: object = WorkerLost(f"worker rank {self.rank} ({self.address}) closed its stream")
+            except grpc.RpcError as rpc_error:
+                error = WorkerLost(f"worker rank {self.rank} ({self.address}): {rpc_error.code().name}: "
+                                   f"{rpc_error.details()}")
+            replies.put(error)
+            group.lost(self.rank, str(error))
+
+        threading.Thread(target=read, name=f"lopa-link-{self.rank}", daemon=True).start()
+
+    def send(self, request: worker_pb2.StepRequest) -> None:
+        self._requests.put(request)
+
+    def receive(self, timeout: float) -> worker_pb2.StepReply:
+        try:
+            item = self._replies.get(timeout=timeout)
+        except queue.Empty:
+            message = f"worker rank {self.rank} ({self.address}): no reply within {timeout:.0f}s"
+            raise WorkerLost(message) from None
+        if isinstance(item, BaseException):
+            self._replies.put(item)  # sticky: later receives fail the same way
+            raise item
+        return item  # type: ignore[return-value]
+
+    def close(self) -> None:
+        self._requests.put(_CLOSED)
+        if self._call is not None:
+            self._call.cancel()
+        self._replies.put(WorkerLost(f"worker rank {self.rank}: group detached"))
+
+    def leave(self, reason: str, group_id: str) -> None:
+        with contextlib.suppress(grpc.RpcError):  # already gone
+            self.stub.Leave(worker_pb2.LeaveRequest(reason=reason, group_id=group_id), timeout=2.0)
+
+
+class WorkerGroup:
+    """Attaches to all workers when they form one group; detaches on any loss."""
+
+    def __init__(self, addresses: Sequence[str], probe_interval_s: float = 0.5) -> None:
+        self.links = [WorkerLink(rank, address) for rank, address in enumerate(addresses)]
+        self.probe_interval_s = probe_interval_s
+        self.group_id = ""
+        self.vocab_size = 0
+        self.max_length = 0
+        self._lock = threading.Lock()
+        self._attached = threading.Event()
+        self._failed: set[str] = set()  # incarnations that lost a member: never attach to them again
+        self._stop = threading.Event()
+        self._last_waiting = ""
+        self._last_log = 0.0
+        self.listeners: list = []  # callables(attached: bool)
+
+    @property
+    def size(self) -> int:
+        return len(self.links)
+
+    @property
+    def attached(self) -> bool:
+        return self._attached.is_set()
+
+    def start(self) -> None:
+        threading.Thread(target=self._monitor, name="lopa-group-monitor", daemon=True).start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._detach("master stopping", leave=False)
+
+    def wait_attached(self, timeout: float) -> bool:
+        return self._attached.wait(timeout)
+
+    def lost(self, rank: int, reason: str) -> None:
+        if self.attached:
+            self._detach(f"lost worker rank {rank}: {reason}", leave=True)
+
+    # -- internals ----------------------------------------------------------------------------------
+
+    def _monitor(self) -> None:
+        while not self._stop.is_set():
+            if not self.attached:
+                self._try_attach()
+            self._stop.wait(self.probe_interval_s)
+
+    def _try_attach(self) -> None:
+        infos, waiting = [], []
+        for link in self.links:
+            try:
+                info = link.info(timeout=1.0)
+            except grpc.RpcError as error:
+                waiting.append(f"rank {link.rank} ({link.address}) unreachable: {error.code().name}")
+                continue
+            if info.rank != link.rank or info.world_size != self.size:
+                waiting.append(
+                    f"rank {link.rank} ({link.address}) reports rank {info.rank}/{info.world_size}, "
+                    f"expected {link.rank}/{self.size}"
+                )
+            elif not info.joined:
+                waiting.append(f"rank {link.rank} ({link.address}) has not joined the group")
+            elif info.group_id in self._failed:
+                waiting.append(f"rank {link.rank} ({link.address}) is still in failed group {info.group_id}")
+            infos.append(info)
+        if not waiting and len({i.group_id for i in infos}) != 1:
+            waiting.append("workers report different groups: " + ", ".join(i.group_id for i in infos))
+        if waiting:
+            self._log_waiting("; ".join(waiting))
+            return
+        with self._lock:
+            self.group_id = infos[0].group_id
+            self.vocab_size, self.max_length = infos[0].vocab_size, infos[0].max_length
+            for link in self.links:
+                link.open(self)
+            self._attached.set()
+        log.info("all %d workers joined group %s: SERVING", self.size, self.group_id)
+        self._last_waiting = ""
+        self._notify(True)
+
+    def _detach(self, reason: str, leave: bool) -> None:
+        with self._lock:
+            if not self._attached.is_set():
+                return
+            self._attached.clear()
+            group_id = self.group_id
+            self._failed.add(group_id)
+            for link in self.links:
+                link.close()
+        log.error("worker group %s detached: %s; NOT_SERVING until the group is restarted", group_id, reason)
+        self._notify(False)
+        if leave:
+            for link in self.links:
+                link.leave(reason, group_id)
+
+    def _notify(self, attached: bool) -> None:
+        for listener in self.listeners:
+            listener(attached)
+
+    def _log_waiting(self, message: str) -> None:
+        now = time.monotonic()
+        if message != self._last_waiting or now - self._last_log > 10.0:
+            log.warning("NOT_SERVING, waiting for workers: %s", message)
+            self._last_waiting, self._last_log = message, now

@@ -1,0 +1,85 @@
+"""Prometheus metrics of both roles, each in its own registry (a process may host both in tests)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
+
+_STEP_BUCKETS = (0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1.0, 2.0, 5.0)
+_TPF_BUCKETS = (1, 1.5, 2, 3, 4, 6, 8, 12, 16, 24, 32)
+
+
+@dataclass
+class MasterMetrics:
+    registry: CollectorRegistry
+    requests: Counter
+    tokens: Counter
+    forwards: Counter
+    tpf: Histogram
+    step_seconds: Histogram  # label phase: forward | coordination | commit
+    queue_depth: Gauge
+    workers_joined: Gauge
+
+    @classmethod
+    def create(cls) -> MasterMetrics:
+        r = CollectorRegistry()
+        return cls(
+            registry=r,
+            requests=Counter("lopa_requests", "Requests by outcome", ["outcome"], registry=r),
+            tokens=Counter("lopa_generated_tokens", "Generated tokens (up to the first EOS)", registry=r),
+            forwards=Counter("lopa_forwards", "Verification rounds", registry=r),
+            tpf=Histogram("lopa_tpf", "Tokens per forward of each request", buckets=_TPF_BUCKETS, registry=r),
+            step_seconds=Histogram(
+                "lopa_step_seconds", "Step time by phase", ["phase"], buckets=_STEP_BUCKETS, registry=r
+            ),
+            queue_depth=Gauge("lopa_queue_depth", "Requests waiting", registry=r),
+            workers_joined=Gauge("lopa_workers_joined", "Workers attached to the master", registry=r),
+        )
+
+    def serve(self, port: int) -> None:
+        if port:
+            start_http_server(port, registry=self.registry)
+
+
+@dataclass
+class WorkerMetrics:
+    registry: CollectorRegistry
+    forward_seconds: Histogram
+    commit_seconds: Histogram
+    branches: Counter
+    steps: Counter
+    joined: Gauge
+
+    @classmethod
+    def create(cls, rank: int) -> WorkerMetrics:
+        r = CollectorRegistry()
+        labels = {"rank": str(rank)}
+        return cls(
+            registry=r,
+            forward_seconds=Histogram(
+                "lopa_worker_forward_seconds", "Batched forward + statistics per step", buckets=_STEP_BUCKETS,
+                registry=r,
+            ),
+            commit_seconds=Histogram(
+                "lopa_worker_commit_seconds", "Applying a commit (broadcast included)", buckets=_STEP_BUCKETS,
+                registry=r,
+            ),
+            branches=Counter("lopa_worker_branches", "Branches verified", registry=r),
+            steps=Counter("lopa_worker_steps", "Steps served", registry=r),
+            joined=Gauge("lopa_worker_joined", "1 once the collective group is formed", ["rank"], registry=r)
+            .labels(**labels),
+        )
+
+    @classmethod
+    def start(cls, port: int, rank: int) -> WorkerMetrics:
+        metrics = cls.create(rank)
+        if port:
+            start_http_server(port, registry=metrics.registry)
+        return metrics
+
+    def observe_step(self, forward_s: float, commit_s: float, branches: int) -> None:
+        self.forward_seconds.observe(forward_s)
+        self.commit_seconds.observe(commit_s)
+        self.branches.inc(branches)
+        self.steps.inc()

@@ -1,0 +1,203 @@
+"""The worker process: load the model, join the group, serve the master's step stream.
+
+The gRPC server starts before the join so the master can tell "unreachable" from "not joined
+yet"; Steps is refused until the group is formed. A failed collective breaks the group for
+good (a collective cannot heal), so the worker exits with code 3 and its supervisor restarts it.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+import time
+from collections.abc import Callable, Iterator
+from concurrent import futures
+
+import grpc
+
+from lopa.decoding.executor import BranchWindow
+from lopa.decoding.rules import future_confidence
+from lopa.model.loader import load_model
+from lopa.params import DecodingParams
+from lopa.proto import worker_pb2, worker_pb2_grpc
+from lopa.serving import collective
+from lopa.serving.config import ServingConfig
+from lopa.serving.metrics import WorkerMetrics
+from lopa.serving.model_dir import model_path
+from lopa.serving.shard import ShardExecutor
+
+log = logging.getLogger("lopa.worker")
+
+EXIT_GROUP_LOST = 3
+
+
+def params_of(begin: worker_pb2.Begin) -> DecodingParams:
+    return DecodingParams(
+        attention=begin.attention,
+        conf=begin.conf,
+        temperature=begin.temperature,
+        top_p=begin.top_p,
+        top_k=begin.top_k,
+        seed=begin.seed,
+        beta=begin.beta,
+    )
+
+
+def windows_of(request: worker_pb2.StepRequest) -> list[BranchWindow]:
+    return [BranchWindow(list(w.tokens), list(w.block_ids), list(w.masked)) for w in request.windows]
+
+
+class WorkerService(worker_pb2_grpc.WorkerServicer):
+    def __init__(
+        self,
+        rank: int,
+        world_size: int,
+        backend: str,
+        vocab_size: int,
+        max_length: int,
+        on_fatal: Callable[[int], None],
+        metrics: WorkerMetrics | None = None,
+    ) -> None:
+        self.rank, self.world_size, self.backend = rank, world_size, backend
+        self.vocab_size, self.max_length = vocab_size, max_length
+        self.group: collective.Group | None = None
+        self.shard: ShardExecutor | None = None
+        self.on_fatal = on_fatal
+        self.metrics = metrics
+        self._attached = threading.Lock()  # one master stream at a time
+        self._beta = 1.0
+
+    def ready(self, group: collective.Group, shard: ShardExecutor) -> None:
+        self.group, self.shard = group, shard
+
+    def Info(self, request: worker_pb2.InfoRequest, context: grpc.ServicerContext) -> worker_pb2.WorkerInfo:
+        return worker_pb2.WorkerInfo(
+            rank=self.rank,
+            world_size=self.world_size,
+            group_id=self.group.group_id if self.group else "",
+            joined=self.shard is not None,
+            backend=self.backend,
+            vocab_size=self.vocab_size,
+            max_length=self.max_length,
+        )
+
+    def Leave(self, request: worker_pb2.LeaveRequest, context: grpc.ServicerContext) -> worker_pb2.WorkerInfo:
+        info = self.Info(worker_pb2.InfoRequest(), context)
+        if self.group is not None and request.group_id in ("", self.group.group_id):
+            log.error("rank %d leaving group %s: %s", self.rank, self.group.group_id, request.reason)
+            threading.Timer(0.2, self.on_fatal, (EXIT_GROUP_LOST,)).start()
+        return info
+
+    def Steps(
+        self, request_iterator: Iterator[worker_pb2.StepRequest], context: grpc.ServicerContext
+    ) -> Iterator[worker_pb2.StepReply]:
+        if self.shard is None:
+            message = f"rank {self.rank} has not joined the group yet"
+            context.abort(grpc.StatusCode.FAILED_PRECONDITION, message)
+        if not self._attached.acquire(blocking=False):
+            context.abort(grpc.StatusCode.ABORTED, f"rank {self.rank}: another master stream is attached")
+        try:
+            for request in request_iterator:
+                try:
+                    reply = self.step(request)
+                except ValueError as error:  # a malformed step: the master's bug, the group is intact
+                    log.exception("rank %d: bad step", self.rank)
+                    context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"rank {self.rank}: {error}")
+                except Exception as error:  # a collective or device failure: the group is gone
+                    log.exception("rank %d: step failed; leaving the group", self.rank)
+                    threading.Timer(0.2, self.on_fatal, (EXIT_GROUP_LOST,)).start()
+                    context.abort(grpc.StatusCode.INTERNAL, f"rank {self.rank}: step failed: {error}")
+                yield reply
+        finally:
+            self._attached.release()
+
+    def step(self, request: worker_pb2.StepRequest) -> worker_pb2.StepReply:
+        shard = self.shard
+        assert shard is not None
+        if request.HasField("begin"):
+            shard.begin_shard(params_of(request.begin), request.begin.num_slots)
+            self._beta = request.begin.beta or 1.0
+        began = time.perf_counter()
+        if request.HasField("commit"):
+            c = request.commit
+            shard.commit_shard(c.n, c.winner_rank, c.winner_slot, c.broadcast)
+        committed = time.perf_counter()
+        stats = shard.verify_shard(request.start, request.n_stage, windows_of(request))
+        done = time.perf_counter()
+        if request.cache_only:
+            stats = []
+        reply = worker_pb2.StepReply(forward_s=done - committed, commit_s=committed - began)
+        for row in stats:
+            confs = [s.conf for s in row]
+            reply.branches.add(
+                tokens=[s.token for s in row],
+                probs=[s.prob for s in row],
+                confs=confs,
+                score=future_confidence(confs, self._beta),
+            )
+        if self.metrics is not None:
+            self.metrics.observe_step(done - committed, committed - began, len(request.windows))
+        return reply
+
+
+def serve_worker(config: ServingConfig, rank: int, stop: threading.Event | None = None) -> int:
+    """Run a worker until stopped; returns the exit code (raises JoinError when the join fails)."""
+    workers, model_cfg = config.workers, config.model
+    collective.check_backend(workers.backend, model_cfg.device)
+    collective.prepare_device(model_cfg.device)
+    if not 0 <= rank < workers.count:
+        raise ValueError(f"--rank: {rank} outside [0, workers.count={workers.count})")
+    path = model_path(model_cfg.path)
+    loaded = load_model(path, model_cfg.adapter or None, model_cfg.dtype, model_cfg.device)
+    max_length = min(config.max_length, loaded.config.max_position_embeddings)
+    window_model = loaded.window_model(max_length)
+    metrics = WorkerMetrics.start(workers.metrics_port, rank)
+    exit_code: list[int] = []
+    stop = stop or threading.Event()
+
+    def fatal(code: int) -> None:
+        exit_code.append(code)
+        stop.set()
+
+    service = WorkerService(
+        rank, workers.count, workers.backend, loaded.config.vocab_size, max_length, fatal, metrics
+    )
+    server = grpc.server(futures.ThreadPoolExecutor(max_workers=8))
+    worker_pb2_grpc.add_WorkerServicer_to_server(service, server)
+    address = f"0.0.0.0:{listen_port(config, rank)}"
+    if server.add_insecure_port(address) == 0:
+        raise OSError(f"workers.listen_port: cannot listen on {address}")
+    server.start()
+    log.info("rank %d: model %s loaded; worker API on %s", rank, path, address)
+    try:
+        group = collective.join(
+            workers.backend,
+            workers.rendezvous,
+            rank,
+            workers.count,
+            model_cfg.device,
+            workers.join_timeout_s,
+            workers.step_timeout_s,
+        )
+        service.ready(group, ShardExecutor(window_model, rank, group.broadcast, pad_id=loaded.special.pad))
+        if metrics is not None:
+            metrics.joined.set(1)
+        log.info("rank %d ready (group %s, %d workers)", rank, group.group_id, workers.count)
+        stop.wait()
+    finally:
+        server.stop(grace=1.0)
+    return exit_code[0] if exit_code else 0
+
+
+def listen_port(config: ServingConfig, rank: int) -> int:
+    """workers.listen_port, or (0) the port of this rank's own address: local runs share one host."""
+    if config.workers.listen_port:
+        return config.workers.listen_port
+    return int(config.workers.addresses[rank].rpartition(":")[2])
+
+
+def exit_now(code: int) -> None:
+    """Leave without running collective teardown (it could block on a dead peer)."""
+    logging.shutdown()
+    os._exit(code)

@@ -1,0 +1,106 @@
+"""Serving fixtures: a tiny checkpoint, free loopback ports, worker groups as real subprocesses."""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from safetensors.torch import save_file
+
+from lopa.serving.config import dump_config, parse_config
+from lopa.testing import tiny_config, write_random_checkpoint
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def free_ports(n: int) -> list[int]:
+    sockets = [socket.socket() for _ in range(n)]
+    for s in sockets:
+        s.bind(("127.0.0.1", 0))
+    ports = [s.getsockname()[1] for s in sockets]
+    for s in sockets:
+        s.close()
+    return ports
+
+
+@pytest.fixture(scope="session")
+def checkpoint(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A tiny random model with a sharpened head: confident distributions, so branch scores are
+    not float-noise ties (a near-uniform random model makes winners depend on the last ulp)."""
+    directory = tmp_path_factory.mktemp("serving-checkpoint")
+    weights = write_random_checkpoint(directory, tiny_config(), seed=3)
+    weights["lm_head.weight"] = weights["lm_head.weight"] * 8.0
+    save_file(weights, str(directory / "model.safetensors"))
+    return directory
+
+
+def write_config(directory: Path, checkpoint: Path, workers: int, **sections: dict) -> Path:
+    ports = free_ports(workers + 3)
+    raw = {
+        "model": {"path": str(checkpoint), "dtype": "float32", "device": "cpu"},
+        "decoding": {"block_size": 8, "max_new_tokens": 32, "branches": 0},
+        "limits": {"max_branches": 8, "max_new_tokens": 64, "max_prompt_tokens": 64, "queue_size": 4},
+        "master": {"listen": f"127.0.0.1:{ports[0]}", "metrics_port": 0},
+        "workers": {
+            "count": workers,
+            "addresses": [f"127.0.0.1:{p}" for p in ports[2 : 2 + workers]],
+            "listen_port": 0,
+            "metrics_port": 0,
+            "backend": "gloo",
+            "rendezvous": f"127.0.0.1:{ports[1]}",
+            "join_timeout_s": 60,
+            "step_timeout_s": 20,
+        },
+    }
+    for name, values in sections.items():
+        raw[name].update(values)
+    path = directory / f"lopa-{workers}.yaml"
+    path.write_text(dump_config(parse_config(raw)))
+    return path
+
+
+def worker_env() -> dict[str, str]:
+    env = dict(os.environ)
+    env["PYTHONPATH"] = str(REPO / "runtime")
+    env.setdefault("OMP_NUM_THREADS", "1")  # the CI box has 2 cores shared by every process
+    return env
+
+
+def start_workers(config: Path, count: int, log_dir: Path) -> list[subprocess.Popen]:
+    procs = []
+    for rank in range(count):
+        log = open(log_dir / f"worker-{rank}.log", "ab")  # noqa: SIM115 (lives as long as the process)
+        procs.append(
+            subprocess.Popen(
+                [sys.executable, "-m", "lopa", "worker", "--config", str(config), "--rank", str(rank)],
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                env=worker_env(),
+            )
+        )
+    return procs
+
+
+def stop(procs: list[subprocess.Popen]) -> None:
+    for p in procs:
+        if p.poll() is None:
+            p.terminate()
+    for p in procs:
+        try:
+            p.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            p.kill()
+
+
+@pytest.fixture
+def tmp_logs(tmp_path: Path) -> Iterator[Path]:
+    yield tmp_path
+    for log in sorted(tmp_path.glob("*.log")):
+        text = log.read_text(errors="replace")
+        if "Traceback" in text:
+            print(f"--- {log.name} ---\n{text[-3000:]}")
