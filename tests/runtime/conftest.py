@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -14,3 +15,14 @@ def tiny_checkpoint(tmp_path_factory: pytest.TempPathFactory) -> Path:
     directory = tmp_path_factory.mktemp("tiny-checkpoint")
     write_random_checkpoint(directory, tiny_config(), shards=2, seed=0)
     return directory
+
+
+@pytest.fixture(scope="session", autouse=True)
+def one_torch_thread() -> Iterator[None]:
+    """Tiny models run faster on one thread; several threads spin against each other on 2 cores."""
+    import torch
+
+    previous = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(previous)
