@@ -6,10 +6,11 @@ import argparse
 import sys
 from collections.abc import Sequence
 
-from lopa.cli import bench, generate, train, worker
+from lopa.cli import bench, client, generate, master, serve, train, worker
 from lopa.cli.decoding_flags import flag_name
 from lopa.model.errors import CheckpointError
 from lopa.params import InvalidParameter
+from lopa.serving.config import ConfigError
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -18,6 +19,9 @@ def build_parser() -> argparse.ArgumentParser:
     generate.add_parser(subparsers)
     train.add_parser(subparsers)
     bench.add_parser(subparsers)
+    serve.add_parser(subparsers)
+    master.add_parser(subparsers)
+    client.add_parser(subparsers)
     worker.add_parser(subparsers)
     return parser
 
@@ -30,7 +34,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     except InvalidParameter as error:
         reason = str(error).split(": ", 1)[1]
         parser.exit(2, f"lopa {args.command}: error: {flag_name(error.field)}: {reason}\n")
-    except CheckpointError as error:
+    except (CheckpointError, ConfigError) as error:
         parser.exit(1, f"lopa {args.command}: error: {error}\n")
     except KeyboardInterrupt:
         return 130

@@ -6,7 +6,6 @@ import argparse
 import logging
 import os
 import signal
-import threading
 
 from lopa.serving.collective import JoinError
 from lopa.serving.config import load_config
@@ -32,11 +31,11 @@ def run(args: argparse.Namespace) -> int:
     if rank is None:
         raise SystemExit("lopa worker: error: --rank or $LOPA_RANK is required")
     config = load_config(args.config)
-    stop = threading.Event()
+    # A worker has nothing to flush, and may be blocked inside a collective join: stop at once.
     for sig in (signal.SIGINT, signal.SIGTERM):
-        signal.signal(sig, lambda *_: stop.set())
+        signal.signal(sig, signal.SIG_DFL)
     try:
-        code = serve_worker(config, int(rank), stop)
+        code = serve_worker(config, int(rank))
     except JoinError as error:
         logging.getLogger("lopa.worker").error("%s", error)
         exit_now(1)

@@ -21,6 +21,13 @@ from lopa.proto import worker_pb2, worker_pb2_grpc
 log = logging.getLogger("lopa.master")
 
 _CLOSED = object()
+_CHANNEL_OPTIONS = [
+    ("grpc.initial_reconnect_backoff_ms", 200),
+    ("grpc.min_reconnect_backoff_ms", 200),
+    ("grpc.max_reconnect_backoff_ms", 1000),
+    ("grpc.max_receive_message_length", 64 << 20),
+    ("grpc.max_send_message_length", 64 << 20),
+]
 
 
 class WorkerLost(RuntimeError):
@@ -30,7 +37,8 @@ class WorkerLost(RuntimeError):
 class WorkerLink:
     def __init__(self, rank: int, address: str) -> None:
         self.rank, self.address = rank, address
-        self.channel = grpc.insecure_channel(address)
+        # Short reconnect backoff: a restarted group must be found in seconds, not minutes.
+        self.channel = grpc.insecure_channel(address, options=_CHANNEL_OPTIONS)
         self.stub = worker_pb2_grpc.WorkerStub(self.channel)
         self._requests: queue.Queue[object] = queue.Queue()
         self._replies: queue.Queue[object] = queue.Queue()

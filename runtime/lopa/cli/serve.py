@@ -1,0 +1,63 @@
+"""`lopa serve --workers N`: a local master + N branch workers on loopback (gloo, CPU by default)."""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import logging
+import tempfile
+from pathlib import Path
+
+from lopa.cli.decoding_flags import add_decoding_flags, params_from_args
+from lopa.serving.config import ModelConfig, ServingConfig, load_config, validate
+
+
+def add_parser(subparsers: argparse._SubParsersAction) -> None:
+    parser = subparsers.add_parser(
+        "serve",
+        help="start a local master and N branch workers (subprocesses on loopback)",
+        description="Start `lopa master` and N `lopa worker`s on loopback, wait until SERVING, print the "
+        "address; Ctrl-C stops everything. A worker that dies restarts the whole group.",
+    )
+    parser.add_argument("--workers", type=int, default=2, help="branch workers (collective world size)")
+    parser.add_argument("--config", default=None, help="base serving YAML (ports and addresses are replaced)")
+    parser.add_argument("--model", default=None, help="checkpoint directory (default: the bundled model)")
+    parser.add_argument("--adapter", default=None, help="PEFT LoRA adapter directory")
+    parser.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
+    parser.add_argument("--listen", default="127.0.0.1:50051", help="client API address")
+    parser.add_argument("--metrics-port", type=int, default=0, help="master metrics port (0 = off)")
+    parser.add_argument("--logs", default=None, help="directory for the children's logs (default: inherit)")
+    add_decoding_flags(parser)
+    parser.set_defaults(handler=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    from lopa.serving.launcher import LocalCluster, loopback_config
+
+    logging.basicConfig(level="INFO", format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    base = load_config(args.config) if args.config else ServingConfig()
+    model = ModelConfig(path=args.model or base.model.path, adapter=args.adapter or base.model.adapter,
+                        dtype=args.dtype, device=base.model.device)
+    decoding = params_from_args(args)
+    limits = base.limits
+    if decoding.max_new_tokens > limits.max_new_tokens or decoding.branches > limits.max_branches:
+        limits = dataclasses.replace(
+            limits,
+            max_new_tokens=max(limits.max_new_tokens, decoding.max_new_tokens),
+            max_branches=max(limits.max_branches, decoding.branches),
+        )
+    config = dataclasses.replace(base, model=model, decoding=decoding, limits=limits,
+                                 master=dataclasses.replace(base.master, metrics_port=args.metrics_port))
+    config = loopback_config(config, args.workers, args.listen)
+    validate(config)
+    with tempfile.TemporaryDirectory(prefix="lopa-serve-") as tmp:
+        cluster = LocalCluster(config, Path(tmp), Path(args.logs) if args.logs else None)
+        try:
+            address = cluster.start()
+            print(f"lopa: serving on {address} with {args.workers} workers (Ctrl-C to stop)", flush=True)
+            return cluster.supervise()
+        except KeyboardInterrupt:
+            print("lopa: stopping", flush=True)
+            return 0
+        finally:
+            cluster.stop()

@@ -1,0 +1,87 @@
+"""A small Python client of the LoPA master (sync; TLS optional)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Sequence
+from typing import Any
+
+import grpc
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+from lopa.proto import lopa_pb2, lopa_pb2_grpc
+from lopa.serving.tls import channel_credentials
+
+
+class LopaClient:
+    def __init__(
+        self,
+        address: str,
+        ca: str | None = None,
+        cert: str | None = None,
+        key: str | None = None,
+        tls: bool = False,
+    ) -> None:
+        if tls or ca or cert:
+            self.channel = grpc.secure_channel(address, channel_credentials(ca, cert, key))
+        else:
+            self.channel = grpc.insecure_channel(address)
+        self.stub = lopa_pb2_grpc.LopaStub(self.channel)
+        self.health_stub = health_pb2_grpc.HealthStub(self.channel)
+
+    def close(self) -> None:
+        self.channel.close()
+
+    def __enter__(self) -> LopaClient:
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        self.close()
+
+    @staticmethod
+    def request(
+        prompt: str | Sequence[int],
+        max_new_tokens: int | None = None,
+        stop: Sequence[str] = (),
+        chat: bool = False,
+        **decoding: Any,
+    ) -> lopa_pb2.GenerateRequest:
+        request = lopa_pb2.GenerateRequest(stop=list(stop), chat=chat)
+        if isinstance(prompt, str):
+            request.prompt = prompt
+        else:
+            request.prompt_token_ids.extend(int(t) for t in prompt)
+        if max_new_tokens is not None:
+            request.max_new_tokens = max_new_tokens
+        for name, value in decoding.items():
+            if value is not None:
+                setattr(request.decoding, name, value)
+        return request
+
+    def generate(self, prompt: str | Sequence[int], timeout: float | None = None, **kw: Any) -> Any:
+        return self.stub.Generate(self.request(prompt, **kw), timeout=timeout)
+
+    def stream(
+        self, prompt: str | Sequence[int], timeout: float | None = None, **kw: Any
+    ) -> Iterator[lopa_pb2.GenerateChunk]:
+        return self.stub.GenerateStream(self.request(prompt, **kw), timeout=timeout)
+
+    def model_info(self, timeout: float | None = 10.0) -> lopa_pb2.ModelInfo:
+        return self.stub.GetModelInfo(lopa_pb2.ModelInfoRequest(), timeout=timeout)
+
+    def health(self, service: str = "", timeout: float = 5.0) -> str:
+        """SERVING, NOT_SERVING, ... or UNREACHABLE."""
+        try:
+            reply = self.health_stub.Check(health_pb2.HealthCheckRequest(service=service), timeout=timeout)
+        except grpc.RpcError:
+            return "UNREACHABLE"
+        return health_pb2.HealthCheckResponse.ServingStatus.Name(reply.status)
+
+    def wait_serving(self, timeout: float) -> bool:
+        import time
+
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.health(timeout=2.0) == "SERVING":
+                return True
+            time.sleep(0.2)
+        return False

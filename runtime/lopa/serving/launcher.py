@@ -1,0 +1,150 @@
+"""`lopa serve`: a master and N workers as subprocesses on loopback, supervised as one group.
+
+The children run exactly the commands the operator renders (`lopa master|worker --config FILE`).
+A worker that exits takes the group with it (a collective cannot heal): the launcher restarts all
+workers with backoff, and the master attaches to the new group.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import IO
+
+from lopa.serving.client import LopaClient
+from lopa.serving.config import MasterConfig, ServingConfig, WorkersConfig, dump_config
+
+log = logging.getLogger("lopa.serve")
+
+
+def free_ports(n: int, host: str = "127.0.0.1") -> list[int]:
+    sockets = [socket.socket() for _ in range(n)]
+    try:
+        for s in sockets:
+            s.bind((host, 0))
+        return [s.getsockname()[1] for s in sockets]
+    finally:
+        for s in sockets:
+            s.close()
+
+
+def loopback_config(base: ServingConfig, workers: int, listen: str | None = None) -> ServingConfig:
+    """base with a master and `workers` workers on free loopback ports (gloo on CPU)."""
+    ports = free_ports(workers + 2)
+    listen = listen or f"127.0.0.1:{ports[-1]}"
+    return dataclasses.replace(
+        base,
+        master=MasterConfig(listen=listen, metrics_port=base.master.metrics_port),
+        workers=WorkersConfig(
+            count=workers,
+            addresses=tuple(f"127.0.0.1:{p}" for p in ports[1 : workers + 1]),
+            listen_port=0,  # each worker listens on the port of its own address
+            metrics_port=0,
+            backend=base.workers.backend if base.model.device != "cpu" else "gloo",
+            rendezvous=f"127.0.0.1:{ports[0]}",
+            join_timeout_s=base.workers.join_timeout_s,
+            step_timeout_s=base.workers.step_timeout_s,
+        ),
+    )
+
+
+class LocalCluster:
+    def __init__(self, config: ServingConfig, work_dir: Path, log_dir: Path | None = None) -> None:
+        self.config = config
+        self.work_dir = Path(work_dir)
+        self.work_dir.mkdir(parents=True, exist_ok=True)
+        self.log_dir = log_dir
+        self.config_path = self.work_dir / "lopa.yaml"
+        self.config_path.write_text(dump_config(config))
+        self.master: subprocess.Popen | None = None
+        self.workers: list[subprocess.Popen] = []
+        self._logs: list[IO[bytes]] = []
+        self.restarts = 0
+
+    @property
+    def address(self) -> str:
+        return self.config.master.listen
+
+    def _spawn(self, role: str, *extra: str) -> subprocess.Popen:
+        out: IO[bytes] | None = None
+        if self.log_dir is not None:
+            name = role if not extra else f"{role}-{extra[-1]}"
+            out = open(self.log_dir / f"{name}.log", "ab")  # noqa: SIM115 (closed in stop())
+            self._logs.append(out)
+        env = dict(os.environ)
+        env.setdefault("OMP_NUM_THREADS", "1")  # N processes share the CPU cores
+        command = [sys.executable, "-m", "lopa", role, "--config", str(self.config_path), *extra]
+        return subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT if out else None, env=env,
+                                start_new_session=True)  # the launcher alone decides when children stop
+
+    def start_workers(self) -> None:
+        self.workers = [self._spawn("worker", "--rank", str(r)) for r in range(self.config.workers.count)]
+
+    def stop_workers(self, timeout: float = 10.0) -> None:
+        _terminate(self.workers, timeout)
+        self.workers = []
+
+    def restart_workers(self) -> None:
+        self.stop_workers()
+        self.restarts += 1
+        self.start_workers()
+
+    def start(self, timeout: float = 300.0) -> str:
+        self.start_workers()
+        self.master = self._spawn("master")
+        if not self.wait_serving(timeout):
+            self.stop()
+            raise RuntimeError(f"the master at {self.address} did not become SERVING within {timeout:.0f}s")
+        return self.address
+
+    def wait_serving(self, timeout: float) -> bool:
+        deadline = time.monotonic() + timeout
+        with LopaClient(self.address) as client:
+            while time.monotonic() < deadline:
+                if self.master is not None and self.master.poll() is not None:
+                    raise RuntimeError(f"the master exited with code {self.master.returncode}")
+                if client.health(timeout=2.0) == "SERVING":
+                    return True
+                time.sleep(0.25)
+        return False
+
+    def supervise(self, poll_s: float = 0.5, max_backoff_s: float = 30.0) -> int:
+        """Block until the master exits (returns its code); restart the worker group when one dies."""
+        backoff = 1.0
+        while True:
+            if self.master is not None and self.master.poll() is not None:
+                return self.master.returncode
+            dead = [(r, p.returncode) for r, p in enumerate(self.workers) if p.poll() is not None]
+            if dead:
+                log.error("worker(s) exited %s: restarting the group in %.0fs", dead, backoff)
+                time.sleep(backoff)
+                self.restart_workers()
+                backoff = min(max_backoff_s, backoff * 2)
+            time.sleep(poll_s)
+
+    def stop(self, timeout: float = 10.0) -> None:
+        _terminate([p for p in [self.master] if p is not None], timeout)
+        self.stop_workers(timeout)
+        for f in self._logs:
+            f.close()
+        self._logs = []
+
+
+def _terminate(procs: list[subprocess.Popen], timeout: float) -> None:
+    for p in procs:
+        if p.poll() is None:
+            p.send_signal(signal.SIGTERM)
+    deadline = time.monotonic() + timeout
+    for p in procs:
+        try:
+            p.wait(timeout=max(0.1, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            p.kill()
+            p.wait()

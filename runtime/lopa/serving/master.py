@@ -1,0 +1,219 @@
+"""`lopa master`: the async client API (Generate, GenerateStream, model info) + grpc.health.v1.
+
+Health is NOT_SERVING until every worker has joined one group (see links.WorkerGroup) and again
+as soon as one is lost. Status codes: bad input INVALID_ARGUMENT (naming the field), full queue
+RESOURCE_EXHAUSTED, lost or missing workers UNAVAILABLE, deadline DEADLINE_EXCEEDED.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import grpc
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+from grpc_health.v1._async import HealthServicer
+
+from lopa.decoding.decoder import Decoder
+from lopa.model.config import DreamConfig
+from lopa.model.loader import resolve_special_ids
+from lopa.model.tokenizer import load_tokenizer
+from lopa.params import InvalidParameter
+from lopa.proto import lopa_pb2, lopa_pb2_grpc
+from lopa.serving.config import ServingConfig
+from lopa.serving.distributed import DistributedExecutor, RequestAborted, StepTiming
+from lopa.serving.jobs import Completion, Job, JobRunner, QueueFull
+from lopa.serving.links import WorkerGroup, WorkerLost
+from lopa.serving.metrics import MasterMetrics
+from lopa.serving.model_dir import model_path
+from lopa.serving.requests import JobSpec, build_params, check_prompt, check_stop
+from lopa.serving.tls import server_credentials
+
+log = logging.getLogger("lopa.master")
+SERVICE = "lopa.v1.Lopa"
+
+
+class LopaService(lopa_pb2_grpc.LopaServicer):
+    def __init__(self, config: ServingConfig, path: Path, group: WorkerGroup, metrics: MasterMetrics) -> None:
+        self.config, self.group, self.metrics = config, group, metrics
+        self.model_name = str(path)
+        self.model_config = DreamConfig.from_dir(path)
+        self.tokenizer = load_tokenizer(path)
+        self.special = resolve_special_ids(self.model_config, self.tokenizer, path)
+        self.max_length = min(config.max_length, self.model_config.max_position_embeddings)
+        self.executor = DistributedExecutor(group, config.workers.step_timeout_s, self._observe_step)
+        decoder = Decoder(self.executor, self.special.mask, self.special.eos, self.max_length)
+        self.runner = JobRunner(decoder, self.executor, self.decode, config.limits.queue_size, metrics)
+
+    def decode(self, ids: list[int]) -> str:
+        return self.tokenizer.decode(list(ids), skip_special_tokens=True)
+
+    def _observe_step(self, timing: StepTiming) -> None:
+        self.metrics.step_seconds.labels("forward").observe(timing.forward_s)
+        self.metrics.step_seconds.labels("commit").observe(timing.commit_s)
+        self.metrics.step_seconds.labels("coordination").observe(timing.coordination_s)
+
+    # -- RPCs ---------------------------------------------------------------------------------------
+
+    async def Generate(self, request: lopa_pb2.GenerateRequest, context: Any) -> lopa_pb2.GenerateResponse:
+        job = await self._submit(request, context, stream=False)
+        assert job.done is not None
+        outcome = await self._await(job, job.done, context)
+        completion = await self._settle(outcome, context)
+        return lopa_pb2.GenerateResponse(
+            text=completion.text,
+            token_ids=completion.result.output_ids,
+            finish_reason=completion.finish_reason,
+            stats=completion.stats,
+        )
+
+    async def GenerateStream(
+        self, request: lopa_pb2.GenerateRequest, context: Any
+    ) -> AsyncIterator[lopa_pb2.GenerateChunk]:
+        job = await self._submit(request, context, stream=True)
+        while True:
+            item = await self._await(job, job.chunks.get(), context)
+            if isinstance(item, lopa_pb2.GenerateChunk):
+                yield item
+                continue
+            await self._settle(item, context)
+            return
+
+    async def GetModelInfo(self, request: lopa_pb2.ModelInfoRequest, context: Any) -> lopa_pb2.ModelInfo:
+        d, limits = self.config.decoding, self.config.limits
+        return lopa_pb2.ModelInfo(
+            model=self.model_name,
+            vocab_size=self.model_config.vocab_size,
+            max_length=self.max_length,
+            workers=self.group.size,
+            backend=self.config.workers.backend,
+            max_branches=limits.max_branches,
+            max_new_tokens=limits.max_new_tokens,
+            max_prompt_tokens=limits.max_prompt_tokens,
+            defaults=lopa_pb2.DecodingOverrides(
+                block_size=d.block_size, branches=d.branches, tau_add=d.tau_add, tau_act=d.tau_act,
+                tau_conf=d.tau_conf, conf=d.conf.value, alpha=d.alpha, beta=d.beta,
+                attention=d.attention.value, temperature=d.temperature, top_p=d.top_p, top_k=d.top_k,
+                seed=d.seed,
+            ),
+        )
+
+    # -- helpers ------------------------------------------------------------------------------------
+
+    async def _submit(self, request: lopa_pb2.GenerateRequest, context: Any, stream: bool) -> Job:
+        try:
+            spec = self._spec(request)
+        except InvalidParameter as error:
+            self.metrics.requests.labels("invalid").inc()
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(error))
+        if not self.group.attached:
+            self.metrics.requests.labels("unavailable").inc()
+            await context.abort(grpc.StatusCode.UNAVAILABLE, "the worker group is not ready (see health)")
+        job = Job(spec, asyncio.get_running_loop(), stream=stream)
+        timeout = self.config.limits.request_timeout_s
+        remaining = context.time_remaining()
+        if remaining is not None:
+            timeout = min(timeout, remaining)
+        job.abort.deadline = time.monotonic() + timeout
+        try:
+            self.runner.submit(job)
+        except QueueFull as error:
+            self.metrics.requests.labels("rejected").inc()
+            await context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, str(error))
+        return job
+
+    def _spec(self, request: lopa_pb2.GenerateRequest) -> JobSpec:
+        if request.prompt and request.prompt_token_ids:
+            raise InvalidParameter("prompt", "set either prompt or prompt_token_ids, not both")
+        params = build_params(request, self.config.decoding, self.config.limits)
+        if request.prompt_token_ids:
+            ids = list(request.prompt_token_ids)
+        elif request.chat and request.prompt:
+            messages = [{"role": "user", "content": request.prompt}]
+            ids = list(self.tokenizer.apply_chat_template(messages, add_generation_prompt=True))
+        else:
+            text = request.prompt
+            ids = list(self.tokenizer.encode(text, add_special_tokens=False)) if text else []
+        check_prompt(ids, self.model_config.vocab_size, self.special.mask, self.config.limits)
+        if params.max_new_tokens < params.block_size:
+            raise InvalidParameter("max_new_tokens", f"must be >= block_size ({params.block_size})")
+        if len(ids) + params.max_new_tokens > self.max_length:
+            raise InvalidParameter("max_new_tokens", f"prompt + max_new_tokens exceed {self.max_length}")
+        return JobSpec(ids, params, check_stop(list(request.stop)))
+
+    async def _await(self, job: Job, awaitable: Any, context: Any) -> Any:
+        try:
+            return await awaitable
+        except asyncio.CancelledError:  # client cancelled or its deadline passed: stop between steps
+            job.abort.cancelled.set()
+            self.metrics.requests.labels("cancelled").inc()
+            raise
+
+    async def _settle(self, outcome: Any, context: Any) -> Completion:
+        if isinstance(outcome, Completion):
+            self.metrics.requests.labels("ok").inc()
+            return outcome
+        code, label = _status_of(outcome)
+        self.metrics.requests.labels(label).inc()
+        if code is grpc.StatusCode.INTERNAL:
+            log.error("request failed", exc_info=outcome)
+        await context.abort(code, str(outcome))
+        raise AssertionError("unreachable")
+
+
+def _status_of(error: BaseException) -> tuple[grpc.StatusCode, str]:
+    if isinstance(error, InvalidParameter):
+        return grpc.StatusCode.INVALID_ARGUMENT, "invalid"
+    if isinstance(error, WorkerLost):
+        return grpc.StatusCode.UNAVAILABLE, "unavailable"
+    if isinstance(error, RequestAborted):
+        return (grpc.StatusCode.DEADLINE_EXCEEDED, "deadline") if error.deadline else (
+            grpc.StatusCode.CANCELLED, "cancelled")
+    return grpc.StatusCode.INTERNAL, "error"
+
+
+async def serve_master(config: ServingConfig, started: asyncio.Event | None = None) -> None:
+    """Run the master until cancelled."""
+    path = model_path(config.model.path)
+    metrics = MasterMetrics.create()
+    metrics.serve(config.master.metrics_port)
+    group = WorkerGroup(config.workers.addresses)
+    service = LopaService(config, path, group, metrics)
+    health = HealthServicer()
+    loop = asyncio.get_running_loop()
+
+    def on_group(attached: bool) -> None:
+        serving = health_pb2.HealthCheckResponse
+        status = serving.SERVING if attached else serving.NOT_SERVING
+        metrics.workers_joined.set(group.size if attached else 0)
+        for name in ("", SERVICE):
+            asyncio.run_coroutine_threadsafe(health.set(name, status), loop)
+
+    server = grpc.aio.server()
+    lopa_pb2_grpc.add_LopaServicer_to_server(service, server)
+    health_pb2_grpc.add_HealthServicer_to_server(health, server)
+    for name in ("", SERVICE):
+        await health.set(name, health_pb2.HealthCheckResponse.NOT_SERVING)
+    listen = config.master.listen
+    credentials = server_credentials(config.tls)
+    bound = server.add_secure_port(listen, credentials) if credentials else server.add_insecure_port(listen)
+    if bound == 0:
+        raise OSError(f"master.listen: cannot listen on {listen}")
+    await server.start()
+    group.listeners.append(on_group)
+    group.start()
+    service.runner.start()
+    log.info("master listening on %s (%s), %d workers: %s", listen, "TLS" if credentials else "plaintext",
+             group.size, ", ".join(config.workers.addresses))
+    if started is not None:
+        started.set()
+    try:
+        await server.wait_for_termination()
+    finally:
+        service.runner.stop()
+        group.stop()
+        await server.stop(grace=2.0)

@@ -1,0 +1,68 @@
+"""Client request -> validated job inputs. Pure: every error is InvalidParameter naming the field."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, fields
+from typing import Any
+
+from lopa.params import DecodingParams, InvalidParameter
+from lopa.proto import lopa_pb2
+from lopa.serving.config import Limits
+
+_OVERRIDES = [f.name for f in fields(DecodingParams) if f.name != "max_new_tokens"]
+
+
+@dataclass(frozen=True)
+class JobSpec:
+    prompt_ids: list[int]
+    params: DecodingParams
+    stop: tuple[str, ...]
+
+
+def overrides_of(message: lopa_pb2.DecodingOverrides) -> dict[str, Any]:
+    return {name: getattr(message, name) for name in _OVERRIDES if message.HasField(name)}
+
+
+def build_params(
+    request: lopa_pb2.GenerateRequest, defaults: DecodingParams, limits: Limits
+) -> DecodingParams:
+    """Server defaults + the request's overrides, checked against the server limits."""
+    overrides = overrides_of(request.decoding)
+    if request.HasField("max_new_tokens"):
+        overrides["max_new_tokens"] = request.max_new_tokens
+    for name, value in overrides.items():
+        if isinstance(value, float) and value != value:  # NaN passes every range check otherwise
+            raise InvalidParameter(f"decoding.{name}", "is NaN")
+    branches = overrides.get("branches", defaults.branches)
+    if branches > limits.max_branches:  # before the generic range check: name the server's limit
+        raise InvalidParameter("decoding.branches", f"{branches} exceeds the server limit {limits.max_branches}")
+    try:
+        params = defaults.with_overrides(**overrides)
+    except InvalidParameter as error:
+        raise InvalidParameter(_field(error.field), str(error).split(": ", 1)[1]) from None
+    if params.max_new_tokens > limits.max_new_tokens:
+        raise InvalidParameter(
+            "max_new_tokens", f"{params.max_new_tokens} exceeds the server limit {limits.max_new_tokens}"
+        )
+    return params
+
+
+def check_prompt(ids: list[int], vocab_size: int, mask_id: int, limits: Limits) -> None:
+    if not ids:
+        raise InvalidParameter("prompt", "is empty")
+    if len(ids) > limits.max_prompt_tokens:
+        limit = limits.max_prompt_tokens
+        raise InvalidParameter("prompt", f"{len(ids)} tokens exceed the server limit {limit}")
+    bad = [t for t in ids if not 0 <= t < vocab_size or t == mask_id]
+    if bad:
+        raise InvalidParameter("prompt_token_ids", f"ids {bad[:5]} are outside the vocabulary or the mask id")
+
+
+def check_stop(stop: list[str]) -> tuple[str, ...]:
+    if any(not s for s in stop):
+        raise InvalidParameter("stop", "stop sequences must be non-empty")
+    return tuple(stop)
+
+
+def _field(name: str) -> str:
+    return name if name == "max_new_tokens" else f"decoding.{name}"

@@ -1,0 +1,35 @@
+"""Optional TLS for the client API: server cert/key, and a client CA to require client certificates."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import grpc
+
+from lopa.serving.config import ConfigError, TlsConfig
+
+
+def _read(path: str, key: str) -> bytes:
+    try:
+        return Path(path).read_bytes()
+    except OSError as error:
+        raise ConfigError(f"tls.{key}: cannot read {path}: {error.strerror}") from None
+
+
+def server_credentials(tls: TlsConfig) -> grpc.ServerCredentials | None:
+    if not tls.enabled:
+        return None
+    pair = [(_read(tls.key, "key"), _read(tls.cert, "cert"))]
+    if tls.client_ca:
+        return grpc.ssl_server_credentials(pair, _read(tls.client_ca, "client_ca"), require_client_auth=True)
+    return grpc.ssl_server_credentials(pair)
+
+
+def channel_credentials(
+    ca: str | None = None, cert: str | None = None, key: str | None = None
+) -> grpc.ChannelCredentials:
+    return grpc.ssl_channel_credentials(
+        root_certificates=Path(ca).read_bytes() if ca else None,
+        private_key=Path(key).read_bytes() if key else None,
+        certificate_chain=Path(cert).read_bytes() if cert else None,
+    )
