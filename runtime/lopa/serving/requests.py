@@ -35,7 +35,8 @@ def build_params(
             raise InvalidParameter(f"decoding.{name}", "is NaN")
     branches = overrides.get("branches", defaults.branches)
     if branches > limits.max_branches:  # before the generic range check: name the server's limit
-        raise InvalidParameter("decoding.branches", f"{branches} exceeds the server limit {limits.max_branches}")
+        limit = limits.max_branches
+        raise InvalidParameter("decoding.branches", f"{branches} exceeds the server limit {limit}")
     try:
         params = defaults.with_overrides(**overrides)
     except InvalidParameter as error:

@@ -1,0 +1,188 @@
+"""The master over real worker subprocesses (gloo, gRPC on loopback), started by the launcher."""
+
+from __future__ import annotations
+
+import signal
+import time
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import grpc
+import pytest
+
+from lopa.decoding.decoder import Decoder
+from lopa.execution.local import LocalExecutor
+from lopa.model.loader import load_model
+from lopa.params import DecodingParams
+from lopa.serving.client import LopaClient
+from lopa.serving.config import parse_config
+from lopa.serving.launcher import LocalCluster, loopback_config
+
+PROMPT = [5, 17, 23, 42, 8, 9, 30]
+
+
+def base_config(checkpoint: Path, queue_size: int = 16) -> dict:
+    return {
+        "model": {"path": str(checkpoint)},
+        "decoding": {"block_size": 8, "max_new_tokens": 32, "tau_add": 0.3},
+        "limits": {
+            "max_branches": 6,
+            "max_new_tokens": 256,
+            "max_prompt_tokens": 64,
+            "queue_size": queue_size,
+        },
+        "master": {"metrics_port": 0},
+        "workers": {"join_timeout_s": 60, "step_timeout_s": 20},
+    }
+
+
+@pytest.fixture(scope="module")
+def cluster(checkpoint: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalCluster]:
+    work = tmp_path_factory.mktemp("cluster")
+    config = loopback_config(parse_config(base_config(checkpoint)), workers=2)
+    cluster = LocalCluster(config, work, log_dir=work)
+    cluster.start(timeout=120)
+    yield cluster
+    cluster.stop()
+
+
+@pytest.fixture(scope="module")
+def client(cluster: LocalCluster) -> Iterator[LopaClient]:
+    with LopaClient(cluster.address) as c:
+        yield c
+
+
+@pytest.fixture(scope="module")
+def local(checkpoint: Path) -> Decoder:
+    loaded = load_model(checkpoint)
+    return Decoder(LocalExecutor(loaded.window_model(320), pad_id=loaded.special.pad),
+                   loaded.special.mask, loaded.special.eos, 320)
+
+
+def local_ids(local: Decoder, prompt: list[int], **overrides: object) -> list[int]:
+    params = DecodingParams(block_size=8, max_new_tokens=32, tau_add=0.3).with_overrides(**overrides)
+    return local.generate(prompt, params).output_ids
+
+
+@pytest.mark.parametrize(("k", "mode"), [(0, "full"), (3, "full"), (5, "block_causal")])
+def test_generate_matches_local(client: LopaClient, local: Decoder, k: int, mode: str) -> None:
+    reply = client.generate(PROMPT, timeout=60, branches=k, attention=mode)
+    assert list(reply.token_ids) == local_ids(local, PROMPT, branches=k, attention=mode)
+    assert reply.stats.forwards > 0 and reply.stats.tokens == len(reply.token_ids)
+    assert reply.finish_reason in ("eos", "length")
+
+
+def test_stream_deltas_concatenate_to_the_final_text(client: LopaClient) -> None:
+    final = client.generate("12+34=", timeout=60, branches=3)
+    chunks = list(client.stream("12+34=", timeout=60, branches=3))
+    steps, last = chunks[:-1], chunks[-1]
+    assert last.last and not any(c.last for c in steps)
+    assert [c.step for c in steps] == list(range(1, final.stats.forwards + 1))  # one delta per step
+    assert "".join(c.text for c in chunks) == final.text
+    ids: list[int] = []
+    for c in steps:
+        assert c.offset == len(ids)
+        ids.extend(c.token_ids)
+    assert ids == list(final.token_ids)
+    assert last.stats.forwards == final.stats.forwards and last.finish_reason == final.finish_reason
+
+
+@pytest.mark.parametrize(
+    ("request_kwargs", "field"),
+    [
+        ({"prompt": ""}, "prompt"),
+        ({"prompt": "hi", "max_new_tokens": 100000}, "max_new_tokens"),
+        ({"prompt": "hi", "tau_conf": 1.5}, "decoding.tau_conf"),
+        ({"prompt": "hi", "branches": 7}, "decoding.branches"),
+        ({"prompt": "hi", "attention": "sideways"}, "decoding.attention"),
+    ],
+)
+def test_bad_requests_name_the_field(client: LopaClient, request_kwargs: dict, field: str) -> None:
+    with pytest.raises(grpc.RpcError) as error:
+        client.generate(timeout=30, **request_kwargs)
+    assert error.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert error.value.details().startswith(f"{field}:")
+
+
+def test_health_and_model_info(client: LopaClient) -> None:
+    assert client.health() == "SERVING" and client.health("lopa.v1.Lopa") == "SERVING"
+    info = client.model_info()
+    assert info.workers == 2 and info.max_branches == 6 and info.defaults.block_size == 8
+
+
+def test_concurrent_requests_match_sequential_and_queue_is_bounded(
+    client: LopaClient, local: Decoder
+) -> None:
+    prompts = [[(7 * i + j) % 80 + 1 for j in range(6)] for i in range(16)]
+    expected = [local_ids(local, p, branches=i % 4) for i, p in enumerate(prompts)]
+
+    def call(i: int) -> object:
+        try:
+            return list(client.generate(prompts[i % 16], timeout=120, branches=(i % 16) % 4).token_ids)
+        except grpc.RpcError as error:
+            return error.code()
+
+    with ThreadPoolExecutor(16) as pool:  # 16 fit: one running + a queue of 16
+        results = list(pool.map(call, range(16)))
+    assert results == expected
+    with ThreadPoolExecutor(40) as pool:  # 40 at once: past the bound they are refused, none is lost
+        results = list(pool.map(call, range(40)))
+    rejected = [r for r in results if r == grpc.StatusCode.RESOURCE_EXHAUSTED]
+    done = [(i, r) for i, r in enumerate(results) if isinstance(r, list)]
+    assert rejected and len(rejected) + len(done) == 40
+    assert all(r == expected[i % 16] for i, r in done)
+
+
+def test_killed_worker_fails_requests_then_the_restarted_group_serves(
+    cluster: LocalCluster, client: LopaClient, local: Decoder
+) -> None:
+    def call(i: int) -> tuple[object, float]:
+        try:
+            client.generate(PROMPT, timeout=120, branches=i % 4, max_new_tokens=128)
+            return "ok", time.monotonic()
+        except grpc.RpcError as error:
+            return error.code(), time.monotonic()
+
+    with ThreadPoolExecutor(12) as pool:
+        futures = [pool.submit(call, i) for i in range(12)]
+        time.sleep(1.0)
+        killed_at = time.monotonic()
+        cluster.workers[1].send_signal(signal.SIGKILL)
+        results = [f.result() for f in futures]
+    failed = [(code, at) for code, at in results if code != "ok"]
+    assert failed, "every request finished before the kill: make them longer"
+    assert {code for code, _ in failed} == {grpc.StatusCode.UNAVAILABLE}
+    assert max(at for _, at in failed) - killed_at < 10.0
+    deadline = time.monotonic() + 10
+    while client.health() != "NOT_SERVING" and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert client.health() == "NOT_SERVING"
+    assert cluster.workers[0].wait(timeout=15) == 3  # the survivor left the broken group
+    cluster.restart_workers()
+    assert cluster.wait_serving(120)
+    reply = client.generate(PROMPT, timeout=60, branches=3)
+    assert list(reply.token_ids) == local_ids(local, PROMPT, branches=3)
+
+
+def test_a_worker_that_never_joins_keeps_the_master_not_serving(
+    checkpoint: Path, tmp_path: Path
+) -> None:
+    config = loopback_config(parse_config(base_config(checkpoint)), workers=2)
+    cluster = LocalCluster(config, tmp_path, log_dir=tmp_path)
+    try:
+        cluster.workers = [cluster._spawn("worker", "--rank", "0")]  # rank 1 never starts
+        cluster.master = cluster._spawn("master")
+        with LopaClient(cluster.address) as c:
+            deadline = time.monotonic() + 90
+            while c.health() == "UNREACHABLE" and time.monotonic() < deadline:
+                time.sleep(0.2)  # the master is starting
+            assert not cluster.wait_serving(5)
+            assert c.health() == "NOT_SERVING"
+            with pytest.raises(grpc.RpcError) as error:
+                c.generate(PROMPT, timeout=10)
+            assert error.value.code() == grpc.StatusCode.UNAVAILABLE
+        log = (tmp_path / "master.log").read_text()
+        assert "rank 1 (" + config.workers.addresses[1] + ")" in log
+    finally:
+        cluster.stop()
