@@ -275,18 +275,22 @@ class KubeCluster:
         if self._stopped:
             return
         self._stopped = True
+        # One at a time, clients before servers: stopping etcd under a live API server
+        # would make the API server's graceful shutdown hang on its storage until killed.
+        # The data is thrown away, so a component slow to stop is simply killed.
+        per_component = max(1.0, timeout / max(1, len(self._components)))
         for component in reversed(self._components):
             if component.process.poll() is None:
                 with contextlib.suppress(ProcessLookupError):
                     os.killpg(component.process.pid, signal.SIGTERM)
-        end = time.monotonic() + timeout
-        for component in reversed(self._components):
-            try:
-                component.process.wait(timeout=max(0.1, end - time.monotonic()))
-            except subprocess.TimeoutExpired:
-                with contextlib.suppress(ProcessLookupError):
-                    os.killpg(component.process.pid, signal.SIGKILL)
-                component.process.wait(timeout=10)
+                try:
+                    component.process.wait(timeout=per_component)
+                except subprocess.TimeoutExpired:
+                    # Still alive (not yet reaped), so its process group id is still its own.
+                    with contextlib.suppress(ProcessLookupError):
+                        os.killpg(component.process.pid, signal.SIGKILL)
+                    with contextlib.suppress(subprocess.TimeoutExpired):
+                        component.process.wait(timeout=10)
             component.log_file.close()
         with contextlib.suppress(Exception):
             atexit.unregister(self.stop)
@@ -537,7 +541,6 @@ class KubeCluster:
             f"--tls-cert-file={pki.apiserver.cert}",
             f"--tls-private-key-file={pki.apiserver.key}",
             f"--client-ca-file={pki.ca.cert}",
-            f"--kubelet-certificate-authority={pki.ca.cert}",
             "--authorization-mode=Node,RBAC",
             f"--service-account-issuer={SERVICE_ACCOUNT_ISSUER}",
             f"--service-account-key-file={pki.service_account_pub}",
@@ -597,7 +600,10 @@ class KubeCluster:
             f"--manage-nodes-with-annotation-selector={KWOK_ANNOTATION}={KWOK_ANNOTATION_VALUE}",
             f"--cidr={POD_CIDR}",
             "--node-ip=127.0.0.1",
+            # kwok serves the fake kubelets' API (logs, exec) here and advertises the
+            # same port as every fake node's kubelet endpoint.
             f"--server-address=127.0.0.1:{self.ports['kwok']}",
+            f"--node-port={self.ports['kwok']}",
         ])
 
     def _register_nodes(self) -> None:

@@ -20,7 +20,7 @@ REPO_ROOT = Path(__file__).resolve().parents[2]
 
 def _pinned_kubernetes_version() -> str:
     go_mod = (REPO_ROOT / "tools" / "k8s-testenv" / "kubernetes" / "go.mod").read_text()
-    match = re.search(r"^require k8s\.io/kubernetes (v\S+)$", go_mod, re.MULTILINE)
+    match = re.search(r"^\s*(?:require\s+)?k8s\.io/kubernetes (v\S+)", go_mod, re.MULTILINE)
     assert match, "tools/k8s-testenv/kubernetes/go.mod pins no k8s.io/kubernetes version"
     return match.group(1)
 
