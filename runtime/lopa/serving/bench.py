@@ -1,0 +1,139 @@
+"""`lopa bench serving`: step time split (forward / coordination / commit) and tokens/s on loopback.
+
+For each worker count it starts a LocalCluster (the `lopa serve` launcher), reads the split from the
+master's Prometheus histograms (so the numbers are the ones production exports), and measures
+tokens/s for one request at a time and for N concurrent requests (queued: the workers hold one).
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import tempfile
+import time
+import urllib.request
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+from prometheus_client.parser import text_string_to_metric_families
+
+from lopa.serving.client import LopaClient
+from lopa.serving.config import MasterConfig, ServingConfig, parse_config
+from lopa.serving.launcher import LocalCluster, free_ports, loopback_config
+
+PHASES = ("forward", "coordination", "commit")
+PROMPTS = ["12+34=", "Write a haiku about the sea.", "def fib(n):", "The capital of France is"]
+
+
+def scrape(port: int) -> dict[str, tuple[float, float]]:
+    """(sum, count) of lopa_step_seconds per phase."""
+    text = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5).read().decode()
+    out = {phase: [0.0, 0.0] for phase in PHASES}
+    for family in text_string_to_metric_families(text):
+        if family.name != "lopa_step_seconds":
+            continue
+        for sample in family.samples:
+            phase = sample.labels.get("phase")
+            if phase in out and sample.name.endswith("_sum"):
+                out[phase][0] = sample.value
+            elif phase in out and sample.name.endswith("_count"):
+                out[phase][1] = sample.value
+    return {phase: (s, c) for phase, (s, c) in out.items()}
+
+
+def step_split(before: dict, after: dict) -> dict[str, float]:
+    """Mean ms per step of each phase between two scrapes."""
+    out = {}
+    for phase in PHASES:
+        steps = after[phase][1] - before[phase][1]
+        out[phase] = 1000 * (after[phase][0] - before[phase][0]) / steps if steps else 0.0
+    return out
+
+
+def bench_workers(config: ServingConfig, workers: int, requests: int, concurrency: int, kw: dict) -> dict:
+    metrics_port = free_ports(1)[0]
+    config = dataclasses.replace(config, master=MasterConfig(metrics_port=metrics_port))
+    config = loopback_config(config, workers)
+    with tempfile.TemporaryDirectory(prefix="lopa-bench-") as tmp:
+        cluster = LocalCluster(config, Path(tmp), log_dir=Path(tmp))
+        cluster.start()
+        try:
+            with LopaClient(cluster.address) as client:
+                for prompt in PROMPTS[:2]:  # warm-up
+                    client.generate(prompt, timeout=600, **kw)
+                before = scrape(metrics_port)
+                tokens, wall, steps = 0, 0.0, 0
+                for i in range(requests):
+                    stats = client.generate(PROMPTS[i % len(PROMPTS)], timeout=600, **kw).stats
+                    tokens, wall, steps = tokens + stats.tokens, wall + stats.wall_s, steps + stats.forwards
+                split = step_split(before, scrape(metrics_port))
+                began = time.perf_counter()
+                with ThreadPoolExecutor(concurrency) as pool:
+                    replies = list(pool.map(
+                        lambda i: client.generate(PROMPTS[i % len(PROMPTS)], timeout=600, **kw),
+                        range(concurrency),
+                    ))
+                elapsed = time.perf_counter() - began
+        finally:
+            cluster.stop()
+    step_ms = 1000 * wall / steps if steps else 0.0
+    overhead = split["coordination"] + split["commit"]
+    return {
+        "workers": workers,
+        "step_ms": round(step_ms, 3),
+        **{f"{p}_ms": round(v, 3) for p, v in split.items()},
+        "overhead_ms": round(overhead, 3),
+        "overhead_pct": round(100 * overhead / step_ms, 1) if step_ms else 0.0,
+        "tpf": round(tokens / steps, 3) if steps else 0.0,
+        "tokens_per_s_single": round(tokens / wall, 1) if wall else 0.0,
+        f"tokens_per_s_{concurrency}_concurrent": round(sum(r.stats.tokens for r in replies) / elapsed, 1),
+    }
+
+
+def add_parser(kinds: argparse._SubParsersAction) -> None:
+    parser = kinds.add_parser(
+        "serving",
+        help="branch-parallel serving on loopback: step time split and tokens/s per worker count",
+        description="Start master + N workers for each N; report forward / coordination / commit per step "
+        "and tokens/s for one request and for concurrent ones.",
+    )
+    parser.add_argument("--model", default=None, help="checkpoint directory (default: the bundled model)")
+    parser.add_argument("--workers", default="1,2,4", help="worker counts, comma-separated")
+    parser.add_argument("--requests", type=int, default=8, help="sequential requests per worker count")
+    parser.add_argument("--concurrency", type=int, default=8)
+    parser.add_argument("--branches", type=int, default=3)
+    parser.add_argument("--attention", default="full", choices=["full", "block_causal"])
+    parser.add_argument("--max-new-tokens", type=int, default=64)
+    parser.add_argument("--block-size", type=int, default=None)
+    parser.add_argument("--json", default=None, help="also write the rows to this file")
+    parser.set_defaults(handler=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    raw = {"model": {"path": args.model or ""}, "limits": {"queue_size": max(64, args.concurrency)}}
+    config = parse_config(raw)
+    kw = {"branches": args.branches, "attention": args.attention, "max_new_tokens": args.max_new_tokens}
+    if args.block_size:
+        kw["block_size"] = args.block_size
+    rows = []
+    for workers in [int(w) for w in args.workers.split(",") if w.strip()]:
+        rows.append(bench_workers(config, workers, args.requests, args.concurrency, kw))
+        print(json.dumps(rows[-1]), flush=True)
+    header = list(rows[0])
+    print("| " + " | ".join(header) + " |")
+    print("|" + "---|" * len(header))
+    for row in rows:
+        print("| " + " | ".join(str(row[h]) for h in header) + " |")
+    if args.json:
+        Path(args.json).write_text(json.dumps(rows, indent=2) + "\n")
+    return 0
+
+
+def register(bench_parser: argparse.ArgumentParser) -> None:
+    """Add `serving` to `lopa bench` (the bench command's module owns its parser)."""
+    for action in bench_parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            add_parser(action)
+            return
+    raise RuntimeError("`lopa bench` has no subcommands to extend")
