@@ -446,7 +446,7 @@ class KubeCluster:
 
     def _start_all(self, deadline: float) -> None:
         for sub in ("logs", "kubeconfigs", "etcd-data", "home", "kcm-certs", "scheduler-certs"):
-            (self.work_dir / sub).mkdir(parents=True, exist_ok=True)
+            (self.work_dir / sub).mkdir(mode=0o700, parents=True, exist_ok=True)
         names = ("etcd-client", "etcd-peer", "apiserver", "controller-manager", "scheduler", "kwok")
         self.ports = dict(zip(names, free_ports(len(names)), strict=True))
         self.server = f"https://127.0.0.1:{self.ports['apiserver']}"

@@ -181,3 +181,16 @@ def test_garbage_collector_deletes_owned_objects(kube: KubeCluster, namespace: s
         return False
 
     kube.wait_for(child_gone, timeout=60, description="the garbage collector to delete the child")
+
+
+def test_helm_installs_a_chart(kube: KubeCluster, namespace: str, tmp_path: Path) -> None:
+    version = kube.helm("version", "--short").stdout.strip()
+    assert version.startswith("v3."), version
+    kube.helm("create", str(tmp_path / "demo"))
+    kube.helm(
+        "install", "demo", str(tmp_path / "demo"), "-n", namespace, "--wait", "--timeout", "90s"
+    )
+    releases = json.loads(kube.helm("list", "-n", namespace, "-o", "json").stdout)
+    assert [(r["name"], r["status"]) for r in releases] == [("demo", "deployed")]
+    deployment = kube.get_json("deployment", "demo", "-n", namespace)
+    assert deployment["status"]["availableReplicas"] == 1
