@@ -151,6 +151,24 @@ def free_ports(count: int) -> list[int]:
             sock.close()
 
 
+WORK_DIR_PREFIX = "lopa-kube-"
+OWNER_FILE = "owner.pid"
+
+
+def _remove_stale_work_dirs() -> None:
+    """Removes work dirs left by test runs that were killed (their owner pid is gone);
+    their processes already died with them (PR_SET_PDEATHSIG), only files remain."""
+    for path in Path(tempfile.gettempdir()).glob(f"{WORK_DIR_PREFIX}*"):
+        try:
+            owner = int((path / OWNER_FILE).read_text())
+            os.kill(owner, 0)
+        except ProcessLookupError:
+            if not (path / "keep").exists():
+                shutil.rmtree(path, ignore_errors=True)
+        except (OSError, ValueError):
+            continue  # no owner file (kept on purpose, or being created) or not ours to judge
+
+
 def _die_with_parent() -> None:
     """preexec_fn: the child gets SIGKILL when the Python process dies, however it dies."""
     with contextlib.suppress(Exception):
@@ -247,22 +265,34 @@ class KubeCluster:
             )
         if keep_work_dir is None:
             keep_work_dir = os.environ.get("LOPA_KUBE_KEEP") == "1"
-        work = Path(work_dir) if work_dir else Path(tempfile.mkdtemp(prefix="lopa-kube-"))
-        cluster = cls(bin_dir=bin_dir, work_dir=work, keep_work_dir=keep_work_dir, nodes=tuple(nodes))
-        atexit.register(cluster.stop)
         began = time.monotonic()
         deadline = began + start_timeout
-        try:
-            cluster._start_all(deadline)
-        except Exception as exc:
-            report = cluster._failure_report(exc)
-            cluster.stop()
-            raise KubeClusterError(report) from exc
-        except BaseException:  # KeyboardInterrupt, pytest-timeout, ...: still no leftovers
-            cluster.stop()
-            raise
-        cluster.startup_seconds = time.monotonic() - began
-        return cluster
+        for attempt in (1, 2):
+            if work_dir is None:
+                _remove_stale_work_dirs()
+                work = Path(tempfile.mkdtemp(prefix=WORK_DIR_PREFIX))
+            else:
+                work = Path(work_dir)
+                work.mkdir(parents=True, exist_ok=True)
+            (work / OWNER_FILE).write_text(str(os.getpid()))
+            cluster = cls(bin_dir=bin_dir, work_dir=work, keep_work_dir=keep_work_dir, nodes=tuple(nodes))
+            atexit.register(cluster.stop)
+            try:
+                cluster._start_all(deadline)
+            except Exception as exc:
+                report = cluster._failure_report(exc)
+                cluster.stop()
+                # The free ports are picked before the servers bind them, so another
+                # process may take one in between: that (only) is worth one more try.
+                if attempt == 1 and "address already in use" in report and time.monotonic() < deadline:
+                    continue
+                raise KubeClusterError(report) from exc
+            except BaseException:  # KeyboardInterrupt, pytest-timeout, ...: still no leftovers
+                cluster.stop()
+                raise
+            cluster.startup_seconds = time.monotonic() - began
+            return cluster
+        raise AssertionError("unreachable")
 
     def __enter__(self) -> KubeCluster:
         return self
@@ -294,7 +324,10 @@ class KubeCluster:
             component.log_file.close()
         with contextlib.suppress(Exception):
             atexit.unregister(self.stop)
-        if not self.keep_work_dir:
+        if self.keep_work_dir:
+            with contextlib.suppress(OSError):
+                (self.work_dir / "keep").touch()  # spares it from _remove_stale_work_dirs
+        else:
             shutil.rmtree(self.work_dir, ignore_errors=True)
 
     @property
