@@ -12,9 +12,9 @@ from lopa.training.data import EOS, char_ids, encode
 
 
 def test_reference_answers_of_hand_cases() -> None:
-    assert tasks.solve("add", "add:0000000999+0000000001=") == "00000001000"
-    assert tasks.solve("add", "add:9999999999+9999999999=") == "19999999998"
-    assert tasks.solve("cum", "cum:1234567890123456=") == "1360518655681506"
+    assert tasks.solve("cnt", "cnt:111111111111111=") == "fedcba987654321"
+    assert tasks.solve("cnt", "cnt:100000000000001=") == "211111111111111"
+    assert tasks.solve("par", "par:1101000000000001=") == "1001111111111110"
     assert tasks.solve("dep", "dep:(()())((()))()()=") == "1212101232101010"
     with pytest.raises(ValueError, match="unknown task"):
         tasks.solve("mul", "mul:1*2=")
@@ -47,13 +47,18 @@ def test_dep_strings_are_balanced_and_shallow() -> None:
         assert depths[-1] == 0 and min(depths) >= 0 and max(depths) <= tasks.MAX_DEPTH
 
 
+def test_par_inputs_lean_to_zeros() -> None:
+    bits = "".join(e.prompt[4:-1] for e in itertools.islice(tasks.examples("train", 0, ("par",)), 300))
+    assert 0.25 < bits.count("1") / len(bits) < 0.35
+
+
 def test_exact_match_scoring() -> None:
-    example = tasks.Example("cum", "cum:1111111111111111=", "1234567890123456")
-    assert tasks.score(example, "1234567890123456")
-    assert tasks.score(example, "1234567890123456\n")  # surrounding whitespace is not an error
-    assert not tasks.score(example, "1234567890123457")
-    assert not tasks.score(example, "123456789012345")
-    assert not tasks.score(example, "1234567890123456 0")
+    example = tasks.Example("par", "par:1111111111111111=", "1010101010101010")
+    assert tasks.score(example, "1010101010101010")
+    assert tasks.score(example, "1010101010101010\n")  # surrounding whitespace is not an error
+    assert not tasks.score(example, "1010101010101011")
+    assert not tasks.score(example, "101010101010101")
+    assert not tasks.score(example, "1010101010101010 0")
 
 
 def test_training_ids_match_the_saved_tokenizer(tmp_path) -> None:

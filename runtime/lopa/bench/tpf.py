@@ -84,8 +84,9 @@ def run_sweep(
     base: DecodingParams,
     ks: Sequence[int] = KS,
     modes: Sequence[str] = MODES,
-    log: TextIO = sys.stderr,
+    log: TextIO | None = None,
 ) -> Sweep:
+    log = log or sys.stderr
     sweep = Sweep(base, len(examples))
     for mode in modes:
         for k in ks:

@@ -46,10 +46,11 @@ def learning_rate(config: TrainConfig, step: int) -> float:
 def train(
     config: TrainConfig,
     out: str | Path,
-    log: TextIO = sys.stderr,
+    log: TextIO | None = None,
     on_save: Callable[[Path, int], None] | None = None,
 ) -> dict[str, Any]:
     """Train from scratch and write the checkpoint to `out`; returns the run summary."""
+    log = log or sys.stderr
     torch.set_num_threads(config.threads)
     torch.manual_seed(config.seed)
     generator = torch.Generator().manual_seed(config.seed)
