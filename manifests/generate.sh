@@ -24,5 +24,6 @@ cp "$CHART/crds/lopadeployments.lopa.dev.yaml" "$OUT/crds/lopadeployments.lopa.d
   echo "metadata:"
   echo "  name: $NAMESPACE"
   echo "---"
-  "$HELM" template "$RELEASE" "$CHART" --namespace "$NAMESPACE" --include-crds
+  # --kube-version: helm template has no cluster to ask, and the chart needs >= 1.30.
+  "$HELM" template "$RELEASE" "$CHART" --namespace "$NAMESPACE" --include-crds --kube-version 1.30.0
 } >"$OUT/install.yaml"

@@ -3,9 +3,17 @@
 from __future__ import annotations
 
 import argparse
+import logging
 import os
 
 import kopf
+
+
+class _QuietResync(logging.Filter):
+    """Drops kopf's per-tick "Timer 'resync' succeeded" lines (one per object per resync)."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not str(record.msg).startswith("Timer 'resync' succeeded")
 
 
 def parse(argv: list[str] | None = None) -> argparse.Namespace:
@@ -47,6 +55,8 @@ def main(argv: list[str] | None = None) -> None:
     from . import handlers  # noqa: F401  (registers the handlers)
 
     kopf.configure(debug=args.log_level == "debug", quiet=args.log_level == "warning")
+    if args.log_level != "debug":
+        logging.getLogger("kopf.objects").addFilter(_QuietResync())
     namespaces = [] if args.all_namespaces else args.namespace
     kopf.run(
         standalone=True,  # one replica (Recreate): no peering objects, no peering RBAC

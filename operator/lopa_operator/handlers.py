@@ -40,12 +40,15 @@ def configure(settings: kopf.OperatorSettings, **_: Any) -> None:
         prefix=prefix, key="last-handled-configuration"
     )
     # Stalled watches are a known kopf problem: bound every watch request.
-    settings.watching.server_timeout = float(os.environ.get("LOPA_OPERATOR_WATCH_SERVER_TIMEOUT", "300"))
+    # (whole seconds: the API server rejects a fractional timeoutSeconds)
+    settings.watching.server_timeout = int(os.environ.get("LOPA_OPERATOR_WATCH_SERVER_TIMEOUT", "300"))
     settings.watching.client_timeout = settings.watching.server_timeout + 30
     settings.watching.connect_timeout = 30
     # The CRD is installed with the chart: no need to watch CRDs or namespaces (and no RBAC for it).
     settings.scanning.disabled = True
-    settings.posting.level = logging.INFO
+    # kopf would post each handler's success as a Kubernetes event (every resync): only the
+    # operator's own kopf.event() calls and kopf's warnings/errors become events.
+    settings.posting.level = logging.WARNING
     settings.execution.max_workers = int(os.environ.get("LOPA_OPERATOR_WORKERS", "8"))
     metrics.serve(int(os.environ.get("LOPA_OPERATOR_METRICS_PORT", "9090")))
 

@@ -57,11 +57,14 @@ class Kube:
     def __init__(self, cfg: k8s_client.Configuration | None = None) -> None:
         self.cfg = cfg or load_configuration()
         self.session = requests.Session()
-        self.session.verify = (
-            self.cfg.ssl_ca_cert
-            if self.cfg.verify_ssl and self.cfg.ssl_ca_cert
-            else bool(self.cfg.verify_ssl)
-        )
+        # Only the kubeconfig decides TLS and proxies: REQUESTS_CA_BUNDLE or HTTPS_PROXY in the
+        # environment would otherwise override the cluster CA (a requests quirk).
+        self.session.trust_env = False
+        if self.cfg.proxy:
+            self.session.proxies = {"https": self.cfg.proxy, "http": self.cfg.proxy}
+        self.verify: bool | str = bool(self.cfg.verify_ssl)
+        if self.cfg.verify_ssl and self.cfg.ssl_ca_cert:
+            self.verify = self.cfg.ssl_ca_cert
         if self.cfg.cert_file and self.cfg.key_file:
             self.session.cert = (self.cfg.cert_file, self.cfg.key_file)
 
@@ -94,6 +97,7 @@ class Kube:
             data=data,
             headers=self._headers(content_type),
             timeout=TIMEOUT,
+            verify=self.verify,
         )
         if response.status_code >= 400:
             try:

@@ -49,6 +49,8 @@ def operator(kube: KubeCluster, tmp_path_factory: pytest.TempPathFactory) -> Ite
 @pytest.fixture
 def ns(kube: KubeCluster, namespace: str, operator: OperatorProcess) -> Iterator[str]:
     yield namespace
+    # Shown by pytest only when the test failed.
+    print("--- operator log (tail) ---\n" + "\n".join(operator.log().splitlines()[-60:]))
     delete_all(kube, namespace)
     kube.kubectl("delete", "pv", f"models-{namespace}", "--ignore-not-found", "--wait=false", check=False)
 

@@ -36,7 +36,7 @@ helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version }}
   verbs: [get, list, watch, patch]
 - apiGroups: [lopa.dev]
   resources: [lopadeployments/status]
-  verbs: [get, patch]
+  verbs: [patch]
 # Children carry ownerReferences with blockOwnerDeletion.
 - apiGroups: [lopa.dev]
   resources: [lopadeployments/finalizers]
