@@ -10,12 +10,14 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+import torch
 from safetensors.torch import save_file
 
 from lopa.serving.config import dump_config, parse_config
 from lopa.testing import tiny_config, write_random_checkpoint
 
 REPO = Path(__file__).resolve().parents[2]
+torch.set_num_threads(1)  # tiny models; the CI box has 2 cores shared with the worker processes
 
 
 def free_ports(n: int) -> list[int]:

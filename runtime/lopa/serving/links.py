@@ -13,6 +13,7 @@ import queue
 import threading
 import time
 from collections.abc import Iterator, Sequence
+from typing import Any
 
 import grpc
 
@@ -41,15 +42,17 @@ class WorkerLink:
         self.channel = grpc.insecure_channel(address, options=_CHANNEL_OPTIONS)
         self.stub = worker_pb2_grpc.WorkerStub(self.channel)
         self._requests: queue.Queue[object] = queue.Queue()
-        self._replies: queue.Queue[object] = queue.Queue()
-        self._call: grpc.Future | None = None
-        self.on_lost: list[object] = []
+        self._call: Any = None  # the Steps call: an iterator of replies and a grpc.Future
+        self._deadline: float | None = None
+        self._expired = False
+        self.ended = False
 
     def info(self, timeout: float) -> worker_pb2.WorkerInfo:
         return self.stub.Info(worker_pb2.InfoRequest(), timeout=timeout)
 
     def open(self, group: WorkerGroup) -> None:
-        self._requests, self._replies = queue.Queue(), queue.Queue()
+        self._requests = queue.Queue()
+        self._deadline, self._expired, self.ended = None, False, False
         requests = self._requests
 
         def outgoing() -> Iterator[worker_pb2.StepRequest]:
@@ -58,40 +61,48 @@ class WorkerLink:
 
         call = self.stub.Steps(outgoing())
         self._call = call
-        replies = self._replies
 
-        def read() -> None:
-            try:
-                for reply in call:
-                    replies.put(reply)
-                error: object = WorkerLost(f"worker rank {self.rank} ({self.address}) closed its stream")
-            except grpc.RpcError as rpc_error:
-                error = WorkerLost(f"worker rank {self.rank} ({self.address}): {rpc_error.code().name}: "
-                                   f"{rpc_error.details()}")
-            replies.put(error)
-            group.lost(self.rank, str(error))
+        def ended(_: object) -> None:  # the stream ended (worker died, or we cancelled it)
+            self.ended = True
+            group.lost(self.rank, f"worker rank {self.rank} ({self.address}) stream ended")
 
-        threading.Thread(target=read, name=f"lopa-link-{self.rank}", daemon=True).start()
+        call.add_done_callback(ended)
 
     def send(self, request: worker_pb2.StepRequest) -> None:
         self._requests.put(request)
 
     def receive(self, timeout: float) -> worker_pb2.StepReply:
+        """The next reply, read in the calling thread (no extra thread hop per step).
+
+        A hung worker is bounded by the group's watchdog, which cancels the call past the deadline.
+        """
+        call = self._call
+        if call is None:
+            raise WorkerLost(f"worker rank {self.rank}: not attached")
+        self._deadline = time.monotonic() + timeout
         try:
-            item = self._replies.get(timeout=timeout)
-        except queue.Empty:
-            message = f"worker rank {self.rank} ({self.address}): no reply within {timeout:.0f}s"
+            return next(call)  # type: ignore[call-overload]
+        except StopIteration:
+            raise WorkerLost(f"worker rank {self.rank} ({self.address}) closed its stream") from None
+        except grpc.RpcError as error:
+            if self._expired:
+                message = f"worker rank {self.rank} ({self.address}): no reply within {timeout:.0f}s"
+            else:
+                message = f"worker rank {self.rank} ({self.address}): {error.code().name}: {error.details()}"
             raise WorkerLost(message) from None
-        if isinstance(item, BaseException):
-            self._replies.put(item)  # sticky: later receives fail the same way
-            raise item
-        return item  # type: ignore[return-value]
+        finally:
+            self._deadline = None
+
+    def expire_if_late(self, now: float) -> None:
+        deadline = self._deadline
+        if deadline is not None and now > deadline and self._call is not None:
+            self._expired = True
+            self._call.cancel()
 
     def close(self) -> None:
         self._requests.put(_CLOSED)
         if self._call is not None:
             self._call.cancel()
-        self._replies.put(WorkerLost(f"worker rank {self.rank}: group detached"))
 
     def leave(self, reason: str, group_id: str) -> None:
         with contextlib.suppress(grpc.RpcError):  # already gone
@@ -143,6 +154,10 @@ class WorkerGroup:
         while not self._stop.is_set():
             if not self.attached:
                 self._try_attach()
+            else:
+                now = time.monotonic()
+                for link in self.links:  # the watchdog of steps that wait too long
+                    link.expire_if_late(now)
             self._stop.wait(self.probe_interval_s)
 
     def _try_attach(self) -> None:
@@ -174,6 +189,9 @@ class WorkerGroup:
             for link in self.links:
                 link.open(self)
             self._attached.set()
+        if any(link.ended for link in self.links):  # a stream ended while we were attaching
+            self._detach("a worker stream ended during attach", leave=True)
+            return
         log.info("all %d workers joined group %s: SERVING", self.size, self.group_id)
         self._last_waiting = ""
         self._notify(True)

@@ -115,6 +115,7 @@ class WorkerService(worker_pb2_grpc.WorkerServicer):
     def step(self, request: worker_pb2.StepRequest) -> worker_pb2.StepReply:
         shard = self.shard
         assert shard is not None
+        entered = time.perf_counter()
         if request.HasField("begin"):
             shard.begin_shard(params_of(request.begin), request.begin.num_slots)
             self._beta = request.begin.beta or 1.0
@@ -138,6 +139,7 @@ class WorkerService(worker_pb2_grpc.WorkerServicer):
             )
         if self.metrics is not None:
             self.metrics.observe_step(done - committed, committed - began, len(request.windows))
+        reply.handle_s = time.perf_counter() - entered
         return reply
 
 
