@@ -64,9 +64,19 @@ def test_rbac_is_least_privilege(kube: KubeCluster, verb: str, resource: str, al
 
 def test_namespaced_install_renders_roles(kube: KubeCluster) -> None:
     out = kube.helm(
-        "template", RELEASE, str(CHART), "-n", RELEASE_NAMESPACE, "--set", "watchNamespaces={team-a,team-b}"
+        "template",
+        RELEASE,
+        str(CHART),
+        "-n",
+        RELEASE_NAMESPACE,
+        "--kube-version",
+        "1.30.0",
+        "--set",
+        "watchNamespaces={team-a,team-b}",
     ).stdout
-    assert "kind: ClusterRole\n" not in out and out.count("kind: Role\n") == 2
+    kinds = [line for line in out.splitlines() if line.startswith("kind: ")]
+    assert kinds.count("kind: Role") == 2 and kinds.count("kind: RoleBinding") == 2
+    assert "kind: ClusterRole" not in kinds and "kind: ClusterRoleBinding" not in kinds
     assert "--namespace=team-a" in out and "--all-namespaces" not in out
 
 
