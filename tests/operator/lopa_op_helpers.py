@@ -40,25 +40,34 @@ def ensure_chart(kube: KubeCluster) -> None:
 
 
 class OperatorProcess:
-    """`python -m lopa_operator --all-namespaces` with the chart ServiceAccount's token."""
+    """`python -m lopa_operator` (all namespaces, or `namespaces`) with a ServiceAccount's token."""
 
-    def __init__(self, kube: KubeCluster, log_path: Path) -> None:
+    def __init__(
+        self,
+        kube: KubeCluster,
+        log_path: Path,
+        *,
+        service_account: str = SERVICE_ACCOUNT,
+        sa_namespace: str = RELEASE_NAMESPACE,
+        namespaces: list[str] | None = None,
+    ) -> None:
         self.kube = kube
         self.log_path = log_path
         self.liveness_port, self.metrics_port = free_ports(2)
-        kubeconfig = kube.serviceaccount_kubeconfig(RELEASE_NAMESPACE, SERVICE_ACCOUNT, create=False)
+        kubeconfig = kube.serviceaccount_kubeconfig(sa_namespace, service_account, create=False)
         env = {
             **kube.env(kubeconfig),
             "LOPA_OPERATOR_RETRY_BACKOFF": "1",
             "PYTHONUNBUFFERED": "1",
         }
+        scope = [f"--namespace={n}" for n in namespaces] if namespaces else ["--all-namespaces"]
         self._log = log_path.open("wb")
         self.process = subprocess.Popen(
             [
                 sys.executable,
                 "-m",
                 "lopa_operator",
-                "--all-namespaces",
+                *scope,
                 f"--liveness=http://127.0.0.1:{self.liveness_port}/healthz",
                 f"--metrics-port={self.metrics_port}",
                 f"--resync-seconds={RESYNC_SECONDS}",
