@@ -47,9 +47,9 @@ def test_mutual_tls_and_metrics(checkpoint: Path, tmp_path: Path) -> None:
             with pytest.raises(grpc.RpcError) as error:
                 c.generate("hi", timeout=10)
             assert error.value.code() == grpc.StatusCode.UNAVAILABLE
-        with LopaClient(cluster.address, ca=str(pki.ca.cert)) as no_cert:  # the server requires one
-            with pytest.raises(grpc.RpcError):
-                no_cert.model_info(timeout=5)
+        no_cert = LopaClient(cluster.address, ca=str(pki.ca.cert))  # the server requires a client cert
+        with no_cert, pytest.raises(grpc.RpcError):
+            no_cert.model_info(timeout=5)
         with LopaClient(cluster.address) as plaintext, pytest.raises(grpc.RpcError):
             plaintext.model_info(timeout=5)
         text = urllib.request.urlopen(f"http://127.0.0.1:{metrics_port}/metrics", timeout=5).read().decode()
