@@ -134,6 +134,14 @@ def test_concurrent_requests_match_sequential_and_queue_is_bounded(
     assert all(r == expected[i % 16] for i, r in done)
 
 
+def test_deadline_aborts_and_the_next_request_is_clean(client: LopaClient, local: Decoder) -> None:
+    with pytest.raises(grpc.RpcError) as error:
+        client.generate(PROMPT, timeout=0.05, branches=3, max_new_tokens=256)
+    assert error.value.code() == grpc.StatusCode.DEADLINE_EXCEEDED
+    reply = client.generate(PROMPT, timeout=60, branches=1)  # workers were reset by the next Begin
+    assert list(reply.token_ids) == local_ids(local, PROMPT, branches=1)
+
+
 def test_killed_worker_fails_requests_then_the_restarted_group_serves(
     cluster: LocalCluster, client: LopaClient, local: Decoder
 ) -> None:

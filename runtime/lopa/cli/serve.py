@@ -5,11 +5,13 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import logging
+import sys
 import tempfile
 from pathlib import Path
 
 from lopa.cli.decoding_flags import add_decoding_flags, params_from_args
 from lopa.serving.config import ModelConfig, ServingConfig, load_config, validate
+from lopa.serving.model_dir import model_path
 
 
 def add_parser(subparsers: argparse._SubParsersAction) -> None:
@@ -26,6 +28,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
     parser.add_argument("--listen", default="127.0.0.1:50051", help="client API address")
     parser.add_argument("--metrics-port", type=int, default=0, help="master metrics port (0 = off)")
+    parser.add_argument("--start-timeout", type=float, default=600.0, help="seconds to wait for SERVING")
     parser.add_argument("--logs", default=None, help="directory for the children's logs (default: inherit)")
     add_decoding_flags(parser)
     parser.set_defaults(handler=run)
@@ -50,14 +53,18 @@ def run(args: argparse.Namespace) -> int:
                                  master=dataclasses.replace(base.master, metrics_port=args.metrics_port))
     config = loopback_config(config, args.workers, args.listen)
     validate(config)
+    model_path(config.model.path)  # fail here, not in N children
     with tempfile.TemporaryDirectory(prefix="lopa-serve-") as tmp:
         cluster = LocalCluster(config, Path(tmp), Path(args.logs) if args.logs else None)
         try:
-            address = cluster.start()
+            address = cluster.start(timeout=args.start_timeout)
             print(f"lopa: serving on {address} with {args.workers} workers (Ctrl-C to stop)", flush=True)
             return cluster.supervise()
         except KeyboardInterrupt:
             print("lopa: stopping", flush=True)
             return 0
+        except RuntimeError as error:
+            print(f"lopa serve: error: {error}", file=sys.stderr)
+            return 1
         finally:
             cluster.stop()

@@ -110,6 +110,9 @@ class LocalCluster:
             while time.monotonic() < deadline:
                 if self.master is not None and self.master.poll() is not None:
                     raise RuntimeError(f"the master exited with code {self.master.returncode}")
+                failed = [(r, p.returncode) for r, p in enumerate(self.workers) if p.poll() not in (None, 0)]
+                if failed:
+                    raise RuntimeError(f"worker(s) exited before the group formed (rank, code): {failed}")
                 if client.health(timeout=2.0) == "SERVING":
                     return True
                 time.sleep(0.25)
