@@ -54,7 +54,7 @@ def main(argv: list[str] | None = None) -> None:
         os.environ["LOPA_OPERATOR_RESYNC_SECONDS"] = str(args.resync_seconds)
     from . import handlers  # noqa: F401  (registers the handlers)
 
-    kopf.configure(debug=args.log_level == "debug", quiet=args.log_level == "warning")
+    kopf.configure(debug=args.log_level == "debug", quiet=args.log_level == "warning", log_prefix=True)
     if args.log_level != "debug":
         logging.getLogger("kopf.objects").addFilter(_QuietResync())
     namespaces = [] if args.all_namespaces else args.namespace

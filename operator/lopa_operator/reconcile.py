@@ -122,7 +122,8 @@ def _reconcile(
     for pod in decision.delete:
         kube.delete("Pod", namespace, pod["metadata"]["name"], uid=pod["metadata"]["uid"])
     if decision.delete:
-        logger.info("%s: deleted %d worker pod(s)", decision.state, len(decision.delete))
+        # info, not warning: kopf would turn a warning into a second Kubernetes event.
+        logger.info("%s: %s (deleted %d pod(s))", decision.state, decision.message, len(decision.delete))
     if decision.counted:
         metrics.GROUP_RESTARTS.labels(namespace, name).inc()
     elif decision.state == "Rolling":
