@@ -12,6 +12,7 @@
 ARG CANN_IMAGE=ascendai/cann:latest
 FROM ${CANN_IMAGE}
 ENV PYTHONUNBUFFERED=1 \
+    HOME=/tmp \
     PIP_NO_CACHE_DIR=1
 # torch and torch-npu must be the pair published for the CANN version of the base image.
 ARG TORCH_VERSION=2.5.1

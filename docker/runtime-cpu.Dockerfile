@@ -3,6 +3,7 @@
 #   docker build -f docker/runtime-cpu.Dockerfile -t ghcr.io/lopa-dev/lopa:0.1.0-cpu .
 FROM python:3.11-slim
 ENV PYTHONUNBUFFERED=1 \
+    HOME=/tmp \
     PIP_NO_CACHE_DIR=1
 # CPU wheels of torch keep the image ~1 GB instead of ~5 GB with CUDA libraries.
 RUN pip install --index-url https://download.pytorch.org/whl/cpu "torch>=2.5"

@@ -4,6 +4,7 @@
 #   docker build -f docker/runtime-cuda.Dockerfile -t ghcr.io/lopa-dev/lopa:0.1.0-cuda .
 FROM python:3.11-slim
 ENV PYTHONUNBUFFERED=1 \
+    HOME=/tmp \
     PIP_NO_CACHE_DIR=1 \
     NVIDIA_VISIBLE_DEVICES=all \
     NVIDIA_DRIVER_CAPABILITIES=compute,utility
