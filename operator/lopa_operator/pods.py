@@ -110,8 +110,9 @@ def worker_template(name: str, spec: dict[str, Any], config_hash: str) -> dict[s
             *model_mounts,
             *wiring.mounts,
         ],
-        # Ready = model loaded and the collective joined (the worker serves health after joining).
-        "readinessProbe": {"grpc": {"port": names.WORKER_PORT}, "periodSeconds": 5, "failureThreshold": 3},
+        # The worker API listens once the model is loaded (workers serve no grpc.health); that the
+        # group joined is what the master's health reports (CollectiveReady).
+        "readinessProbe": {"tcpSocket": {"port": "grpc"}, "periodSeconds": 5, "failureThreshold": 3},
     }
     pod = _common_pod_spec(spec, wiring.tolerations)
     pod["containers"] = [container]

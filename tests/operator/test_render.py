@@ -189,3 +189,23 @@ def test_default_image_per_accelerator(kind: str, monkeypatch: pytest.MonkeyPatc
     assert specs.image(specs.with_defaults({"accelerator": {"type": kind}})) == specs.DEFAULT_IMAGES[kind]
     monkeypatch.setenv(f"LOPA_RUNTIME_IMAGE_{kind.upper()}", "mirror/lopa:x")
     assert specs.image(specs.with_defaults({"accelerator": {"type": kind}})) == "mirror/lopa:x"
+
+
+@pytest.mark.parametrize("file", ["cpu.yaml", "nvidia.yaml", "ascend.yaml"])
+def test_rendered_config_loads_in_the_runtime(file: str) -> None:
+    # The contract with `lopa master`/`lopa worker`: their own loader accepts what we render.
+    runtime_config = pytest.importorskip("lopa.serving.config")
+    cr = sample(file)
+    objs = render.children(cr["metadata"]["name"], "ns", cr["spec"])
+    text = by_kind(objs)[f"ConfigMap/{cr['metadata']['name']}-config"]["data"]["lopa.yaml"]
+    loaded = runtime_config.parse_config(yaml.safe_load(text))
+    assert loaded.workers.count == cr["spec"]["branchParallelism"]
+    assert loaded.workers.backend == specs.BACKENDS[cr["spec"]["accelerator"]["type"]]
+    assert loaded.decoding.branches == cr["spec"]["decoding"]["branches"]
+
+
+def test_rendered_config_with_tls_loads_in_the_runtime() -> None:
+    runtime_config = pytest.importorskip("lopa.serving.config")
+    spec = specs.with_defaults({"tls": {"secretName": "s", "requireClientCert": True}})
+    loaded = runtime_config.parse_config(config.render("d", "ns", spec))
+    assert loaded.tls.enabled and loaded.tls.client_ca.endswith("ca.crt")
