@@ -120,6 +120,13 @@ def worker_template(name: str, spec: dict[str, Any], config_hash: str) -> dict[s
     return _template(name, names.ROLE_WORKER, config_hash, pod)
 
 
+def _master_probe(tls: bool) -> dict[str, Any]:
+    # grpc.health.v1 reports SERVING only once every worker joined the group. The kubelet's
+    # gRPC probe speaks no TLS, so a TLS client API falls back to "port open".
+    check: dict[str, Any] = {"tcpSocket": {"port": "grpc"}} if tls else {"grpc": {"port": names.CLIENT_PORT}}
+    return {**check, "periodSeconds": 5, "failureThreshold": 3}
+
+
 def master_template(name: str, spec: dict[str, Any], config_hash: str) -> dict[str, Any]:
     model_volumes, model_mounts = _model_volumes(spec)  # the master needs the tokenizer files
     mounts = [{"name": CONFIG_VOLUME, "mountPath": names.CONFIG_DIR, "readOnly": True}, *model_mounts]
@@ -144,8 +151,7 @@ def master_template(name: str, spec: dict[str, Any], config_hash: str) -> dict[s
         ],
         "resources": copy.deepcopy((spec.get("master") or {}).get("resources") or {}),
         "volumeMounts": mounts,
-        # grpc.health.v1 reports SERVING only once every worker joined the group.
-        "readinessProbe": {"grpc": {"port": names.CLIENT_PORT}, "periodSeconds": 5, "failureThreshold": 3},
+        "readinessProbe": _master_probe(bool(tls)),
     }
     pod = _common_pod_spec(spec, [])
     pod["containers"] = [container]

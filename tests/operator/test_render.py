@@ -181,6 +181,10 @@ def test_user_settings_pass_through() -> None:
     assert {"name": "tls", "secret": {"secretName": "lopa-tls"}} in master["volumes"]
     doc = yaml.safe_load(objs["ConfigMap/u-config"]["data"]["lopa.yaml"])
     assert doc["tls"]["client_ca"] == "/etc/lopa/tls/ca.crt"
+    # kubelet gRPC probes speak no TLS: a TLS master is probed by TCP.
+    assert "tcpSocket" in master["containers"][0]["readinessProbe"]
+    plain = by_kind(render.children("p", "ns", {}))["Deployment/p-master"]["spec"]["template"]["spec"]
+    assert plain["containers"][0]["readinessProbe"]["grpc"] == {"port": 50051}
 
 
 @pytest.mark.parametrize("kind", ["cpu", "nvidia", "ascend"])
