@@ -29,6 +29,9 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--listen", default="127.0.0.1:50051", help="client API address")
     parser.add_argument("--metrics-port", type=int, default=0, help="master metrics port (0 = off)")
     parser.add_argument("--start-timeout", type=float, default=600.0, help="seconds to wait for SERVING")
+    parser.add_argument(
+        "--prompt", default=None, help="one-shot: send this prompt, print the answer and its stats, stop"
+    )
     parser.add_argument("--logs", default=None, help="directory for the children's logs (default: inherit)")
     add_decoding_flags(parser)
     parser.set_defaults(handler=run)
@@ -58,6 +61,8 @@ def run(args: argparse.Namespace) -> int:
         cluster = LocalCluster(config, Path(tmp), Path(args.logs) if args.logs else None)
         try:
             address = cluster.start(timeout=args.start_timeout)
+            if args.prompt is not None:
+                return one_shot(address, args.prompt, args.workers)
             print(f"lopa: serving on {address} with {args.workers} workers (Ctrl-C to stop)", flush=True)
             return cluster.supervise()
         except KeyboardInterrupt:
@@ -68,3 +73,20 @@ def run(args: argparse.Namespace) -> int:
             return 1
         finally:
             cluster.stop()
+
+
+def one_shot(address: str, prompt: str, workers: int) -> int:
+    """The README's demo: one request through the master, answer on stdout, stats on stderr."""
+    from lopa.serving.client import LopaClient
+
+    with LopaClient(address) as client:
+        reply = client.generate(prompt, timeout=600)
+    s = reply.stats
+    print(reply.text)
+    print(
+        f"-- {s.tokens} tokens in {s.forwards} forwards over {workers} workers: TPF {s.tpf:.2f}, "
+        f"{s.tokens_per_s:.1f} tokens/s, {s.wall_s:.3f} s wall (prefill included), "
+        f"ttft {s.ttft_s:.3f} s, finish: {reply.finish_reason}",
+        file=sys.stderr,
+    )
+    return 0

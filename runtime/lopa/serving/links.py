@@ -205,7 +205,11 @@ class WorkerGroup:
             self._failed.add(group_id)
             for link in self.links:
                 link.close()
-        log.error("worker group %s detached: %s; NOT_SERVING until the group is restarted", group_id, reason)
+        if leave:
+            message = "worker group %s detached: %s; NOT_SERVING until the group is restarted"
+            log.error(message, group_id, reason)
+        else:
+            log.info("worker group %s detached: %s", group_id, reason)
         self._notify(False)
         if leave:
             for link in self.links:
