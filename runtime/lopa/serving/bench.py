@@ -99,6 +99,10 @@ def add_parser(kinds: argparse._SubParsersAction) -> None:
         "and tokens/s for one request and for concurrent ones.",
     )
     parser.add_argument("--model", default=None, help="checkpoint directory (default: the bundled model)")
+    parser.add_argument(
+        "--synthetic", action="store_true",
+        help="use a random 4-layer model (hidden 256, vocab 2048) instead: the transport, not the model",
+    )
     parser.add_argument("--workers", default="1,2,4", help="worker counts, comma-separated")
     parser.add_argument("--requests", type=int, default=8, help="sequential requests per worker count")
     parser.add_argument("--concurrency", type=int, default=8)
@@ -110,7 +114,25 @@ def add_parser(kinds: argparse._SubParsersAction) -> None:
     parser.set_defaults(handler=run)
 
 
+def synthetic_model(directory: Path) -> Path:
+    """A random Dream checkpoint big enough that a step is mostly forward, small enough for CPU."""
+    from safetensors.torch import save_file
+
+    from lopa.testing import tiny_config, write_random_checkpoint
+
+    config = tiny_config(hidden_size=256, intermediate_size=704, num_hidden_layers=4, num_attention_heads=8,
+                         num_key_value_heads=2, vocab_size=2048, max_position_embeddings=2048)
+    weights = write_random_checkpoint(directory, config, seed=1)
+    weights["lm_head.weight"] = weights["lm_head.weight"] * 4.0  # confident enough to fill > 1 per step
+    save_file(weights, str(directory / "model.safetensors"))
+    return directory
+
+
 def run(args: argparse.Namespace) -> int:
+    if args.synthetic:
+        with tempfile.TemporaryDirectory(prefix="lopa-bench-model-") as tmp:
+            args.model, args.synthetic = str(synthetic_model(Path(tmp))), False
+            return run(args)
     raw = {"model": {"path": args.model or ""}, "limits": {"queue_size": max(64, args.concurrency)}}
     config = parse_config(raw)
     kw = {"branches": args.branches, "attention": args.attention, "max_new_tokens": args.max_new_tokens}
