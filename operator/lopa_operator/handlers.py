@@ -44,6 +44,10 @@ def configure(settings: kopf.OperatorSettings, **_: Any) -> None:
     settings.watching.server_timeout = int(os.environ.get("LOPA_OPERATOR_WATCH_SERVER_TIMEOUT", "300"))
     settings.watching.client_timeout = settings.watching.server_timeout + 30
     settings.watching.connect_timeout = 30
+    # A deletion that lands mid-resync waits for the timer thread; re-check soon, not kopf's 60 s,
+    # so the finalizer goes (and the children with it) within seconds.
+    settings.background.cancellation_polling = 2
+    settings.background.instant_exit_timeout = 0.2
     # The CRD is installed with the chart: no need to watch CRDs or namespaces (and no RBAC for it).
     settings.scanning.disabled = True
     # kopf would post each handler's success as a Kubernetes event (every resync): only the
