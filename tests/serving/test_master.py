@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import signal
 import time
 from collections.abc import Iterator
@@ -16,8 +17,8 @@ from lopa.execution.local import LocalExecutor
 from lopa.model.loader import load_model
 from lopa.params import DecodingParams
 from lopa.serving.client import LopaClient
-from lopa.serving.config import parse_config
-from lopa.serving.launcher import LocalCluster, loopback_config
+from lopa.serving.config import MasterConfig, parse_config
+from lopa.serving.launcher import LocalCluster, free_ports, loopback_config
 
 PROMPT = [5, 17, 23, 42, 8, 9, 30]
 
@@ -132,6 +133,24 @@ def test_concurrent_requests_match_sequential_and_queue_is_bounded(
     done = [(i, r) for i, r in enumerate(results) if isinstance(r, list)]
     assert rejected and len(rejected) + len(done) == 40
     assert all(r == expected[i % 16] for i, r in done)
+
+
+def test_a_second_master_is_refused_and_the_group_survives(
+    cluster: LocalCluster, client: LopaClient, tmp_path: Path
+) -> None:
+    second = LocalCluster(
+        dataclasses.replace(cluster.config, master=MasterConfig(listen=f"127.0.0.1:{free_ports(1)[0]}")),
+        tmp_path,
+        log_dir=tmp_path,
+    )
+    second.master = second._spawn("master")
+    try:
+        assert not second.wait_serving(15)  # the workers serve the first master's stream
+        assert client.health() == "SERVING"
+        assert all(w.poll() is None for w in cluster.workers)
+        assert client.generate(PROMPT, timeout=60).stats.forwards > 0
+    finally:
+        second.stop()
 
 
 def test_deadline_aborts_and_the_next_request_is_clean(client: LopaClient, local: Decoder) -> None:

@@ -46,6 +46,7 @@ class WorkerLink:
         self._deadline: float | None = None
         self._expired = False
         self.ended = False
+        self.end_code: grpc.StatusCode | None = None
 
     def info(self, timeout: float) -> worker_pb2.WorkerInfo:
         return self.stub.Info(worker_pb2.InfoRequest(), timeout=timeout)
@@ -53,6 +54,7 @@ class WorkerLink:
     def open(self, group: WorkerGroup) -> None:
         self._requests = queue.Queue()
         self._deadline, self._expired, self.ended = None, False, False
+        self.end_code: grpc.StatusCode | None = None
         requests = self._requests
 
         def outgoing() -> Iterator[worker_pb2.StepRequest]:
@@ -62,9 +64,11 @@ class WorkerLink:
         call = self.stub.Steps(outgoing())
         self._call = call
 
-        def ended(_: object) -> None:  # the stream ended (worker died, or we cancelled it)
+        def ended(done: Any) -> None:  # the stream ended (worker died, or we cancelled it)
+            self.end_code = done.code()
             self.ended = True
-            group.lost(self.rank, f"worker rank {self.rank} ({self.address}) stream ended")
+            busy = self.end_code == grpc.StatusCode.ABORTED  # serving another master: not a group failure
+            group.lost(self.rank, f"worker rank {self.rank} ({self.address}) stream ended", leave=not busy)
 
         call.add_done_callback(ended)
 
@@ -144,9 +148,9 @@ class WorkerGroup:
     def wait_attached(self, timeout: float) -> bool:
         return self._attached.wait(timeout)
 
-    def lost(self, rank: int, reason: str) -> None:
+    def lost(self, rank: int, reason: str, leave: bool = True) -> None:
         if self.attached:
-            self._detach(f"lost worker rank {rank}: {reason}", leave=True)
+            self._detach(f"lost worker rank {rank}: {reason}", leave=leave)
 
     # -- internals ----------------------------------------------------------------------------------
 
@@ -189,8 +193,11 @@ class WorkerGroup:
             for link in self.links:
                 link.open(self)
             self._attached.set()
-        if any(link.ended for link in self.links):  # a stream ended while we were attaching
-            self._detach("a worker stream ended during attach", leave=True)
+        ended = [link for link in self.links if link.ended]
+        if ended:  # a stream ended while we were attaching
+            # ABORTED: a worker still serves another (possibly vanished) master: retry, keep the group.
+            busy = all(link.end_code == grpc.StatusCode.ABORTED for link in ended)
+            self._detach("a worker stream ended during attach", leave=not busy)
             return
         log.info("all %d workers joined group %s: SERVING", self.size, self.group_id)
         self._last_waiting = ""
@@ -202,7 +209,8 @@ class WorkerGroup:
                 return
             self._attached.clear()
             group_id = self.group_id
-            self._failed.add(group_id)
+            if leave:  # never attach to this incarnation again
+                self._failed.add(group_id)
             for link in self.links:
                 link.close()
         if leave:

@@ -30,6 +30,12 @@ from lopa.serving.shard import ShardExecutor
 log = logging.getLogger("lopa.worker")
 
 EXIT_GROUP_LOST = 3
+_SERVER_OPTIONS = [
+    ("grpc.keepalive_time_ms", 10_000),
+    ("grpc.keepalive_timeout_ms", 5_000),
+    ("grpc.keepalive_permit_without_calls", 1),
+    ("grpc.http2.max_pings_without_data", 0),
+]
 
 
 def params_of(begin: worker_pb2.Begin) -> DecodingParams:
@@ -165,7 +171,8 @@ def serve_worker(config: ServingConfig, rank: int, stop: threading.Event | None 
     service = WorkerService(
         rank, workers.count, workers.backend, loaded.config.vocab_size, max_length, fatal, metrics
     )
-    server = grpc.server(futures.ThreadPoolExecutor(max_workers=8))
+    # Keepalive: a master that vanished without closing its stream frees the worker in seconds.
+    server = grpc.server(futures.ThreadPoolExecutor(max_workers=8), options=_SERVER_OPTIONS)
     worker_pb2_grpc.add_WorkerServicer_to_server(service, server)
     address = f"0.0.0.0:{listen_port(config, rank)}"
     if server.add_insecure_port(address) == 0:
