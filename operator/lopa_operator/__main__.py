@@ -5,6 +5,8 @@ from __future__ import annotations
 import argparse
 import logging
 import os
+import sys
+from pathlib import Path
 
 import kopf
 
@@ -23,7 +25,7 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
         "--namespace",
         action="append",
         default=[],
-        help="namespace to watch (repeatable; globs allowed); default: all namespaces",
+        help="namespace to watch (repeatable, exact names); default: all namespaces",
     )
     p.add_argument("-A", "--all-namespaces", action="store_true", help="watch every namespace")
     p.add_argument(
@@ -37,6 +39,11 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
         default=int(os.environ.get("LOPA_OPERATOR_METRICS_PORT", "9090")),
         help="Prometheus /metrics port (0 disables)",
     )
+    p.add_argument(
+        "--render",
+        metavar="FILE",
+        help="print the children of the LoPADeployment(s) in FILE ('-' = stdin) as YAML and exit",
+    )
     p.add_argument("--resync-seconds", type=float, default=None, help="seconds between status resyncs")
     p.add_argument(
         "--log-level",
@@ -46,8 +53,26 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     return p.parse_args(argv)
 
 
+def render_file(source: str) -> str:
+    """The children the operator would apply for every LoPADeployment in `source` (no cluster)."""
+    import yaml
+
+    from . import names, render
+
+    text = sys.stdin.read() if source == "-" else Path(source).read_text()
+    out = []
+    for doc in yaml.safe_load_all(text):
+        if doc and doc.get("kind") == names.KIND:
+            meta = doc["metadata"]
+            out += render.children(meta["name"], meta.get("namespace", "default"), doc.get("spec") or {})
+    return yaml.safe_dump_all(out, sort_keys=False)
+
+
 def main(argv: list[str] | None = None) -> None:
     args = parse(argv)
+    if args.render:
+        print(render_file(args.render), end="")
+        return
     # Handlers read these at import time (decorator arguments), so set them before importing.
     os.environ["LOPA_OPERATOR_METRICS_PORT"] = str(args.metrics_port)
     if args.resync_seconds is not None:

@@ -213,3 +213,19 @@ def test_rendered_config_with_tls_loads_in_the_runtime() -> None:
     spec = specs.with_defaults({"tls": {"secretName": "s", "requireClientCert": True}})
     loaded = runtime_config.parse_config(config.render("d", "ns", spec))
     assert loaded.tls.enabled and loaded.tls.client_ca.endswith("ca.crt")
+
+
+def test_cli_render_prints_children_without_a_cluster() -> None:
+    import subprocess
+    import sys
+
+    out = subprocess.run(
+        [sys.executable, "-m", "lopa_operator", "--render", str(SAMPLES / "nvidia.yaml")],
+        capture_output=True,
+        text=True,
+        check=True,
+        timeout=60,
+    ).stdout
+    docs = list(yaml.safe_load_all(out))
+    assert [d["kind"] for d in docs] == ["ConfigMap", "Service", "StatefulSet", "Deployment", "Service"]
+    assert docs[0]["metadata"] == {**docs[0]["metadata"], "name": "d2f-dream-config", "namespace": "default"}
