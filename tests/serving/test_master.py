@@ -153,6 +153,18 @@ def test_a_second_master_is_refused_and_the_group_survives(
         second.stop()
 
 
+def test_a_restarted_master_reattaches_to_the_same_group(cluster: LocalCluster, local: Decoder) -> None:
+    assert cluster.master is not None
+    cluster.master.send_signal(signal.SIGKILL)
+    cluster.master.wait(timeout=10)
+    cluster.master = cluster._spawn("master")
+    assert cluster.wait_serving(90)
+    assert all(w.poll() is None for w in cluster.workers)  # same workers, same group
+    with LopaClient(cluster.address) as fresh:
+        reply = fresh.generate(PROMPT, timeout=60, branches=2)
+    assert list(reply.token_ids) == local_ids(local, PROMPT, branches=2)
+
+
 def test_deadline_aborts_and_the_next_request_is_clean(client: LopaClient, local: Decoder) -> None:
     with pytest.raises(grpc.RpcError) as error:
         client.generate(PROMPT, timeout=0.05, branches=3, max_new_tokens=256)
