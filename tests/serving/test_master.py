@@ -74,6 +74,12 @@ def test_generate_matches_local(client: LopaClient, local: Decoder, k: int, mode
     assert reply.finish_reason in ("eos", "length")
 
 
+def test_sampling_is_reproducible_for_a_seed(client: LopaClient) -> None:
+    first = client.generate(PROMPT, timeout=60, branches=3, temperature=0.8, top_p=0.9, seed=5)
+    again = client.generate(PROMPT, timeout=60, branches=3, temperature=0.8, top_p=0.9, seed=5)
+    assert list(first.token_ids) == list(again.token_ids) and first.stats.tokens > 0
+
+
 def test_stream_deltas_concatenate_to_the_final_text(client: LopaClient) -> None:
     final = client.generate("12+34=", timeout=60, branches=3)
     chunks = list(client.stream("12+34=", timeout=60, branches=3))

@@ -38,14 +38,15 @@ _SERVER_OPTIONS = [
 ]
 
 
-def params_of(begin: worker_pb2.Begin) -> DecodingParams:
+def params_of(begin: worker_pb2.Begin, rank: int = 0) -> DecodingParams:
+    """The sampling knobs of a request; each rank draws its own stream (rank 0 = the local executor's)."""
     return DecodingParams(
         attention=begin.attention,
         conf=begin.conf,
         temperature=begin.temperature,
         top_p=begin.top_p,
         top_k=begin.top_k,
-        seed=begin.seed,
+        seed=(begin.seed + rank * 1_000_003) % (1 << 63),
         beta=begin.beta,
     )
 
@@ -123,7 +124,7 @@ class WorkerService(worker_pb2_grpc.WorkerServicer):
         assert shard is not None
         entered = time.perf_counter()
         if request.HasField("begin"):
-            shard.begin_shard(params_of(request.begin), request.begin.num_slots)
+            shard.begin_shard(params_of(request.begin, self.rank), request.begin.num_slots)
             self._beta = request.begin.beta or 1.0
         began = time.perf_counter()
         if request.HasField("commit"):
