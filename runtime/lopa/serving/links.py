@@ -129,6 +129,7 @@ class WorkerGroup:
         self._last_waiting = ""
         self._last_log = 0.0
         self.listeners: list = []  # callables(attached: bool)
+        self.expected: tuple[int, int] | None = None  # (vocab_size, max_length) the master decodes with
 
     @property
     def size(self) -> int:
@@ -179,6 +180,12 @@ class WorkerGroup:
                 )
             elif not info.joined:
                 waiting.append(f"rank {link.rank} ({link.address}) has not joined the group")
+            elif self.expected and (info.vocab_size, info.max_length) != self.expected:
+                waiting.append(
+                    f"rank {link.rank} ({link.address}) has vocab {info.vocab_size}, max_length "
+                    f"{info.max_length}; the master expects {self.expected[0]}, {self.expected[1]} "
+                    "(same config file and model on every role?)"
+                )
             elif info.group_id in self._failed:
                 waiting.append(f"rank {link.rank} ({link.address}) is still in failed group {info.group_id}")
             infos.append(info)

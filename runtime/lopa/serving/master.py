@@ -45,6 +45,7 @@ class LopaService(lopa_pb2_grpc.LopaServicer):
         self.tokenizer = load_tokenizer(path)
         self.special = resolve_special_ids(self.model_config, self.tokenizer, path)
         self.max_length = min(config.max_length, self.model_config.max_position_embeddings)
+        group.expected = (self.model_config.vocab_size, self.max_length)
         self.executor = DistributedExecutor(group, config.workers.step_timeout_s, self._observe_step)
         decoder = Decoder(self.executor, self.special.mask, self.special.eos, self.max_length)
         self.runner = JobRunner(decoder, self.executor, self.decode, config.limits.queue_size, metrics)
