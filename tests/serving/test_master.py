@@ -231,3 +231,29 @@ def test_a_worker_that_never_joins_keeps_the_master_not_serving(
         assert "rank 1 (" + config.workers.addresses[1] + ")" in log
     finally:
         cluster.stop()
+
+
+def test_a_hung_worker_fails_the_step_within_the_step_timeout(checkpoint: Path, tmp_path: Path) -> None:
+    raw = base_config(checkpoint)
+    raw["workers"]["step_timeout_s"] = 3
+    cluster = LocalCluster(loopback_config(parse_config(raw), workers=2), tmp_path, log_dir=tmp_path)
+    cluster.start(timeout=120)
+    try:
+        with LopaClient(cluster.address) as c, ThreadPoolExecutor(4) as pool:
+            futures = [pool.submit(c.generate, PROMPT, timeout=60, max_new_tokens=128) for _ in range(4)]
+            time.sleep(0.5)
+            stopped_at = time.monotonic()
+            cluster.workers[1].send_signal(signal.SIGSTOP)  # alive but silent: only the timeout sees it
+            codes = []
+            for future in futures:
+                try:
+                    future.result()
+                    codes.append("ok")
+                except grpc.RpcError as error:
+                    codes.append(error.code())
+            assert grpc.StatusCode.UNAVAILABLE in codes and set(codes) <= {"ok", grpc.StatusCode.UNAVAILABLE}
+            assert time.monotonic() - stopped_at < 3 + 2 + 5  # timeout + watchdog period + slack
+            assert c.health() == "NOT_SERVING"
+    finally:
+        cluster.workers[1].send_signal(signal.SIGCONT)
+        cluster.stop()
