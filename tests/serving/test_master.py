@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import signal
+import threading
 import time
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
@@ -256,4 +257,25 @@ def test_a_hung_worker_fails_the_step_within_the_step_timeout(checkpoint: Path, 
             assert c.health() == "NOT_SERVING"
     finally:
         cluster.workers[1].send_signal(signal.SIGCONT)
+        cluster.stop()
+
+
+def test_the_launcher_restarts_a_broken_group(checkpoint: Path, tmp_path: Path) -> None:
+    config = loopback_config(parse_config(base_config(checkpoint)), workers=2)
+    cluster = LocalCluster(config, tmp_path, log_dir=tmp_path)
+    cluster.start(timeout=120)
+    stop = threading.Event()
+    supervisor = threading.Thread(target=cluster.supervise, kwargs={"poll_s": 0.2, "stop": stop})
+    supervisor.start()
+    try:
+        cluster.workers[0].send_signal(signal.SIGKILL)
+        with LopaClient(cluster.address) as c:
+            deadline = time.monotonic() + 10
+            while c.health() == "SERVING" and time.monotonic() < deadline:
+                time.sleep(0.1)
+            assert cluster.wait_serving(120) and cluster.restarts == 1
+            assert c.generate(PROMPT, timeout=60).stats.forwards > 0
+    finally:
+        stop.set()
+        supervisor.join()
         cluster.stop()

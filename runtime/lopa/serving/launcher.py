@@ -14,6 +14,7 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 from typing import IO
@@ -99,29 +100,33 @@ class LocalCluster:
     def start(self, timeout: float = 300.0) -> str:
         self.start_workers()
         self.master = self._spawn("master")
-        if not self.wait_serving(timeout):
+        if not self.wait_serving(timeout, strict=True):
             self.stop()
             raise RuntimeError(f"the master at {self.address} did not become SERVING within {timeout:.0f}s")
         return self.address
 
-    def wait_serving(self, timeout: float) -> bool:
+    def wait_serving(self, timeout: float, strict: bool = False) -> bool:
+        """Poll health until SERVING; strict: a worker that exits (during start-up) is an error."""
         deadline = time.monotonic() + timeout
         with LopaClient(self.address) as client:
             while time.monotonic() < deadline:
                 if self.master is not None and self.master.poll() is not None:
                     raise RuntimeError(f"the master exited with code {self.master.returncode}")
                 failed = [(r, p.returncode) for r, p in enumerate(self.workers) if p.poll() not in (None, 0)]
-                if failed:
+                if strict and failed:
                     raise RuntimeError(f"worker(s) exited before the group formed (rank, code): {failed}")
                 if client.health(timeout=2.0) == "SERVING":
                     return True
                 time.sleep(0.25)
         return False
 
-    def supervise(self, poll_s: float = 0.5, max_backoff_s: float = 30.0) -> int:
-        """Block until the master exits (returns its code); restart the worker group when one dies."""
+    def supervise(
+        self, poll_s: float = 0.5, max_backoff_s: float = 30.0, stop: threading.Event | None = None
+    ) -> int:
+        """Block until the master exits (returns its code) or `stop` is set; restart the group when a
+        worker dies (backoff doubles per restart up to max_backoff_s, and resets once SERVING again)."""
         backoff = 1.0
-        while True:
+        while stop is None or not stop.is_set():
             if self.master is not None and self.master.poll() is not None:
                 return self.master.returncode
             dead = [(r, p.returncode) for r, p in enumerate(self.workers) if p.poll() is not None]
@@ -131,6 +136,7 @@ class LocalCluster:
                 self.restart_workers()
                 backoff = min(max_backoff_s, backoff * 2)
             time.sleep(poll_s)
+        return 0
 
     def stop(self, timeout: float = 10.0) -> None:
         _terminate([p for p in [self.master] if p is not None], timeout)
