@@ -124,17 +124,19 @@ class LocalCluster:
         self, poll_s: float = 0.5, max_backoff_s: float = 30.0, stop: threading.Event | None = None
     ) -> int:
         """Block until the master exits (returns its code) or `stop` is set; restart the group when a
-        worker dies (backoff doubles per restart up to max_backoff_s, and resets once SERVING again)."""
-        backoff = 1.0
+        worker dies (backoff doubles per quick re-failure up to max_backoff_s; a minute of health resets it)."""
+        backoff, restarted_at = 1.0, 0.0
         while stop is None or not stop.is_set():
             if self.master is not None and self.master.poll() is not None:
                 return self.master.returncode
             dead = [(r, p.returncode) for r, p in enumerate(self.workers) if p.poll() is not None]
             if dead:
+                if time.monotonic() - restarted_at > 60.0:
+                    backoff = 1.0
                 log.error("worker(s) exited %s: restarting the group in %.0fs", dead, backoff)
                 time.sleep(backoff)
                 self.restart_workers()
-                backoff = min(max_backoff_s, backoff * 2)
+                restarted_at, backoff = time.monotonic(), min(max_backoff_s, backoff * 2)
             time.sleep(poll_s)
         return 0
 
