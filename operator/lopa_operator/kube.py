@@ -1,8 +1,9 @@
-"""A small synchronous Kubernetes REST client that speaks plain dicts.
+"""A small synchronous Kubernetes client that speaks plain dicts.
 
-Credentials come from the kubernetes package's config loaders (in-cluster first, then
-KUBECONFIG); requests does the HTTP. Plain dicts keep rendering, status and tests free of
-generated model classes.
+A thin facade over the kubernetes package's dynamic client: credentials come from its config
+loaders (in-cluster first, then KUBECONFIG). HTTP is urllib3, which trusts only the CA the
+Configuration names (REQUESTS_CA_BUNDLE and friends are ignored, unlike with requests). Plain
+dicts keep rendering, status and tests free of generated model classes.
 """
 
 from __future__ import annotations
@@ -10,20 +11,21 @@ from __future__ import annotations
 import json
 from typing import Any
 
-import requests
 from kubernetes import client as k8s_client
 from kubernetes import config as k8s_config
+from kubernetes.client.rest import ApiException
+from kubernetes.dynamic import DynamicClient, Resource, ResourceInstance
 
 from . import names
 
-# kind -> (API prefix, plural); everything the operator reads or writes.
+# kind -> (apiVersion, plural); everything the operator reads or writes.
 RESOURCES = {
-    "ConfigMap": ("/api/v1", "configmaps"),
-    "Service": ("/api/v1", "services"),
-    "Pod": ("/api/v1", "pods"),
-    "StatefulSet": ("/apis/apps/v1", "statefulsets"),
-    "Deployment": ("/apis/apps/v1", "deployments"),
-    names.KIND: (f"/apis/{names.API_VERSION}", names.PLURAL),
+    "ConfigMap": ("v1", "configmaps"),
+    "Service": ("v1", "services"),
+    "Pod": ("v1", "pods"),
+    "StatefulSet": ("apps/v1", "statefulsets"),
+    "Deployment": ("apps/v1", "deployments"),
+    names.KIND: (names.API_VERSION, names.PLURAL),
 }
 TIMEOUT = (5.0, 30.0)  # connect, read: a stalled API call must not wedge a handler thread
 
@@ -34,14 +36,29 @@ class KubeError(RuntimeError):
         self.status = status
 
 
+def resource(kind: str, client: DynamicClient | None = None) -> Resource:
+    """The dynamic client's description of `kind`, built from RESOURCES rather than discovered:
+    discovery would cost round trips (without our timeout) and share a cache file in /tmp."""
+    api_version, plural = RESOURCES[kind]
+    group, _, version = api_version.rpartition("/")
+    return Resource(
+        prefix="apis" if group else "api",
+        group=group,
+        api_version=version,
+        kind=kind,
+        name=plural,
+        namespaced=True,
+        client=client,
+        # Only the LoPADeployment's status is written through its subresource.
+        subresources={"status": {"kind": kind, "name": f"{plural}/status", "namespaced": True}}
+        if kind == names.KIND
+        else None,
+    )
+
+
 def path(kind: str, namespace: str, name: str | None = None, subresource: str | None = None) -> str:
-    prefix, plural = RESOURCES[kind]
-    out = f"{prefix}/namespaces/{namespace}/{plural}"
-    if name:
-        out += f"/{name}"
-    if subresource:
-        out += f"/{subresource}"
-    return out
+    out = resource(kind).path(name=name, namespace=namespace)
+    return f"{out}/{subresource}" if subresource else out
 
 
 def load_configuration() -> k8s_client.Configuration:
@@ -50,33 +67,40 @@ def load_configuration() -> k8s_client.Configuration:
         k8s_config.load_incluster_config(client_configuration=cfg)
     except k8s_config.ConfigException:
         k8s_config.load_kube_config(client_configuration=cfg)
+    # One attempt per call: kopf retries failed handlers and the timer resyncs, whereas
+    # urllib3's default 3 retries would stretch a stall to 4x TIMEOUT.
+    cfg.retries = 0
     return cfg
+
+
+def _as_dict(result: Any) -> dict[str, Any]:
+    # An empty response body comes back as a str, not a ResourceInstance.
+    return result.to_dict() if isinstance(result, ResourceInstance) else {}
+
+
+def _no_discovery(client: DynamicClient, cache_file: str | None) -> None:
+    """Stands in for DynamicClient's discoverer: every Resource comes from `resource()`."""
+    return None
 
 
 class Kube:
     def __init__(self, cfg: k8s_client.Configuration | None = None) -> None:
         self.cfg = cfg or load_configuration()
-        self.session = requests.Session()
-        # Only the kubeconfig decides TLS and proxies: REQUESTS_CA_BUNDLE or HTTPS_PROXY in the
-        # environment would otherwise override the cluster CA (a requests quirk).
-        self.session.trust_env = False
-        if self.cfg.proxy:
-            self.session.proxies = {"https": self.cfg.proxy, "http": self.cfg.proxy}
-        self.verify: bool | str = bool(self.cfg.verify_ssl)
-        if self.cfg.verify_ssl and self.cfg.ssl_ca_cert:
-            self.verify = self.cfg.ssl_ca_cert
-        if self.cfg.cert_file and self.cfg.key_file:
-            self.session.cert = (self.cfg.cert_file, self.cfg.key_file)
+        # ApiClient adds the bearer token per request, so the in-cluster loader's refresh hook
+        # keeps a rotated projected token working.
+        self.client = DynamicClient(k8s_client.ApiClient(self.cfg), discoverer=_no_discovery)
+        self.resources = {kind: resource(kind, self.client) for kind in RESOURCES}
 
-    def _headers(self, content_type: str | None) -> dict[str, str]:
-        headers = {"Accept": "application/json"}
-        if content_type:
-            headers["Content-Type"] = content_type
-        # The in-cluster loader refreshes the projected token through this call.
-        token = self.cfg.get_api_key_with_prefix("BearerToken", alias="authorization")
-        if token:
-            headers["Authorization"] = token if token.lower().startswith("bearer ") else f"Bearer {token}"
-        return headers
+    def _call(self, what: str, fn: Any, *args: Any, **kwargs: Any) -> dict[str, Any]:
+        """Runs one dynamic-client call with TIMEOUT; API errors become KubeError(status)."""
+        try:
+            return _as_dict(fn(*args, _request_timeout=TIMEOUT, **kwargs))
+        except ApiException as e:
+            try:
+                message = json.loads(e.body).get("message") or e.body
+            except (TypeError, ValueError, AttributeError):
+                message = e.body or e.reason
+            raise KubeError(e.status, f"{what}: {message}") from e
 
     def request(
         self,
@@ -87,25 +111,15 @@ class Kube:
         body: Any = None,
         content_type: str | None = None,
     ) -> dict[str, Any]:
-        data = None if body is None else json.dumps(body)
-        if data is not None and content_type is None:
-            content_type = "application/json"
-        response = self.session.request(
+        return self._call(
+            f"{method} {url_path}",
+            self.client.request,
             method,
-            self.cfg.host.rstrip("/") + url_path,
-            params=params,
-            data=data,
-            headers=self._headers(content_type),
-            timeout=TIMEOUT,
-            verify=self.verify,
+            url_path,
+            body=body,
+            query_params=list((params or {}).items()),
+            content_type=content_type,
         )
-        if response.status_code >= 400:
-            try:
-                message = response.json().get("message", response.text)
-            except ValueError:
-                message = response.text
-            raise KubeError(response.status_code, f"{method} {url_path}: {message}")
-        return response.json() if response.content else {}
 
     def get(self, url_path: str) -> dict[str, Any] | None:
         try:
@@ -116,17 +130,21 @@ class Kube:
             raise
 
     def list(self, kind: str, namespace: str, selector: str) -> list[dict[str, Any]]:
-        return self.request("GET", path(kind, namespace), params={"labelSelector": selector}).get("items", [])
+        res = self.resources[kind]
+        out = self._call(f"list {kind}", res.get, namespace=namespace, label_selector=selector)
+        return out.get("items") or []
 
     def apply(self, obj: dict[str, Any]) -> dict[str, Any]:
         """Server-side apply: creates or updates, and drops fields this manager stopped setting."""
         meta = obj["metadata"]
-        return self.request(
-            "PATCH",
-            path(obj["kind"], meta["namespace"], meta["name"]),
-            params={"fieldManager": names.MANAGER, "force": "true"},
+        return self._call(
+            f"apply {obj['kind']} {meta['namespace']}/{meta['name']}",
+            self.resources[obj["kind"]].server_side_apply,
             body=obj,
-            content_type="application/apply-patch+yaml",
+            name=meta["name"],
+            namespace=meta["namespace"],
+            field_manager=names.MANAGER,
+            force_conflicts=True,
         )
 
     def delete(self, kind: str, namespace: str, name: str, uid: str | None = None) -> bool:
@@ -135,7 +153,13 @@ class Kube:
         if uid:
             body["preconditions"] = {"uid": uid}
         try:
-            self.request("DELETE", path(kind, namespace, name), body=body)
+            self._call(
+                f"delete {kind} {namespace}/{name}",
+                self.resources[kind].delete,
+                name=name,
+                namespace=namespace,
+                body=body,
+            )
         except KubeError as e:
             if e.status in (404, 409):  # gone, or a new pod already took the name
                 return False
@@ -143,9 +167,11 @@ class Kube:
         return True
 
     def patch_status(self, namespace: str, name: str, status: dict[str, Any]) -> dict[str, Any]:
-        return self.request(
-            "PATCH",
-            path(names.KIND, namespace, name, "status"),
+        return self._call(
+            f"patch {names.KIND} {namespace}/{name} status",
+            self.resources[names.KIND].status.patch,
             body={"status": status},
+            name=name,
+            namespace=namespace,
             content_type="application/merge-patch+json",
         )
