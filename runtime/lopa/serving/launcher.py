@@ -123,8 +123,10 @@ class LocalCluster:
     def supervise(
         self, poll_s: float = 0.5, max_backoff_s: float = 30.0, stop: threading.Event | None = None
     ) -> int:
-        """Block until the master exits (returns its code) or `stop` is set; restart the group when a
-        worker dies (backoff doubles per quick re-failure up to max_backoff_s; a minute of health resets it)."""
+        """Block until the master exits (returns its code) or `stop` is set.
+
+        A dead worker restarts the whole group; the backoff doubles per quick re-failure up to
+        max_backoff_s, and a minute of health resets it."""
         backoff, restarted_at = 1.0, 0.0
         while stop is None or not stop.is_set():
             if self.master is not None and self.master.poll() is not None:
