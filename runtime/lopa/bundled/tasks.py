@@ -5,9 +5,8 @@ all fixed-width so that every answer character sits at a constant distance from 
 characters it depends on (RoPE makes that cheap to learn), yet each answer has a dependency chain
 that a small model cannot shortcut, so the order in which positions are filled matters:
 
-- `cnt`: for each position of a 15-bit string, the number of 1s from there to the end, as one hex
-  digit. Output i is output i+1 plus input i: the chain runs right to left, while the answer is
-  written left to right (its first character is the total, the hardest one).
+- `cnt`: for each position of a 15-bit string, the number of 1s up to there, as one hex digit.
+  Output i is output i-1 plus input i: a left-to-right counting chain.
 - `par`: the running parity (prefix XOR) of 16 bits (1s drawn with probability 0.3). Output i is
   output i-1 XOR input i: the chain runs left to right, one hop per character.
 - `dep`: the nesting depth after each character of a balanced 16-character bracket string (bracket
@@ -18,6 +17,10 @@ addition. Their outputs are uncorrelated with any single input (a sum mod 10 or 
 bits), so gradient descent gets no first-order signal, and none of them was learned at all in
 1000 steps of the 30-minute CPU budget. Every task kept here has an output correlated with one
 neighbour (dep, cnt) or made so by the input distribution (par's 1s are rarer than its 0s).
+A right-to-left `cnt` (1s from each position to the end) was learned for the right half of the
+answer only: D2F's block pipeline decodes the first block first, and its fallback forces a token
+per round there before the chain from the right end has reached it, so every chain here runs in
+the direction the blocks are decoded.
 
 The split is a property of the prompt (a CRC32 bucket), so train and held-out are disjoint by
 construction and any seed gives the same held-out set membership.
@@ -51,15 +54,15 @@ class Example:
 
 def make_cnt(rng: random.Random) -> Example:
     bits = "".join(rng.choice("01") for _ in range(CNT_BITS))
-    return Example("cnt", f"cnt:{bits}=", _suffix_counts(bits))
+    return Example("cnt", f"cnt:{bits}=", _prefix_counts(bits))
 
 
-def _suffix_counts(bits: str) -> str:
+def _prefix_counts(bits: str) -> str:
     count, out = 0, []
-    for ch in reversed(bits):
+    for ch in bits:
         count += int(ch)
         out.append(format(count, "x"))
-    return "".join(reversed(out))
+    return "".join(out)
 
 
 def make_par(rng: random.Random) -> Example:
@@ -99,7 +102,7 @@ def solve(task: str, prompt: str) -> str:
     """The reference answer of any prompt (used by scoring and tests)."""
     body = prompt.removeprefix(f"{task}:").removesuffix("=")
     if task == "cnt":
-        return _suffix_counts(body)
+        return _prefix_counts(body)
     if task == "par":
         return _running_parity(body)
     if task == "dep":

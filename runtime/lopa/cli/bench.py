@@ -40,7 +40,15 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    threads = torch.get_num_threads()
     torch.set_num_threads(args.threads)
+    try:
+        return _run(args)
+    finally:
+        torch.set_num_threads(threads)  # process-wide setting: restore it for in-process callers
+
+
+def _run(args: argparse.Namespace) -> int:
     model_dir = Path(args.model) if args.model else bundled_model_dir()
     base = model_defaults(model_dir).with_overrides(
         tau_conf=args.tau_conf,

@@ -50,8 +50,20 @@ def train(
     on_save: Callable[[Path, int], None] | None = None,
 ) -> dict[str, Any]:
     """Train from scratch and write the checkpoint to `out`; returns the run summary."""
-    log = log or sys.stderr
+    threads = torch.get_num_threads()
     torch.set_num_threads(config.threads)
+    try:
+        return _train(config, out, log or sys.stderr, on_save)
+    finally:
+        torch.set_num_threads(threads)  # the thread count is process-wide: give it back
+
+
+def _train(
+    config: TrainConfig,
+    out: str | Path,
+    log: TextIO,
+    on_save: Callable[[Path, int], None] | None,
+) -> dict[str, Any]:
     torch.manual_seed(config.seed)
     generator = torch.Generator().manual_seed(config.seed)
     model = DreamModel(model_config(config))

@@ -1,0 +1,27 @@
+"""`lopa bench tpf --limit 2`: the sweep runs end to end and writes its table, JSON and PNG."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from lopa.bench.tpf import KS, MODES
+from lopa.cli import main
+
+
+def test_bench_tpf_smoke(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["bench", "tpf", "--limit", "2", "--out", str(tmp_path)]) == 0
+    out = capsys.readouterr().out
+    assert "TPF" in out and "tok/s" in out and "best k=" in out
+    report = json.loads((tmp_path / "tpf.json").read_text())
+    cells = {(c["attention"], c["branches"]) for c in report["cells"]}
+    assert cells == {(m, k) for m in MODES for k in KS}
+    for cell in report["cells"]:
+        assert cell["examples"] == 2 and cell["forwards"] > 0
+        for key in ("exact_match", "tpf", "padded_tpf", "tokens_per_s", "step_ms"):
+            assert cell[key] >= 0
+    assert set(report["speedups"]) == set(MODES)
+    png = (tmp_path / "tpf.png").read_bytes()
+    assert png.startswith(b"\x89PNG") and len(png) > 1000
