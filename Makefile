@@ -17,8 +17,9 @@ $(STAMP): runtime/pyproject.toml operator/pyproject.toml
 	$(VENV)/bin/pip install --progress-bar off -e './runtime[dev]' -e ./operator
 	touch $(STAMP)
 
+# A local master + 2 branch workers (gloo, CPU) on the bundled model answer one request.
 run: install
-	$(VENV)/bin/lopa generate --prompt "$${PROMPT:-12+34=}"
+	$(VENV)/bin/lopa serve --workers 2 --branches 3 --prompt "$${PROMPT:-cnt:110000101011011=}"
 
 # Builds (once per machine, cached) the Kubernetes test control plane from the Go module proxy.
 testenv:

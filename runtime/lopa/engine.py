@@ -27,8 +27,15 @@ class Completion:
 
 
 class LocalEngine:
-    def __init__(self, loaded: LoadedModel, max_length: int | None = None, device: str = "cpu") -> None:
+    def __init__(
+        self,
+        loaded: LoadedModel,
+        max_length: int | None = None,
+        device: str = "cpu",
+        model_dir: Path | None = None,
+    ) -> None:
         self.loaded = loaded
+        self.model_dir = model_dir
         self.tokenizer = loaded.tokenizer
         limit = loaded.config.max_position_embeddings
         self.max_length = min(max_length or DEFAULT_MAX_LENGTH, limit)
@@ -50,7 +57,7 @@ class LocalEngine:
         max_length: int | None = None,
     ) -> LocalEngine:
         model_dir = Path(model_dir) if model_dir else bundled_model_dir()
-        return cls(load_model(model_dir, adapter_dir, dtype, device), max_length, device)
+        return cls(load_model(model_dir, adapter_dir, dtype, device), max_length, device, model_dir)
 
     def encode(self, prompt: str | Sequence[int], chat: bool = False) -> list[int]:
         if isinstance(prompt, str):

@@ -30,22 +30,29 @@ def flag_name(field_name: str) -> str:
     return "--" + field_name.replace("_", "-")
 
 
-def add_decoding_flags(parser: argparse.ArgumentParser, defaults: DecodingParams | None = None) -> None:
-    defaults = defaults or DecodingParams()
-    group = parser.add_argument_group("decoding (algorithm.md; defaults follow the LoPA paper)")
+def add_decoding_flags(parser: argparse.ArgumentParser) -> None:
+    """Flags default to None: unset ones fall back to the model's lopa_defaults.json, then the paper."""
+    paper = DecodingParams()
+    group = parser.add_argument_group(
+        "decoding (algorithm.md; defaults follow the LoPA paper unless the model ships lopa_defaults.json)"
+    )
     for field in fields(DecodingParams):
-        default = getattr(defaults, field.name)
+        default = getattr(paper, field.name)
         default = getattr(default, "value", default)
         group.add_argument(
             flag_name(field.name),
             dest=field.name,
             type=type(default),
-            default=default,
+            default=None,
             choices=CHOICES.get(field.name),
-            help=f"{HELP[field.name]} (default: {default})",
+            help=f"{HELP[field.name]} (paper default: {default})",
         )
 
 
-def params_from_args(args: argparse.Namespace) -> DecodingParams:
-    """Build validated params; InvalidParameter names the field (mapped to its flag by the caller)."""
-    return DecodingParams(**{f.name: getattr(args, f.name) for f in fields(DecodingParams)})
+def params_from_args(args: argparse.Namespace, base: DecodingParams | None = None) -> DecodingParams:
+    """`base` (a model's defaults) with every flag that was given; validated.
+
+    InvalidParameter names the field; the CLI maps it back to its flag.
+    """
+    given = {f.name: getattr(args, f.name) for f in fields(DecodingParams)}
+    return (base or DecodingParams()).with_overrides(**given)

@@ -6,6 +6,7 @@ import argparse
 import json
 import sys
 
+from lopa.bundled.defaults import model_defaults
 from lopa.cli.decoding_flags import add_decoding_flags, params_from_args
 from lopa.decoding.decoder import StepEvent
 from lopa.engine import Completion, LocalEngine
@@ -51,8 +52,8 @@ def stats_of(completion: Completion) -> dict[str, float | int | str]:
 
 
 def run(args: argparse.Namespace) -> int:
-    params = params_from_args(args)
     engine = LocalEngine.from_dirs(args.model, args.adapter, args.dtype, args.device, args.max_length)
+    params = params_from_args(args, model_defaults(engine.model_dir))
 
     def show_step(event: StepEvent) -> None:
         fills = ", ".join(f"{p}:{engine.decode([t])!r}" for p, t in event.fills)

@@ -5,10 +5,14 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import logging
+import signal
 import sys
 import tempfile
 from pathlib import Path
 
+import grpc
+
+from lopa.bundled.defaults import model_defaults
 from lopa.cli.decoding_flags import add_decoding_flags, params_from_args
 from lopa.serving.config import ModelConfig, ServingConfig, load_config, validate
 from lopa.serving.model_dir import model_path
@@ -44,7 +48,9 @@ def run(args: argparse.Namespace) -> int:
     base = load_config(args.config) if args.config else ServingConfig()
     model = ModelConfig(path=args.model or base.model.path, adapter=args.adapter or base.model.adapter,
                         dtype=args.dtype, device=base.model.device)
-    decoding = params_from_args(args)
+    # Flags override the config file's decoding section, or else the model's own defaults.
+    decoding_base = base.decoding if args.config else model_defaults(model_path(model.path))
+    decoding = params_from_args(args, decoding_base)
     limits = base.limits
     if decoding.max_new_tokens > limits.max_new_tokens or decoding.branches > limits.max_branches:
         limits = dataclasses.replace(
@@ -57,6 +63,9 @@ def run(args: argparse.Namespace) -> int:
     config = loopback_config(config, args.workers, args.listen)
     validate(config)
     model_path(config.model.path)  # fail here, not in N children
+    # SIGTERM (a process manager, `kill`) stops the group like Ctrl-C: children never outlive us.
+    signal.signal(signal.SIGTERM, _interrupt)
+    signal.signal(signal.SIGINT, _interrupt)
     with tempfile.TemporaryDirectory(prefix="lopa-serve-") as tmp:
         cluster = LocalCluster(config, Path(tmp), Path(args.logs) if args.logs else None)
         try:
@@ -75,12 +84,20 @@ def run(args: argparse.Namespace) -> int:
             cluster.stop()
 
 
+def _interrupt(signum: int, frame: object) -> None:
+    raise KeyboardInterrupt
+
+
 def one_shot(address: str, prompt: str, workers: int) -> int:
     """The README's demo: one request through the master, answer on stdout, stats on stderr."""
     from lopa.serving.client import LopaClient
 
     with LopaClient(address) as client:
-        reply = client.generate(prompt, timeout=600)
+        try:
+            reply = client.generate(prompt, timeout=600)
+        except grpc.RpcError as error:
+            print(f"lopa serve: error: {error.code().name}: {error.details()}", file=sys.stderr)
+            return 1
     s = reply.stats
     print(reply.text)
     print(
