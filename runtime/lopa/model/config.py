@@ -7,7 +7,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from lopa.model.errors import CheckpointError
+from lopa.model.errors import CheckpointError, read_json_object
 
 CONFIG_FILE = "config.json"
 
@@ -111,15 +111,7 @@ class DreamConfig:
     @classmethod
     def from_file(cls, path: str | Path) -> DreamConfig:
         path = Path(path)
-        if not path.is_file():
-            raise CheckpointError(path, "file not found")
-        try:
-            raw = json.loads(path.read_text())
-        except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
-            raise CheckpointError(path, f"not valid JSON: {exc}") from None
-        if not isinstance(raw, dict):
-            raise CheckpointError(path, "expected a JSON object")
-        return cls.from_dict(raw, path)
+        return cls.from_dict(read_json_object(path), path)
 
     @classmethod
     def from_dir(cls, model_dir: str | Path) -> DreamConfig:

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
+from typing import Any
 
 
 class CheckpointError(ValueError):
@@ -15,3 +17,16 @@ class CheckpointError(ValueError):
         super().__init__(f"{path}: {message}")
         self.path = str(path)
         self.message = message
+
+
+def read_json_object(path: Path) -> dict[str, Any]:
+    """A checkpoint's JSON file as a dict; CheckpointError names the file when it is missing or bad."""
+    if not path.is_file():
+        raise CheckpointError(path, "file not found")
+    try:
+        raw = json.loads(path.read_text())
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise CheckpointError(path, f"not valid JSON: {exc}") from None
+    if not isinstance(raw, dict):
+        raise CheckpointError(path, "expected a JSON object")
+    return raw

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import math
 import re
 from collections.abc import Mapping, MutableMapping
@@ -14,7 +13,7 @@ import torch
 from safetensors import SafetensorError
 from safetensors.torch import load_file
 
-from lopa.model.errors import CheckpointError
+from lopa.model.errors import CheckpointError, read_json_object
 
 ADAPTER_CONFIG = "adapter_config.json"
 ADAPTER_WEIGHTS = "adapter_model.safetensors"
@@ -34,7 +33,7 @@ def read_adapter(adapter_dir: str | Path) -> LoraAdapter:
     """Read adapter_config.json + adapter_model.safetensors; unsupported settings raise CheckpointError."""
     adapter_dir = Path(adapter_dir)
     config_path = adapter_dir / ADAPTER_CONFIG
-    raw = _read_json(config_path)
+    raw = read_json_object(config_path)
     rank, alpha, targets = _check_config(raw, config_path)
     scale = alpha / math.sqrt(rank) if raw.get("use_rslora") else alpha / rank
     weights_path = adapter_dir / ADAPTER_WEIGHTS
@@ -96,18 +95,6 @@ def merge_adapter(
 def lora_delta(adapter: LoraAdapter) -> Mapping[str, torch.Tensor]:
     """scale * B @ A per module (fp32): what merging adds; handy for checks."""
     return {module: adapter.scale * (b.float() @ a.float()) for module, (a, b) in adapter.pairs.items()}
-
-
-def _read_json(path: Path) -> dict[str, Any]:
-    if not path.is_file():
-        raise CheckpointError(path, "file not found")
-    try:
-        raw = json.loads(path.read_text())
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise CheckpointError(path, f"not valid JSON: {exc}") from None
-    if not isinstance(raw, dict):
-        raise CheckpointError(path, "expected a JSON object")
-    return raw
 
 
 def _check_config(raw: dict[str, Any], path: Path) -> tuple[int, float, list[str] | str]:
