@@ -54,7 +54,6 @@ class Branch:
     eos_seen: bool = False
     creation: float = 1.0
     lookahead_position: int | None = None
-    finished: bool = False
 
     @classmethod
     def from_prompt(cls, prompt: list[int]) -> Branch:
@@ -72,7 +71,6 @@ class Branch:
             eos_seen=self.eos_seen,
             creation=self.creation,
             lookahead_position=self.lookahead_position,
-            finished=self.finished,
         )
 
     def masks_left(self, block: Block, mask_id: int) -> int:
