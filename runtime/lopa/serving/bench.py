@@ -13,7 +13,9 @@ import json
 import tempfile
 import time
 import urllib.request
+from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
+from enum import Enum
 from pathlib import Path
 
 from prometheus_client.parser import text_string_to_metric_families
@@ -24,6 +26,7 @@ from lopa.serving.launcher import LocalCluster, free_ports, loopback_config
 
 PHASES = ("forward", "coordination", "commit")
 PROMPTS = ["12+34=", "Write a haiku about the sea.", "def fib(n):", "The capital of France is"]
+WARMUP = 2  # requests before the measured ones (their steps are not counted)
 
 
 def scrape(port: int) -> dict[str, tuple[float, float]]:
@@ -51,7 +54,12 @@ def step_split(before: dict, after: dict) -> dict[str, float]:
     return out
 
 
-def bench_workers(config: ServingConfig, workers: int, requests: int, concurrency: int, kw: dict) -> dict:
+def bench_workers(
+    config: ServingConfig, workers: int, requests: int, concurrency: int, kw: dict,
+    prompts: Sequence[str] = PROMPTS,
+) -> dict:
+    """One worker count; prompts[:WARMUP] warm up, the measured requests cycle through the rest."""
+    warmup, measured = list(prompts[:WARMUP]), list(prompts[WARMUP:]) or list(prompts)
     metrics_port = free_ports(1)[0]
     config = dataclasses.replace(config, master=MasterConfig(metrics_port=metrics_port))
     config = loopback_config(config, workers)
@@ -60,18 +68,18 @@ def bench_workers(config: ServingConfig, workers: int, requests: int, concurrenc
         cluster.start()
         try:
             with LopaClient(cluster.address) as client:
-                for prompt in PROMPTS[:2]:  # warm-up
+                for prompt in warmup:
                     client.generate(prompt, timeout=600, **kw)
                 before = scrape(metrics_port)
                 tokens, wall, steps = 0, 0.0, 0
                 for i in range(requests):
-                    stats = client.generate(PROMPTS[i % len(PROMPTS)], timeout=600, **kw).stats
+                    stats = client.generate(measured[i % len(measured)], timeout=600, **kw).stats
                     tokens, wall, steps = tokens + stats.tokens, wall + stats.wall_s, steps + stats.forwards
                 split = step_split(before, scrape(metrics_port))
                 began = time.perf_counter()
                 with ThreadPoolExecutor(concurrency) as pool:
                     replies = list(pool.map(
-                        lambda i: client.generate(PROMPTS[i % len(PROMPTS)], timeout=600, **kw),
+                        lambda i: client.generate(measured[i % len(measured)], timeout=600, **kw),
                         range(concurrency),
                     ))
                 elapsed = time.perf_counter() - began
@@ -107,9 +115,11 @@ def add_parser(kinds: argparse._SubParsersAction) -> None:
     parser.add_argument("--requests", type=int, default=8, help="sequential requests per worker count")
     parser.add_argument("--concurrency", type=int, default=8)
     parser.add_argument("--branches", type=int, default=3)
-    parser.add_argument("--attention", default="full", choices=["full", "block_causal"])
-    parser.add_argument("--max-new-tokens", type=int, default=64)
-    parser.add_argument("--block-size", type=int, default=None)
+    parser.add_argument("--attention", default=None, choices=["full", "block_causal"],
+                        help="default: the bundled model's default, else full")
+    parser.add_argument("--max-new-tokens", type=int, default=None,
+                        help="default: the bundled model's default, else 64")
+    parser.add_argument("--block-size", type=int, default=None, help="default: the model's (server) default")
     parser.add_argument("--json", default=None, help="also write the rows to this file")
     parser.set_defaults(handler=run)
 
@@ -135,12 +145,10 @@ def run(args: argparse.Namespace) -> int:
             return run(args)
     raw = {"model": {"path": args.model or ""}, "limits": {"queue_size": max(64, args.concurrency)}}
     config = parse_config(raw)
-    kw = {"branches": args.branches, "attention": args.attention, "max_new_tokens": args.max_new_tokens}
-    if args.block_size:
-        kw["block_size"] = args.block_size
+    kw, prompts = workload(args)
     rows = []
     for workers in [int(w) for w in args.workers.split(",") if w.strip()]:
-        rows.append(bench_workers(config, workers, args.requests, args.concurrency, kw))
+        rows.append(bench_workers(config, workers, args.requests, args.concurrency, kw, prompts))
         print(json.dumps(rows[-1]), flush=True)
     header = list(rows[0])
     print("| " + " | ".join(header) + " |")
@@ -150,6 +158,27 @@ def run(args: argparse.Namespace) -> int:
     if args.json:
         Path(args.json).write_text(json.dumps(rows, indent=2) + "\n")
     return 0
+
+
+def workload(args: argparse.Namespace) -> tuple[dict, list[str]]:
+    """Request options and prompts: the bundled model gets its held-out task prompts and its own decoding
+    defaults (a generic prompt makes its TPF meaningless); the command line's branches / block / attention /
+    length settings override. Another model gets the generic prompts, full attention and 64 tokens."""
+    cli = {"branches": args.branches, "block_size": args.block_size, "attention": args.attention,
+           "max_new_tokens": args.max_new_tokens}
+    if args.model:
+        kw = {"attention": "full", "max_new_tokens": 64}
+        kw.update({k: v for k, v in cli.items() if v is not None})
+        return kw, list(PROMPTS)
+    from lopa.bundled import tasks
+    from lopa.bundled.defaults import model_defaults
+    from lopa.serving.model_dir import model_path
+
+    defaults = dataclasses.asdict(model_defaults(model_path("")))
+    kw = {k: v.value if isinstance(v, Enum) else v for k, v in defaults.items()}
+    kw.update({k: v for k, v in cli.items() if v is not None})
+    examples = tasks.held_out(WARMUP + max(args.requests, args.concurrency))
+    return kw, [e.prompt for e in examples]
 
 
 def register(bench_parser: argparse.ArgumentParser) -> None:

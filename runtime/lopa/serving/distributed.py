@@ -100,8 +100,11 @@ class DistributedExecutor:
         links = self.group.links
         placed = shares(len(windows), len(links))
         began = time.perf_counter()
-        for rank, link in enumerate(links):
-            link.send(self._request(rank, placed[rank], start, n_stage, windows))
+        # Build every message before the first leaves: the ranks meet in the commit's broadcast, so
+        # the last one must not also wait for the master to build its message after the others left.
+        requests = [self._request(rank, placed[rank], start, n_stage, windows) for rank in range(len(links))]
+        for link, request in zip(links, requests, strict=True):
+            link.send(request)
         self._begin, self._commit = None, None
         try:
             replies = [link.receive(self.step_timeout_s) for link in links]

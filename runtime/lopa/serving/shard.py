@@ -31,6 +31,7 @@ class ShardExecutor(LocalExecutor):
         self.window_model = model
         self.rank = rank
         self.broadcast = broadcast
+        self._received: torch.Tensor | None = None
 
     def begin_shard(self, params: DecodingParams, num_slots: int) -> None:
         self.begin(params, max(1, num_slots))
@@ -59,12 +60,19 @@ class ShardExecutor(LocalExecutor):
             self.broadcast(buffer, winner_rank)
             self.commit(winner_slot)  # the winner appends from its own slot: same bytes
             return
-        buffer = torch.empty(kv_bytes + vocab * 4, dtype=torch.uint8, device=self.device)
+        buffer = self._receive_buffer(kv_bytes + vocab * 4)
         self.broadcast(buffer, winner_rank)
         packed = buffer[:kv_bytes].view(kv.dtype).view(kv.packed_shape(n))
         kv.append_packed(packed, n)
         self._last_logit = buffer[kv_bytes:].view(torch.float32).clone()
         self._staged_count, self._staged_last = 0, None
+
+    def _receive_buffer(self, size: int) -> torch.Tensor:
+        """A reused uint8 buffer of `size` bytes (grown as needed): no allocation per commit. Its bytes
+        are copied out (into the cache, the last logit cloned) before the next commit reuses it."""
+        if self._received is None or self._received.numel() < size:
+            self._received = torch.empty(size, dtype=torch.uint8, device=self.device)
+        return self._received[:size]
 
     def pack(self, slot: int, n: int) -> torch.Tensor:
         """One contiguous uint8 buffer: all layers' K/V of n staged tokens, then the fp32 last logit."""

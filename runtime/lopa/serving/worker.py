@@ -135,17 +135,20 @@ class WorkerService(worker_pb2_grpc.WorkerServicer):
         done = time.perf_counter()
         if request.cache_only:
             stats = []
-        reply = worker_pb2.StepReply(forward_s=done - committed, commit_s=committed - began)
-        for row in stats:
+        beta = self._beta
+        branches = []
+        for row in stats:  # packed repeated fields: one message per branch, not per position
             confs = [s.conf for s in row]
-            reply.branches.add(
+            branches.append(worker_pb2.BranchStats(
                 tokens=[s.token for s in row],
                 probs=[s.prob for s in row],
                 confs=confs,
-                score=future_confidence(confs, self._beta),
-            )
+                score=future_confidence(confs, beta),
+            ))
+        forward_s, commit_s = done - committed, committed - began
+        reply = worker_pb2.StepReply(branches=branches, forward_s=forward_s, commit_s=commit_s)
         if self.metrics is not None:
-            self.metrics.observe_step(done - committed, committed - began, len(request.windows))
+            self.metrics.observe_step(forward_s, commit_s, len(request.windows))
         reply.handle_s = time.perf_counter() - entered
         return reply
 
