@@ -1,4 +1,5 @@
-"""Throwaway PKI for a test control plane, made with the `openssl` command-line tool.
+"""Throwaway PKI for a test control plane, made with the `openssl` command-line tool,
+and the kubeconfigs that use it.
 
 Every key is ECDSA P-256: far quicker to generate than RSA, and accepted by every
 Kubernetes component for TLS, client certificates and service-account token signing.
@@ -10,6 +11,9 @@ import shutil
 import subprocess
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
+
+import yaml
 
 
 class CertError(RuntimeError):
@@ -119,3 +123,29 @@ def make_pki(directory: Path, apiserver_ips: list[str], apiserver_names: list[st
         ca=ca, apiserver=apiserver, clients=clients,
         service_account_key=sa_key, service_account_pub=sa_pub,
     )
+
+
+def kubeconfig_dict(
+    server: str,
+    ca_file: Path,
+    user: dict[str, Any],
+    name: str = "lopa-test",
+    namespace: str | None = None,
+) -> dict[str, Any]:
+    context: dict[str, Any] = {"cluster": name, "user": name}
+    if namespace:
+        context["namespace"] = namespace
+    return {
+        "apiVersion": "v1",
+        "kind": "Config",
+        "clusters": [{"name": name, "cluster": {"server": server, "certificate-authority": str(ca_file)}}],
+        "users": [{"name": name, "user": user}],
+        "contexts": [{"name": name, "context": context}],
+        "current-context": name,
+    }
+
+
+def write_kubeconfig(path: Path, config: dict[str, Any]) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(yaml.safe_dump(config, sort_keys=False))
+    path.chmod(0o600)

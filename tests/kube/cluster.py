@@ -15,15 +15,11 @@ from __future__ import annotations
 
 import atexit
 import contextlib
-import ctypes
 import json
 import os
 import shutil
-import signal
-import socket
 import ssl
 import subprocess
-import sys
 import tempfile
 import time
 import urllib.error
@@ -31,192 +27,72 @@ import urllib.request
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import IO, Any, TextIO
+from typing import Any
 
 import yaml
 
-from .certs import ClusterPKI, make_pki
-from .nodes import DEFAULT_NODES, KWOK_ANNOTATION, KWOK_ANNOTATION_VALUE, FakeNode
-
-REPO_ROOT = Path(__file__).resolve().parents[2]
-BUILD_SCRIPT = REPO_ROOT / "tools" / "k8s-testenv" / "build.sh"
-REQUIRED_BINARIES = (
-    "etcd",
-    "kube-apiserver",
-    "kube-controller-manager",
-    "kube-scheduler",
-    "kubectl",
-    "kwok",
-    "helm",
+from .binaries import (
+    BUILD_SCRIPT,
+    KWOK_STAGES,
+    REPO_ROOT,
+    REQUIRED_BINARIES,
+    ensure_binaries,
+    find_bin_dir,
+    missing_binaries,
 )
-# kwok's default stages (node init/heartbeat, pod ready/complete/delete), which build.sh
-# extracts from the pinned kwok module next to the binaries.
-KWOK_STAGES = "kwok-stages.yaml"
-SERVICE_CIDR = "10.96.0.0/16"
-SERVICE_IP = "10.96.0.1"  # first address of SERVICE_CIDR: the `kubernetes` Service
-POD_CIDR = "10.244.0.0/16"
-SERVICE_ACCOUNT_ISSUER = "https://kubernetes.default.svc.cluster.local"
+from .certs import ClusterPKI, kubeconfig_dict, make_pki, write_kubeconfig
+from .components import (
+    POD_CIDR,
+    SERVICE_ACCOUNT_ISSUER,
+    SERVICE_CIDR,
+    SERVICE_IP,
+    apiserver_args,
+    controller_manager_args,
+    etcd_args,
+    kwok_args,
+    scheduler_args,
+)
+from .errors import CommandError, KubeClusterError
+from .nodes import DEFAULT_NODES, KWOK_ANNOTATION, KWOK_ANNOTATION_VALUE, FakeNode
+from .processes import (
+    OWNER_FILE,
+    WORK_DIR_PREFIX,
+    Component,
+    check_alive,
+    free_ports,
+    remove_stale_work_dirs,
+    spawn,
+    stop_components,
+    tail,
+)
 
-
-class KubeClusterError(RuntimeError):
-    """The test control plane could not be built, started or used."""
-
-
-class CommandError(KubeClusterError):
-    """A kubectl/helm command exited non-zero; carries its output."""
-
-    def __init__(self, result: subprocess.CompletedProcess[str]) -> None:
-        self.result = result
-        super().__init__(
-            f"command {' '.join(map(str, result.args))!r} exited {result.returncode}\n"
-            f"--- stdout ---\n{result.stdout}\n--- stderr ---\n{result.stderr}"
-        )
-
-
-# --------------------------------------------------------------------------- binaries
-
-
-def find_bin_dir(env_var: str = "LOPA_TESTENV_BIN_DIR") -> Path:
-    """The directory the binaries are (or would be) in, as build.sh computes it.
-
-    `LOPA_TESTENV_BIN_DIR` overrides it (e.g. to use binaries built elsewhere).
-    """
-    override = os.environ.get(env_var)
-    if override:
-        return Path(override)
-    result = subprocess.run(
-        ["bash", str(BUILD_SCRIPT), "--print-bin-dir"],
-        capture_output=True, text=True, timeout=60, check=False,
-    )
-    if result.returncode != 0:
-        raise KubeClusterError(f"{BUILD_SCRIPT} --print-bin-dir failed:\n{result.stderr}")
-    return Path(result.stdout.strip().splitlines()[-1])
-
-
-def missing_binaries(bin_dir: Path) -> list[str]:
-    missing = [name for name in REQUIRED_BINARIES if not os.access(bin_dir / name, os.X_OK)]
-    if not (bin_dir / KWOK_STAGES).is_file():
-        missing.append(KWOK_STAGES)
-    return missing
-
-
-def ensure_binaries(progress: TextIO | None = None) -> Path:
-    """Returns the bin dir, running build.sh first when a binary is missing.
-
-    A cold build compiles Kubernetes from source (tens of minutes on 2 cores); its
-    progress lines are copied to `progress` (default: stderr) as they come.
-    """
-    bin_dir = find_bin_dir()
-    if not missing_binaries(bin_dir):
-        return bin_dir
-    if os.environ.get("LOPA_TESTENV_BIN_DIR"):
-        raise KubeClusterError(
-            f"LOPA_TESTENV_BIN_DIR={bin_dir} lacks {', '.join(missing_binaries(bin_dir))}"
-        )
-    out = progress or sys.stderr
-    out.write(f"\n[kube] test control plane binaries missing; running {BUILD_SCRIPT}\n")
-    out.flush()
-    process = subprocess.Popen(
-        ["bash", str(BUILD_SCRIPT)],
-        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, bufsize=1,
-    )
-    assert process.stdout is not None
-    lines: list[str] = []
-    for line in process.stdout:
-        lines.append(line)
-        out.write(line)
-        out.flush()
-    if process.wait() != 0:
-        raise KubeClusterError(f"{BUILD_SCRIPT} failed (exit {process.returncode}):\n{''.join(lines[-40:])}")
-    built = Path(lines[-1].strip()) if lines else bin_dir
-    if missing_binaries(built):
-        raise KubeClusterError(f"{BUILD_SCRIPT} finished but {built} lacks {missing_binaries(built)}")
-    return built
-
-
-# --------------------------------------------------------------------------- helpers
-
-
-def free_ports(count: int) -> list[int]:
-    """Distinct free loopback ports (held open together so none is handed out twice)."""
-    sockets: list[socket.socket] = []
-    try:
-        for _ in range(count):
-            sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-            sock.bind(("127.0.0.1", 0))
-            sockets.append(sock)
-        return [sock.getsockname()[1] for sock in sockets]
-    finally:
-        for sock in sockets:
-            sock.close()
-
-
-WORK_DIR_PREFIX = "lopa-kube-"
-OWNER_FILE = "owner.pid"
-
-
-def _remove_stale_work_dirs() -> None:
-    """Removes work dirs left by test runs that were killed (their owner pid is gone);
-    their processes already died with them (PR_SET_PDEATHSIG), only files remain."""
-    for path in Path(tempfile.gettempdir()).glob(f"{WORK_DIR_PREFIX}*"):
-        try:
-            owner = int((path / OWNER_FILE).read_text())
-            os.kill(owner, 0)
-        except ProcessLookupError:
-            if not (path / "keep").exists():
-                shutil.rmtree(path, ignore_errors=True)
-        except (OSError, ValueError):
-            continue  # no owner file (kept on purpose, or being created) or not ours to judge
-
-
-def _die_with_parent() -> None:
-    """preexec_fn: the child gets SIGKILL when the Python process dies, however it dies."""
-    with contextlib.suppress(Exception):
-        libc = ctypes.CDLL("libc.so.6", use_errno=True)
-        pr_set_pdeathsig = 1
-        libc.prctl(pr_set_pdeathsig, signal.SIGKILL)
-
-
-def _tail(path: Path, lines: int = 40) -> str:
-    try:
-        with path.open("rb") as handle:
-            handle.seek(0, os.SEEK_END)
-            handle.seek(max(0, handle.tell() - 64 * 1024))
-            text = handle.read().decode("utf-8", "replace")
-    except OSError as exc:
-        return f"(no log: {exc})"
-    return "\n".join(text.splitlines()[-lines:])
-
-
-@dataclass
-class _Component:
-    name: str
-    process: subprocess.Popen[bytes]
-    log_path: Path
-    log_file: IO[bytes]
-
-
-def kubeconfig_dict(
-    server: str,
-    ca_file: Path,
-    user: dict[str, Any],
-    name: str = "lopa-test",
-    namespace: str | None = None,
-) -> dict[str, Any]:
-    context: dict[str, Any] = {"cluster": name, "user": name}
-    if namespace:
-        context["namespace"] = namespace
-    return {
-        "apiVersion": "v1",
-        "kind": "Config",
-        "clusters": [{"name": name, "cluster": {"server": server, "certificate-authority": str(ca_file)}}],
-        "users": [{"name": name, "user": user}],
-        "contexts": [{"name": name, "context": context}],
-        "current-context": name,
-    }
-
-
-# --------------------------------------------------------------------------- cluster
+# Names that have always been importable from `kube.cluster`.
+__all__ = [
+    "BUILD_SCRIPT",
+    "DEFAULT_NODES",
+    "KWOK_ANNOTATION",
+    "KWOK_ANNOTATION_VALUE",
+    "KWOK_STAGES",
+    "OWNER_FILE",
+    "POD_CIDR",
+    "REPO_ROOT",
+    "REQUIRED_BINARIES",
+    "SERVICE_ACCOUNT_ISSUER",
+    "SERVICE_CIDR",
+    "SERVICE_IP",
+    "WORK_DIR_PREFIX",
+    "ClusterPKI",
+    "CommandError",
+    "FakeNode",
+    "KubeCluster",
+    "KubeClusterError",
+    "ensure_binaries",
+    "find_bin_dir",
+    "free_ports",
+    "kubeconfig_dict",
+    "make_pki",
+    "missing_binaries",
+]
 
 
 @dataclass
@@ -236,7 +112,7 @@ class KubeCluster:
     ports: dict[str, int] = field(default_factory=dict)
     version: dict[str, Any] = field(default_factory=dict)
     startup_seconds: float = 0.0
-    _components: list[_Component] = field(default_factory=list)
+    _components: list[Component] = field(default_factory=list)
     _pki: ClusterPKI | None = None
     _stopped: bool = False
 
@@ -269,7 +145,7 @@ class KubeCluster:
         deadline = began + start_timeout
         for attempt in (1, 2):
             if work_dir is None:
-                _remove_stale_work_dirs()
+                remove_stale_work_dirs()
                 work = Path(tempfile.mkdtemp(prefix=WORK_DIR_PREFIX))
             else:
                 work = Path(work_dir)
@@ -305,28 +181,12 @@ class KubeCluster:
         if self._stopped:
             return
         self._stopped = True
-        # One at a time, clients before servers: stopping etcd under a live API server
-        # would make the API server's graceful shutdown hang on its storage until killed.
-        # The data is thrown away, so a component slow to stop is simply killed.
-        per_component = max(1.0, timeout / max(1, len(self._components)))
-        for component in reversed(self._components):
-            if component.process.poll() is None:
-                with contextlib.suppress(ProcessLookupError):
-                    os.killpg(component.process.pid, signal.SIGTERM)
-                try:
-                    component.process.wait(timeout=per_component)
-                except subprocess.TimeoutExpired:
-                    # Still alive (not yet reaped), so its process group id is still its own.
-                    with contextlib.suppress(ProcessLookupError):
-                        os.killpg(component.process.pid, signal.SIGKILL)
-                    with contextlib.suppress(subprocess.TimeoutExpired):
-                        component.process.wait(timeout=10)
-            component.log_file.close()
+        stop_components(self._components, timeout)
         with contextlib.suppress(Exception):
             atexit.unregister(self.stop)
         if self.keep_work_dir:
             with contextlib.suppress(OSError):
-                (self.work_dir / "keep").touch()  # spares it from _remove_stale_work_dirs
+                (self.work_dir / "keep").touch()  # spares it from remove_stale_work_dirs
         else:
             shutil.rmtree(self.work_dir, ignore_errors=True)
 
@@ -473,7 +333,7 @@ class KubeCluster:
 
     def logs(self, component: str, lines: int = 80) -> str:
         """Last lines of a component's log (etcd, kube-apiserver, ..., kwok)."""
-        return _tail(self.log_path(component), lines)
+        return tail(self.log_path(component), lines)
 
     # ------------------------------------------------------------------ startup
 
@@ -518,12 +378,7 @@ class KubeCluster:
     def _wait(self, deadline: float, description: str, condition: Callable[[], bool]) -> None:
         """Polls `condition`, failing fast if a component exited or the deadline passed."""
         while True:
-            for component in self._components:
-                code = component.process.poll()
-                if code is not None:
-                    raise KubeClusterError(
-                        f"{component.name} exited with code {code} while waiting for {description}"
-                    )
+            check_alive(self._components, description)
             with contextlib.suppress(Exception):
                 if condition():
                     return
@@ -532,112 +387,28 @@ class KubeCluster:
             time.sleep(0.25)
 
     def _spawn(self, name: str, binary: str, args: list[str]) -> None:
-        log_path = self.log_path(name)
-        log_file = log_path.open("ab")
-        log_file.write(f"$ {binary} {' '.join(args)}\n".encode())
-        log_file.flush()
-        process = subprocess.Popen(
-            [str(self.bin_dir / binary), *args],
-            stdin=subprocess.DEVNULL, stdout=log_file, stderr=subprocess.STDOUT,
-            cwd=self.work_dir, env={**os.environ, "HOME": str(self.work_dir / "home")},
-            start_new_session=True,  # own process group: stop() signals it and its children
-            preexec_fn=_die_with_parent,  # only calls prctl, safe between fork and exec
-        )
-        self._components.append(_Component(name, process, log_path, log_file))
+        component = spawn(name, self.bin_dir / binary, args, self.log_path(name), self.work_dir)
+        self._components.append(component)
 
     def _start_etcd(self) -> None:
-        client = f"http://127.0.0.1:{self.ports['etcd-client']}"
-        peer = f"http://127.0.0.1:{self.ports['etcd-peer']}"
-        self._spawn("etcd", "etcd", [
-            "--name=lopa-test",
-            f"--data-dir={self.work_dir / 'etcd-data'}",
-            f"--listen-client-urls={client}",
-            f"--advertise-client-urls={client}",
-            f"--listen-peer-urls={peer}",
-            f"--initial-advertise-peer-urls={peer}",
-            f"--initial-cluster=lopa-test={peer}",
-            "--initial-cluster-state=new",
-            # Test data is thrown away: skip fsync, which dominates etcd latency on CI disks.
-            "--unsafe-no-fsync=true",
-            "--log-level=warn",
-        ])
+        self._spawn("etcd", "etcd", etcd_args(self.work_dir, self.ports))
 
     def _start_apiserver(self) -> None:
         assert self._pki is not None
-        pki = self._pki
-        self._spawn("kube-apiserver", "kube-apiserver", [
-            f"--etcd-servers=http://127.0.0.1:{self.ports['etcd-client']}",
-            "--bind-address=127.0.0.1",
-            "--advertise-address=127.0.0.1",
-            f"--secure-port={self.ports['apiserver']}",
-            f"--cert-dir={self.work_dir / 'pki'}",
-            f"--tls-cert-file={pki.apiserver.cert}",
-            f"--tls-private-key-file={pki.apiserver.key}",
-            f"--client-ca-file={pki.ca.cert}",
-            "--authorization-mode=Node,RBAC",
-            f"--service-account-issuer={SERVICE_ACCOUNT_ISSUER}",
-            f"--service-account-key-file={pki.service_account_pub}",
-            f"--service-account-signing-key-file={pki.service_account_key}",
-            f"--api-audiences={SERVICE_ACCOUNT_ISSUER}",
-            f"--service-cluster-ip-range={SERVICE_CIDR}",
-            "--allow-privileged=true",
-            # The endpoint reconciler would publish 127.0.0.1 as the `kubernetes` Service
-            # endpoint, which EndpointSlice validation rejects: nothing in-cluster dials it.
-            "--endpoint-reconciler-type=none",
-            "--profiling=false",
-            "--v=1",
-        ])
+        self._spawn("kube-apiserver", "kube-apiserver", apiserver_args(self.work_dir, self.ports, self._pki))
 
     def _start_controller_manager(self) -> None:
         assert self._pki is not None
-        kubeconfig = self.work_dir / "kubeconfigs" / "kube-controller-manager.kubeconfig"
-        self._spawn("kube-controller-manager", "kube-controller-manager", [
-            f"--kubeconfig={kubeconfig}",
-            f"--authentication-kubeconfig={kubeconfig}",
-            f"--authorization-kubeconfig={kubeconfig}",
-            "--bind-address=127.0.0.1",
-            f"--secure-port={self.ports['controller-manager']}",
-            f"--cert-dir={self.work_dir / 'kcm-certs'}",
-            "--controllers=*",
-            "--use-service-account-credentials=true",
-            f"--service-account-private-key-file={self._pki.service_account_key}",
-            f"--root-ca-file={self._pki.ca.cert}",
-            f"--cluster-signing-cert-file={self._pki.ca.cert}",
-            f"--cluster-signing-key-file={self._pki.ca.key}",
-            f"--service-cluster-ip-range={SERVICE_CIDR}",
-            "--allocate-node-cidrs=false",
-            # One controller-manager per cluster: skip the leader-election lease wait.
-            "--leader-elect=false",
-            "--v=1",
-        ])
+        self._spawn(
+            "kube-controller-manager", "kube-controller-manager",
+            controller_manager_args(self.work_dir, self.ports, self._pki),
+        )
 
     def _start_scheduler(self) -> None:
-        kubeconfig = self.work_dir / "kubeconfigs" / "kube-scheduler.kubeconfig"
-        self._spawn("kube-scheduler", "kube-scheduler", [
-            f"--kubeconfig={kubeconfig}",
-            f"--authentication-kubeconfig={kubeconfig}",
-            f"--authorization-kubeconfig={kubeconfig}",
-            "--bind-address=127.0.0.1",
-            f"--secure-port={self.ports['scheduler']}",
-            f"--cert-dir={self.work_dir / 'scheduler-certs'}",
-            "--leader-elect=false",
-            "--v=1",
-        ])
+        self._spawn("kube-scheduler", "kube-scheduler", scheduler_args(self.work_dir, self.ports))
 
     def _start_kwok(self) -> None:
-        kubeconfig = self.work_dir / "kubeconfigs" / "kwok.kubeconfig"
-        self._spawn("kwok", "kwok", [
-            f"--kubeconfig={kubeconfig}",
-            f"--config={self.bin_dir / KWOK_STAGES}",
-            "--manage-all-nodes=false",
-            f"--manage-nodes-with-annotation-selector={KWOK_ANNOTATION}={KWOK_ANNOTATION_VALUE}",
-            f"--cidr={POD_CIDR}",
-            "--node-ip=127.0.0.1",
-            # kwok serves the fake kubelets' API (logs, exec) here and advertises the
-            # same port as every fake node's kubelet endpoint.
-            f"--server-address=127.0.0.1:{self.ports['kwok']}",
-            f"--node-port={self.ports['kwok']}",
-        ])
+        self._spawn("kwok", "kwok", kwok_args(self.work_dir, self.bin_dir, self.ports))
 
     def _register_nodes(self) -> None:
         self.apply([node.manifest() for node in self.nodes])
@@ -700,7 +471,7 @@ class KubeCluster:
             code = component.process.poll()
             state = "running" if code is None else f"exited {code}"
             parts.append(f"----- {component.name} ({state}), last lines of {component.log_path} -----")
-            parts.append(_tail(component.log_path))
+            parts.append(tail(component.log_path))
         if self._components and not self.keep_work_dir:
             # The work dir (and its logs) is removed by stop(); the tails above are the record.
             parts.append("(set LOPA_KUBE_KEEP=1 to keep the work dir and full logs)")
@@ -708,6 +479,4 @@ class KubeCluster:
 
     @staticmethod
     def _write_kubeconfig(path: Path, config: dict[str, Any]) -> None:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(yaml.safe_dump(config, sort_keys=False))
-        path.chmod(0o600)
+        write_kubeconfig(path, config)
