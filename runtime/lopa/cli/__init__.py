@@ -10,7 +10,6 @@ from lopa.cli import bench, client, generate, master, serve, train, worker
 from lopa.cli.decoding_flags import flag_name
 from lopa.model.errors import CheckpointError
 from lopa.params import InvalidParameter
-from lopa.serving import bench as serving_bench
 from lopa.serving.config import ConfigError
 
 
@@ -20,7 +19,6 @@ def build_parser() -> argparse.ArgumentParser:
     generate.add_parser(subparsers)
     train.add_parser(subparsers)
     bench.add_parser(subparsers)
-    serving_bench.register(subparsers.choices["bench"])
     serve.add_parser(subparsers)
     master.add_parser(subparsers)
     client.add_parser(subparsers)

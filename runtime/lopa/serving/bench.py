@@ -179,12 +179,3 @@ def workload(args: argparse.Namespace) -> tuple[dict, list[str]]:
     kw.update({k: v for k, v in cli.items() if v is not None})
     examples = tasks.held_out(WARMUP + max(args.requests, args.concurrency))
     return kw, [e.prompt for e in examples]
-
-
-def register(bench_parser: argparse.ArgumentParser) -> None:
-    """Add `serving` to `lopa bench` (the bench command's module owns its parser)."""
-    for action in bench_parser._actions:
-        if isinstance(action, argparse._SubParsersAction):
-            add_parser(action)
-            return
-    raise RuntimeError("`lopa bench` has no subcommands to extend")
