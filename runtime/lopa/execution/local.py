@@ -32,8 +32,7 @@ class LocalExecutor:
         self._params = params
         self._generator = torch.Generator(device=self.device).manual_seed(params.seed)
         self._last_logit = None
-        self._staged_last = None
-        self._staged_count = 0
+        self.drop_staged()
 
     def verify(self, start: int, n_stage: int, windows: Sequence[BranchWindow]) -> list[list[PositionStat]]:
         raw = self.forward(self.batch(start, n_stage, windows))
@@ -50,6 +49,10 @@ class LocalExecutor:
             self.model.commit(candidate, self._staged_count)
             assert self._staged_last is not None
             self._last_logit = self._staged_last[candidate]
+        self.drop_staged()
+
+    def drop_staged(self) -> None:
+        """Forget the latest verify's staging (committed, or the commit came from elsewhere)."""
         self._staged_count = 0
         self._staged_last = None
 

@@ -41,13 +41,13 @@ class ShardExecutor(LocalExecutor):
     ) -> list[list[PositionStat]]:
         """Verify this worker's rows; with none, stage nothing (the commit will bring the K/V)."""
         if not windows:
-            self._staged_count, self._staged_last = 0, None
+            self.drop_staged()
             return []
         return self.verify(start, n_stage, windows)
 
     def commit_shard(self, n: int, winner_rank: int, winner_slot: int, broadcast: bool) -> None:
         if n == 0:
-            self._staged_count, self._staged_last = 0, None
+            self.drop_staged()
             return
         if not broadcast:
             self._commit_own(n)
@@ -65,7 +65,7 @@ class ShardExecutor(LocalExecutor):
         packed = buffer[:kv_bytes].view(kv.dtype).view(kv.packed_shape(n))
         kv.append_packed(packed, n)
         self._last_logit = buffer[kv_bytes:].view(torch.float32).clone()
-        self._staged_count, self._staged_last = 0, None
+        self.drop_staged()
 
     def _receive_buffer(self, size: int) -> torch.Tensor:
         """A reused uint8 buffer of `size` bytes (grown as needed): no allocation per commit. Its bytes
