@@ -11,19 +11,28 @@ from lopa.testing import write_char_tokenizer
 from lopa.training.data import EOS, char_ids, encode
 
 
-def test_reference_answers_of_hand_cases() -> None:
-    assert tasks.solve("cnt", "cnt:111111111111111=") == "123456789abcdef"
-    assert tasks.solve("cnt", "cnt:100000000000001=") == "111111111111112"
-    assert tasks.solve("par", "par:1101000000000001=") == "1001111111111110"
-    assert tasks.solve("dep", "dep:(()())((()))()()=") == "1212101232101010"
+def test_forms_and_canonical_answers_of_hand_cases() -> None:
+    assert tasks.forms("case", "abc") == ("abc", "ABC")
+    assert tasks.forms("code", "105") == ("105", "baf")
+    assert tasks.solve("code", "code:123.900.045.999.310.777=") == ".123.900.045.999.310.777.!"
     with pytest.raises(ValueError, match="unknown task"):
         tasks.solve("mul", "mul:1*2=")
+    with pytest.raises(ValueError, match="unknown task"):
+        tasks.forms("mul", "12")
+
+
+def test_every_block_of_the_answer_starts_with_a_dot() -> None:
+    """The first position of a decoding window sees only the stored last logit (see tasks.py)."""
+    for example in tasks.held_out(30):
+        answer = example.answer
+        assert all(answer[i] == tasks.SEPARATOR for i in range(0, len(answer), 8))
 
 
 @pytest.mark.parametrize("split", ["train", "held_out"])
 def test_generated_examples_are_solved_and_fit_the_length_budget(split: str) -> None:
     for example in itertools.islice(tasks.examples(split, seed=3), 300):
         assert tasks.solve(example.task, example.prompt) == example.answer
+        assert tasks.score(example, example.answer)
         assert len(example.prompt) <= tasks.PROMPT_MAX and len(example.answer) <= tasks.ANSWER_MAX
         assert len(example.prompt) + len(example.answer) + 1 <= 64  # + EOS
 
@@ -41,24 +50,35 @@ def test_splits_are_deterministic_and_disjoint() -> None:
         next(tasks.examples("test", seed=0))
 
 
-def test_dep_strings_are_balanced_and_shallow() -> None:
-    for example in itertools.islice(tasks.examples("train", seed=5, tasks=("dep",)), 500):
-        depths = [int(d) for d in example.answer]
-        assert depths[-1] == 0 and min(depths) >= 0 and max(depths) <= tasks.MAX_DEPTH
+def test_training_answers_pick_each_form_half_the_time() -> None:
+    picked_alternative, groups, question_marks = 0, 0, 0
+    pairs = list(itertools.islice(tasks.training_pairs("train", 0, ("code",)), 400))
+    for example, written in pairs:
+        assert tasks.is_valid("code", example.prompt, written)
+        for given, out in zip(example.answer.split(".")[1:-1], written.split(".")[1:-1], strict=True):
+            groups += 1
+            picked_alternative += out != given
+        question_marks += written.endswith("?")
+    assert 0.45 < picked_alternative / groups < 0.55
+    assert 0.4 < question_marks / len(pairs) < 0.6
 
 
-def test_par_inputs_lean_to_zeros() -> None:
-    bits = "".join(e.prompt[4:-1] for e in itertools.islice(tasks.examples("train", 0, ("par",)), 300))
-    assert 0.25 < bits.count("1") / len(bits) < 0.35
-
-
-def test_exact_match_scoring() -> None:
-    example = tasks.Example("par", "par:1111111111111111=", "1010101010101010")
-    assert tasks.score(example, "1010101010101010")
-    assert tasks.score(example, "1010101010101010\n")  # surrounding whitespace is not an error
-    assert not tasks.score(example, "1010101010101011")
-    assert not tasks.score(example, "101010101010101")
-    assert not tasks.score(example, "1010101010101010 0")
+def test_exact_match_against_the_valid_answers() -> None:
+    example = tasks.Example("code", "code:123.456.789.000.999.121=", ".123.456.789.000.999.121.!")
+    assert tasks.score(example, ".123.456.789.000.999.121.!")
+    assert tasks.score(example, ".bcd.456.hij.aaa.999.121.?")  # any group as letters, either mark
+    assert tasks.score(example, " .bcd.efg.hij.aaa.jjj.bcb.!\n")  # surrounding whitespace is fine
+    assert not tasks.score(example, ".bc4.456.789.000.999.121.!")  # a group half converted
+    assert not tasks.score(example, ".123.456.789.000.999.!")  # a group missing
+    assert not tasks.score(example, ".123.456.789.000.999.121.")  # the end mark missing
+    assert not tasks.score(example, ".123.456.789.000.999.121")
+    assert not tasks.score(example, ".123.456.789.000.999.121.x")  # not an end mark
+    assert not tasks.score(example, "123.456.789.000.999.121.!")  # the leading dot missing
+    assert not tasks.score(example, ".123456.789.000.999.121.!")  # a dot missing
+    case = tasks.Example("case", "case:abc.def.ghi.jkl.mno.pqr=", ".abc.def.ghi.jkl.mno.pqr.!")
+    assert tasks.score(case, ".ABC.def.GHI.jkl.mno.PQR.?")
+    assert not tasks.score(case, ".Abc.def.ghi.jkl.mno.pqr.!")  # a group in mixed case
+    assert not tasks.score(case, ".abd.def.ghi.jkl.mno.pqr.!")  # a letter changed
 
 
 def test_training_ids_match_the_saved_tokenizer(tmp_path) -> None:

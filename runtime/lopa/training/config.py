@@ -11,7 +11,7 @@ from lopa.testing.tokenizer import TOKENIZER_VOCAB_SIZE, special_token_id
 
 @dataclass(frozen=True)
 class TrainConfig:
-    steps: int = 3000
+    steps: int = 3500
     seed: int = 0
     batch_size: int = 64
     lr: float = 2e-3

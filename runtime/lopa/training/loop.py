@@ -7,6 +7,7 @@ import math
 import sys
 import time
 from collections.abc import Callable
+from dataclasses import replace
 from pathlib import Path
 from typing import Any, TextIO
 
@@ -76,7 +77,9 @@ def _train(
         lr=config.lr,
         betas=(0.9, 0.98),
     )
-    stream = tasks.examples("train", config.seed)
+    # Train on the written answers: each group in a randomly chosen valid form.
+    pairs = tasks.training_pairs("train", config.seed)
+    stream = (replace(example, answer=written) for example, written in pairs)
     began = time.perf_counter()
     recent: list[float] = []
     step = 0
