@@ -4,10 +4,11 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import logging
 import signal
 
-from lopa.serving.config import load_config
+from lopa.serving.config import ServingConfig, load_config
 
 
 def add_parser(subparsers: argparse._SubParsersAction) -> None:
@@ -22,17 +23,23 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from lopa.serving.master import serve_master
-
     logging.basicConfig(level=args.log_level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     config = load_config(args.config)
-    signal.signal(signal.SIGTERM, _interrupt)  # Kubernetes stops pods with SIGTERM
-    try:
-        asyncio.run(serve_master(config))
-    except KeyboardInterrupt:
-        return 0
+    asyncio.run(_serve_until_signalled(config))
     return 0
 
 
-def _interrupt(*_: object) -> None:
-    raise KeyboardInterrupt
+async def _serve_until_signalled(config: ServingConfig) -> None:
+    """Serve until SIGTERM (how Kubernetes stops pods) or SIGINT, then shut down in order.
+
+    The signals cancel the serving task inside the event loop; raising KeyboardInterrupt from a
+    signal handler instead can land in the middle of any object's construction at shutdown.
+    """
+    from lopa.serving.master import serve_master
+
+    serving = asyncio.ensure_future(serve_master(config))
+    loop = asyncio.get_running_loop()
+    for stop_signal in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(stop_signal, serving.cancel)
+    with contextlib.suppress(asyncio.CancelledError):
+        await serving
