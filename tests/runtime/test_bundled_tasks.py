@@ -8,6 +8,7 @@ import pytest
 
 from lopa.bundled import tasks
 from lopa.testing import write_char_tokenizer
+from lopa.training import TrainConfig
 from lopa.training.data import EOS, char_ids, encode
 
 
@@ -34,7 +35,7 @@ def test_generated_examples_are_solved_and_fit_the_length_budget(split: str) -> 
         assert tasks.solve(example.task, example.prompt) == example.answer
         assert tasks.score(example, example.answer)
         assert len(example.prompt) <= tasks.PROMPT_MAX and len(example.answer) <= tasks.ANSWER_MAX
-        assert len(example.prompt) + len(example.answer) + 1 <= 64  # + EOS
+        assert len(example.answer) + 1 <= 8 * TrainConfig().gen_blocks  # + EOS: fits the trained region
 
 
 def test_splits_are_deterministic_and_disjoint() -> None:
@@ -89,6 +90,6 @@ def test_training_ids_match_the_saved_tokenizer(tmp_path) -> None:
     example = tasks.held_out(3)[2]
     assert char_ids(example.prompt) == tokenizer.encode(example.prompt, add_special_tokens=False)
     assert tokenizer.convert_tokens_to_ids("<|endoftext|>") == EOS
-    ids, blocks = encode(example, block_size=8, gen_blocks=4)
-    assert len(ids) == len(example.prompt) + 32 and ids[-1] == EOS
-    assert blocks[len(example.prompt)] == 1 and blocks[-1] == 4
+    ids, blocks = encode(example, block_size=8, gen_blocks=7)
+    assert len(ids) == len(example.prompt) + 56 and ids[-1] == EOS
+    assert blocks[len(example.prompt)] == 1 and blocks[-1] == 7

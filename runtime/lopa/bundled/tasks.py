@@ -1,8 +1,8 @@
 """The bundled task suite: copy tasks with a free choice per group, the structure LoPA exploits.
 
 Each example is `prompt` (ends with '=') followed by an answer and then the EOS token. The input
-is 6 groups of 3 characters separated by dots (`abc.def.ghi.jkl.mno.pqr`); the answer rewrites
-every group in place, each after a dot, then a dot and an end mark (`.abc.DEF.ghi.JKL.mno.pqr.!`).
+is 12 groups of 3 characters separated by dots (`abc.def.ghi...`); the answer rewrites every
+group in place, each after a dot, then a dot and an end mark (`.abc.DEF.ghi...!`).
 For each group the writer picks one of two equally valid forms, and the end mark is `!` or `?`
 (at random in the training data):
 
@@ -36,6 +36,9 @@ Layout details, each found by measuring an earlier version (runtime/BENCHMARKS.m
   characters. Forms that must be compared with the input (rotations, nines' complements) were not
   learned within the 30-minute budget (rotations 67%, complements 0% exact match after 3500 steps).
 
+- 12 groups, not 6: two rounds of every decode are fixed (the first decodes only the dots, the
+  end mark settles last), so short answers cap the ratio; with 6 groups LoPA reached x2.15 TPF.
+
 The suite before these (running counts, running parity, bracket depths: left-to-right chains with
 a unique answer) let a committed token unlock only the next link, so LoPA gained about one token
 per round over D2F.
@@ -53,14 +56,14 @@ from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 
 TASKS = ("case", "code")
-GROUPS = 6
+GROUPS = 12
 GROUP_SIZE = 3
 SEPARATOR = "."
 END_MARKS = ("!", "?")  # the answer's last character: either, the writer's choice
 HELD_OUT_BUCKETS = 10  # 1 prompt in 10 belongs to the held-out split
 HELD_OUT_SEED = 20251122  # the published held-out set: first N held-out examples from this seed
-PROMPT_MAX = 29  # longest prompt ("case:" + 23 + "=")
-ANSWER_MAX = 26  # longest answer (6 groups, the end mark), EOS excluded
+PROMPT_MAX = 53  # longest prompt ("case:" + 47 + "=")
+ANSWER_MAX = 50  # longest answer (12 groups, the end mark), EOS excluded
 ALPHABETS = {"case": string.ascii_lowercase, "code": string.digits}
 _DIGITS_AS_LETTERS = str.maketrans(string.digits, string.ascii_lowercase[:10])
 
