@@ -47,7 +47,7 @@ def test_train_bundled_writes_a_loadable_checkpoint(tmp_path: Path, capsys) -> N
     assert loaded.config.hidden_size == 32 and loaded.special.mask == MASK
     assert json.loads((out / "training.json").read_text())["steps_done"] == 3
     completion = LocalEngine(loaded).generate(
-        "swap:12.34.56.78.90.11.23=", DecodingParams(block_size=8, max_new_tokens=16)
+        tasks.held_out(1)[0].prompt, DecodingParams(block_size=8, max_new_tokens=16)
     )
     assert completion.result.forwards >= 1
 

@@ -35,7 +35,6 @@ Layout details, each found by measuring an earlier version (runtime/BENCHMARKS.m
 - Only class-changing forms (lower/upper, digit/letter): a group's form shows in any one of its
   characters. Forms that must be compared with the input (rotations, nines' complements) were not
   learned within the 30-minute budget (rotations 67%, complements 0% exact match after 3500 steps).
-
 - 12 groups, not 6: two rounds of every decode are fixed (the first decodes only the dots, the
   end mark settles last), so short answers cap the ratio; with 6 groups LoPA reached x2.15 TPF.
 
@@ -52,7 +51,7 @@ from __future__ import annotations
 import random
 import string
 import zlib
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 
 TASKS = ("case", "code")
@@ -84,19 +83,13 @@ def forms(task: str, group: str) -> tuple[str, str]:
     raise ValueError(f"unknown task {task!r}; tasks: {', '.join(TASKS)}")
 
 
-def _maker(task: str) -> Callable[[random.Random], tuple[Example, str]]:
-    def make(rng: random.Random) -> tuple[Example, str]:
-        """One prompt, its canonical answer and a training answer with a random form per group."""
-        given = ["".join(rng.choice(ALPHABETS[task]) for _ in range(GROUP_SIZE)) for _ in range(GROUPS)]
-        written = [forms(task, g)[rng.random() < 0.5] for g in given]
-        end_mark = END_MARKS[rng.random() < 0.5]
-        example = Example(task, f"{task}:{SEPARATOR.join(given)}=", _answer(given, END_MARKS[0]))
-        return example, _answer(written, end_mark)
-
-    return make
-
-
-MAKERS: dict[str, Callable[[random.Random], tuple[Example, str]]] = {t: _maker(t) for t in TASKS}
+def make_example(task: str, rng: random.Random) -> tuple[Example, str]:
+    """One prompt with its canonical answer, and a training answer with a random form per group."""
+    given = ["".join(rng.choice(ALPHABETS[task]) for _ in range(GROUP_SIZE)) for _ in range(GROUPS)]
+    written = [forms(task, g)[rng.random() < 0.5] for g in given]
+    end_mark = END_MARKS[rng.random() < 0.5]
+    example = Example(task, f"{task}:{SEPARATOR.join(given)}=", _answer(given, END_MARKS[0]))
+    return example, _answer(written, end_mark)
 
 
 def _answer(groups: Sequence[str], end_mark: str) -> str:
@@ -135,7 +128,7 @@ def training_pairs(split: str, seed: int, tasks: Sequence[str] = TASKS) -> Itera
     while True:
         for task in tasks:
             while True:
-                example, written = MAKERS[task](rng)
+                example, written = make_example(task, rng)
                 if is_held_out(example.prompt) == want_held_out:
                     break
             yield example, written
