@@ -14,12 +14,13 @@ from lopa.bundled import tasks
 from lopa.bundled.defaults import model_defaults
 from lopa.engine import LocalEngine, bundled_model_dir
 from lopa.serving import bench as serving_bench
+from lopa.serving import transport_bench
 
 DEFAULT_EXAMPLES = 300  # the published held-out set size
 
 
 def add_parser(subparsers: argparse._SubParsersAction) -> None:
-    parser = subparsers.add_parser("bench", help="benchmarks: decoding (tpf) and serving")
+    parser = subparsers.add_parser("bench", help="benchmarks: decoding (tpf), serving, transport")
     kinds = parser.add_subparsers(dest="bench", required=True)
     tpf = kinds.add_parser(
         "tpf",
@@ -39,6 +40,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     tpf.add_argument("--conf", default=None, choices=["prob", "neg_entropy", "margin"], help="Conf kind")
     tpf.set_defaults(handler=run)
     serving_bench.add_parser(kinds)
+    transport_bench.add_parser(kinds)
 
 
 def run(args: argparse.Namespace) -> int:

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import json
 import tempfile
 import time
 import urllib.request
@@ -20,6 +19,7 @@ from pathlib import Path
 
 from prometheus_client.parser import text_string_to_metric_families
 
+from lopa.bench.rows import finish, show_row
 from lopa.serving.client import LopaClient
 from lopa.serving.config import MasterConfig, ServingConfig, parse_config
 from lopa.serving.launcher import LocalCluster, free_ports, loopback_config
@@ -149,14 +149,8 @@ def run(args: argparse.Namespace) -> int:
     rows = []
     for workers in [int(w) for w in args.workers.split(",") if w.strip()]:
         rows.append(bench_workers(config, workers, args.requests, args.concurrency, kw, prompts))
-        print(json.dumps(rows[-1]), flush=True)
-    header = list(rows[0])
-    print("| " + " | ".join(header) + " |")
-    print("|" + "---|" * len(header))
-    for row in rows:
-        print("| " + " | ".join(str(row[h]) for h in header) + " |")
-    if args.json:
-        Path(args.json).write_text(json.dumps(rows, indent=2) + "\n")
+        show_row(rows[-1])
+    finish(rows, args.json)
     return 0
 
 

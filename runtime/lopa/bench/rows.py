@@ -1,0 +1,26 @@
+"""Row benchmarks (serving, transport): one JSON line per row as it is measured, then a table."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from pathlib import Path
+
+
+def show_row(row: dict) -> None:
+    """Progress: each row as soon as it is measured (a sweep can take minutes)."""
+    print(json.dumps(row), flush=True)
+
+
+def markdown_table(rows: Sequence[dict]) -> str:
+    header = list(rows[0])
+    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    lines += ["| " + " | ".join(str(row[h]) for h in header) + " |" for row in rows]
+    return "\n".join(lines)
+
+
+def finish(rows: Sequence[dict], json_path: str | None) -> None:
+    """Print the table; write the rows as JSON when asked."""
+    print(markdown_table(rows))
+    if json_path:
+        Path(json_path).write_text(json.dumps(list(rows), indent=2) + "\n")

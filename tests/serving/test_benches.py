@@ -1,0 +1,59 @@
+"""`lopa bench serving` and `lopa bench transport` end to end: real processes, real gRPC and gloo.
+
+They check what the benches report is well formed and consistent (phases add up, every row has
+a measurement), never how fast anything is: timings belong in runtime/BENCHMARKS.md.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+from .conftest import worker_env
+
+
+def run_lopa(*args: str, timeout: float = 300) -> subprocess.CompletedProcess:
+    command = [sys.executable, "-m", "lopa", *args]
+    return subprocess.run(command, capture_output=True, text=True, timeout=timeout, env=worker_env())
+
+
+def test_bench_serving_reports_the_step_split(tmp_path: Path, checkpoint: Path) -> None:
+    out = tmp_path / "serving.json"
+    done = run_lopa(
+        "bench", "serving", "--model", str(checkpoint), "--workers", "1,2", "--requests", "2",
+        "--concurrency", "2", "--branches", "2", "--block-size", "8", "--max-new-tokens", "16",
+        "--json", str(out),
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    rows = json.loads(out.read_text())
+    assert [r["workers"] for r in rows] == [1, 2]
+    assert "| workers |" in done.stdout  # the table after the per-row JSON lines
+    for row in rows:
+        assert row["forward_ms"] > 0 and row["coordination_ms"] >= 0 and row["commit_ms"] >= 0
+        # the phases are parts of the master's step; step_ms also holds its decoding rules
+        phases = row["forward_ms"] + row["coordination_ms"] + row["commit_ms"]
+        assert phases <= row["step_ms"] * 1.05
+        assert abs(row["overhead_ms"] - row["coordination_ms"] - row["commit_ms"]) < 0.01
+        assert row["tpf"] >= 1 and row["tokens_per_s_single"] > 0 and row["tokens_per_s_2_concurrent"] > 0
+
+
+def test_bench_transport_measures_both_transports(tmp_path: Path) -> None:
+    out = tmp_path / "transport.json"
+    args = ["--rounds", "10", "--busy-ms", "0,2", "--json", str(out)]
+    done = run_lopa("bench", "transport", *args, timeout=180)
+    assert done.returncode == 0, done.stderr[-3000:]
+    rows = json.loads(out.read_text())
+    assert [(r["transport"], r["busy_ms"]) for r in rows] == [
+        ("socket", 0.0), ("grpc", 0.0), ("socket", 2.0), ("grpc", 2.0)
+    ]
+    for row in rows:  # a round trip always costs something beyond the peer's own work
+        assert 0 < row["median_ms"] <= row["p90_ms"] and row["rounds"] == 10
+
+
+def test_bench_transport_rejects_bad_flags() -> None:
+    done = run_lopa("bench", "transport", "--busy-ms", "1,x", timeout=60)
+    assert done.returncode == 2 and "--busy-ms: not a comma-separated list of numbers" in done.stderr
+    done = run_lopa("bench", "transport", "--rounds", "0", timeout=60)
+    assert done.returncode == 2 and "--rounds: must be >= 1" in done.stderr
