@@ -20,6 +20,7 @@ import grpc
 from lopa.proto import worker_pb2, worker_pb2_grpc
 
 log = logging.getLogger("lopa.master")
+STARTUP_GRACE_S = 60.0  # workers loading a model are not alarming at first; past this they are
 
 _CLOSED = object()
 _CHANNEL_OPTIONS = [
@@ -128,6 +129,8 @@ class WorkerGroup:
         self._stop = threading.Event()
         self._last_waiting = ""
         self._last_log = 0.0
+        self._started = time.monotonic()
+        self._ever_attached = False
         self.listeners: list = []  # callables(attached: bool)
         self.expected: tuple[int, int] | None = None  # (vocab_size, max_length) the master decodes with
 
@@ -140,6 +143,7 @@ class WorkerGroup:
         return self._attached.is_set()
 
     def start(self) -> None:
+        self._started = time.monotonic()
         threading.Thread(target=self._monitor, name="lopa-group-monitor", daemon=True).start()
 
     def stop(self) -> None:
@@ -207,6 +211,7 @@ class WorkerGroup:
             self._detach("a worker stream ended during attach", leave=not busy)
             return
         log.info("all %d workers joined group %s: SERVING", self.size, self.group_id)
+        self._ever_attached = True
         self._last_waiting = ""
         self._notify(True)
 
@@ -235,7 +240,11 @@ class WorkerGroup:
             listener(attached)
 
     def _log_waiting(self, message: str) -> None:
+        """The waiting reason, on change and every 10 s: INFO while the first group is still starting
+        (workers load the model before they listen), WARNING once that takes long or after a loss."""
         now = time.monotonic()
         if message != self._last_waiting or now - self._last_log > 10.0:
-            log.warning("NOT_SERVING, waiting for workers: %s", message)
+            starting = not self._ever_attached and now - self._started < STARTUP_GRACE_S
+            level = logging.INFO if starting else logging.WARNING
+            log.log(level, "NOT_SERVING, waiting for workers: %s", message)
             self._last_waiting, self._last_log = message, now
