@@ -41,6 +41,45 @@ def test_config_errors_name_the_key(raw: dict, field: str) -> None:
         parse_config(raw)
 
 
+@pytest.mark.parametrize(
+    ("raw", "message"),
+    [
+        ({"model": {"dtype": "float8"}}, r"model\.dtype: must be one of float32, bfloat16, float16, got 'fl"),
+        ({"model": {"device": "tpu"}}, r"model\.device: must be cpu, cuda\[:N\] or npu\[:N\], got 'tpu'"),
+        ({"model": {"device": "cuda:x"}}, r"model\.device: must be cpu"),
+        ({"model": {"device": "cuda"}, "workers": {"backend": "gloo"}},
+         r"workers\.backend: 'gloo' does not match model\.device 'cuda' \(use nccl\)"),
+        ({"master": {"listen": "not-an-address"}}, r"master\.listen: must be HOST:PORT"),
+        ({"master": {"listen": "127.0.0.1:99999"}}, r"master\.listen: port must be in \[1, 65535\], got 9"),
+        ({"master": {"metrics_port": 99999}}, r"master\.metrics_port: must be in \[0, 65535\], got 99999"),
+        ({"workers": {"listen_port": 70000}}, r"workers\.listen_port: must be in \[0, 65535\], got 70000"),
+        ({"workers": {"metrics_port": -1}}, r"workers\.metrics_port: must be in \[0, 65535\]"),
+        ({"workers": {"addresses": ["worker-0"]}}, r"workers\.addresses\[0\]: must be HOST:PORT"),
+        ({"workers": {"rendezvous": "host:0"}}, r"workers\.rendezvous: port must be in \[1, 65535\]"),
+        ({"limits": {"request_timeout_s": -1}}, r"request_timeout_s: must be > 0 \(seconds\), got -1"),
+        ({"workers": {"step_timeout_s": 0}}, r"workers\.step_timeout_s: must be > 0"),
+        ({"workers": {"join_timeout_s": -5}}, r"workers\.join_timeout_s: must be > 0"),
+        ({"limits": {"max_branches": 15.5}}, r"limits\.max_branches: must be an integer, got 15\.5"),
+        ({"limits": {"max_branches": 65}}, r"limits\.max_branches: must be in \[1, 64\], got 65"),
+        ({"limits": {"queue_size": 0}}, r"limits\.queue_size: must be >= 1, got 0"),
+        ({"decoding": {"branches": True}}, r"decoding\.branches: must be an integer, got True"),
+        ({"decoding": {"block_size": 8.5}}, r"decoding\.block_size: must be an integer, got 8\.5"),
+        ({"decoding": {"tau_conf": False}}, r"decoding\.tau_conf: must be a number, got False"),
+        ({"workers": {"count": "2"}}, r"workers\.count: must be an integer, got '2'"),
+    ],
+)
+def test_config_values_are_checked_with_their_range(raw: dict, message: str) -> None:
+    with pytest.raises(ConfigError, match=message):
+        parse_config(raw)
+
+
+def test_config_accepts_device_indices_and_the_off_ports() -> None:
+    config = parse_config({"model": {"device": "cuda:1"}, "workers": {"backend": "nccl", "listen_port": 0},
+                           "master": {"listen": "[::]:50051", "metrics_port": 0}})
+    assert config.model.device == "cuda:1" and config.master.metrics_port == 0
+    assert parse_config({"limits": {"request_timeout_s": 5}}).limits.request_timeout_s == 5.0
+
+
 def test_round_robin_placement() -> None:
     assert shares(6, 2) == [[0, 2, 4], [1, 3, 5]]
     assert shares(2, 3) == [[0], [1], []]

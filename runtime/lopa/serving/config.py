@@ -8,11 +8,33 @@ from typing import Any
 
 import yaml
 
-from lopa.params import DecodingParams, InvalidParameter
+from lopa.params import MAX_BRANCHES, DecodingParams, InvalidParameter
+
+DTYPES = ("float32", "bfloat16", "float16")
+BACKEND_OF_DEVICE = {"cpu": "gloo", "cuda": "nccl", "npu": "hccl"}  # device kind -> collective backend
+MAX_PORT = 65535
 
 
 class ConfigError(ValueError):
     """The config file is missing, malformed or inconsistent; the message names the key."""
+
+
+def device_kind(device: str) -> str:
+    """'cuda' for 'cuda:1'; ValueError (the reason) unless device is cpu, cuda[:N] or npu[:N]."""
+    kind, colon, index = device.partition(":")
+    if kind not in BACKEND_OF_DEVICE or (colon and not index.isdigit()):
+        raise ValueError(f"must be cpu, cuda[:N] or npu[:N], got {device!r}")
+    return kind
+
+
+def split_address(address: str) -> tuple[str, int]:
+    """(host, port) of HOST:PORT; ValueError (the reason) when it is not one, or the port is out of range."""
+    host, colon, port = address.rpartition(":")
+    if not colon or not host or not port.isdigit():
+        raise ValueError(f"must be HOST:PORT, got {address!r}")
+    if not 1 <= int(port) <= MAX_PORT:
+        raise ValueError(f"port must be in [1, {MAX_PORT}], got {port}")
+    return host, int(port)
 
 
 @dataclass(frozen=True)
@@ -91,27 +113,33 @@ def _section(name: str, cls: type, raw: Any) -> Any:
         return cls()
     if not isinstance(raw, dict):
         raise ConfigError(f"{name}: must be a mapping, got {type(raw).__name__}")
-    known = {f.name: f for f in fields(cls)}
-    values = {}
-    for key, value in raw.items():
+    known = {f.name for f in fields(cls)}
+    for key in raw:
         if key not in known:
             raise ConfigError(f"{name}.{key}: unknown key (known: {', '.join(known)})")
-        default = getattr(cls(), key)
-        if isinstance(default, tuple):
-            if not isinstance(value, list):
-                raise ConfigError(f"{name}.{key}: must be a list")
-            value = tuple(str(v) for v in value)
-        elif isinstance(default, bool) or (isinstance(default, str) and not hasattr(default, "value")):
-            value = "" if value is None else str(value)
-        elif isinstance(default, (int, float)) and not isinstance(value, (int, float)):
-            raise ConfigError(f"{name}.{key}: must be a number, got {value!r}")
-        elif isinstance(default, float):
-            value = float(value)
-        values[key] = value
+    values = {key: _value(f"{name}.{key}", getattr(cls(), key), value) for key, value in raw.items()}
     try:
         return cls(**values)
     except InvalidParameter as error:
         raise ConfigError(f"{name}.{error}") from None
+
+
+def _value(key: str, default: Any, value: Any) -> Any:
+    """value coerced to the type of the key's default; ConfigError naming the key when it cannot be."""
+    if isinstance(default, tuple):
+        if not isinstance(value, list):
+            raise ConfigError(f"{key}: must be a list")
+        return tuple(str(v) for v in value)
+    if isinstance(default, str) and not hasattr(default, "value"):
+        return "" if value is None else str(value)
+    # YAML `true` is a Python int: a bool must not pass as a number.
+    if isinstance(default, int) and (isinstance(value, bool) or not isinstance(value, int)):
+        raise ConfigError(f"{key}: must be an integer, got {value!r}")
+    if isinstance(default, float):
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            raise ConfigError(f"{key}: must be a number, got {value!r}")
+        return float(value)
+    return value  # enums: DecodingParams checks the choice
 
 
 def parse_config(raw: Any) -> ServingConfig:
@@ -128,24 +156,92 @@ def parse_config(raw: Any) -> ServingConfig:
 
 
 def validate(config: ServingConfig) -> None:
-    workers, limits = config.workers, config.limits
+    """Every cross-key and range rule of the config, in one place; ConfigError names the key."""
+    _check_model(config.model, config.workers.backend)
+    _check_limits(config.limits)
+    _check_decoding(config.decoding, config.limits)
+    _check_master(config.master)
+    _check_workers(config.workers)
+    if config.tls.enabled and not (config.tls.cert and config.tls.key):
+        raise ConfigError("tls: cert and key must both be set")
+
+
+def _check_model(model: ModelConfig, backend: str) -> None:
+    if model.dtype not in DTYPES:
+        raise ConfigError(f"model.dtype: must be one of {', '.join(DTYPES)}, got {model.dtype!r}")
+    try:
+        kind = device_kind(model.device)
+    except ValueError as error:
+        raise ConfigError(f"model.device: {error}") from None
+    # Checked here, not only in the worker: the master refuses the same file.
+    if backend in BACKEND_OF_DEVICE.values() and backend != BACKEND_OF_DEVICE[kind]:
+        raise ConfigError(
+            f"workers.backend: {backend!r} does not match model.device {model.device!r} "
+            f"(use {BACKEND_OF_DEVICE[kind]})"
+        )
+
+
+def _check_limits(limits: Limits) -> None:
+    for name in ("max_new_tokens", "max_prompt_tokens", "queue_size"):
+        _at_least(f"limits.{name}", getattr(limits, name), 1)
+    if not 1 <= limits.max_branches <= MAX_BRANCHES:
+        raise ConfigError(f"limits.max_branches: must be in [1, {MAX_BRANCHES}], got {limits.max_branches}")
+    _positive_seconds("limits.request_timeout_s", limits.request_timeout_s)
+
+
+def _check_decoding(decoding: DecodingParams, limits: Limits) -> None:
+    if decoding.branches > limits.max_branches:
+        raise ConfigError(f"decoding.branches: {decoding.branches} exceeds limits.max_branches")
+    if decoding.max_new_tokens > limits.max_new_tokens:
+        raise ConfigError(
+            f"decoding.max_new_tokens: {decoding.max_new_tokens} exceeds limits.max_new_tokens "
+            f"{limits.max_new_tokens}"
+        )
+
+
+def _check_master(master: MasterConfig) -> None:
+    _address("master.listen", master.listen)
+    _port("master.metrics_port", master.metrics_port)  # 0 = no metrics endpoint
+
+
+def _check_workers(workers: WorkersConfig) -> None:
     if workers.count < 1:
         raise ConfigError(f"workers.count: must be >= 1, got {workers.count}")
     if len(workers.addresses) != workers.count:
         raise ConfigError(
             f"workers.addresses: {len(workers.addresses)} addresses for workers.count {workers.count}"
         )
-    if workers.backend not in ("gloo", "nccl", "hccl"):
+    for rank, address in enumerate(workers.addresses):
+        _address(f"workers.addresses[{rank}]", address)
+    if workers.backend not in BACKEND_OF_DEVICE.values():
         raise ConfigError(f"workers.backend: must be gloo, nccl or hccl, got {workers.backend!r}")
-    for name in ("max_branches", "max_new_tokens", "max_prompt_tokens", "queue_size"):
-        if getattr(limits, name) < 1:
-            raise ConfigError(f"limits.{name}: must be >= 1")
-    if config.decoding.branches > limits.max_branches:
-        raise ConfigError(f"decoding.branches: {config.decoding.branches} exceeds limits.max_branches")
-    if config.decoding.max_new_tokens > limits.max_new_tokens:
-        raise ConfigError(f"decoding.max_new_tokens: exceeds limits.max_new_tokens {limits.max_new_tokens}")
-    if config.tls.enabled and not (config.tls.cert and config.tls.key):
-        raise ConfigError("tls: cert and key must both be set")
+    _address("workers.rendezvous", workers.rendezvous)
+    _port("workers.listen_port", workers.listen_port)  # 0 = the port of the worker's own address
+    _port("workers.metrics_port", workers.metrics_port)  # 0 = no metrics endpoint
+    _positive_seconds("workers.join_timeout_s", workers.join_timeout_s)
+    _positive_seconds("workers.step_timeout_s", workers.step_timeout_s)
+
+
+def _at_least(key: str, value: int, lowest: int) -> None:
+    if value < lowest:
+        raise ConfigError(f"{key}: must be >= {lowest}, got {value}")
+
+
+def _port(key: str, value: int) -> None:
+    if not 0 <= value <= MAX_PORT:
+        raise ConfigError(f"{key}: must be in [0, {MAX_PORT}], got {value}")
+
+
+def _address(key: str, address: str) -> None:
+    try:
+        split_address(address)
+    except ValueError as error:
+        raise ConfigError(f"{key}: {error}") from None
+
+
+def _positive_seconds(key: str, value: float) -> None:
+    if not value > 0:  # also refuses NaN
+        raise ConfigError(f"{key}: must be > 0 (seconds), got {value:g}")
 
 
 def load_config(path: str | Path) -> ServingConfig:
