@@ -9,6 +9,7 @@ from pathlib import Path
 from lopa.decoding.decoder import Decoder, GenerationResult, StepEvent
 from lopa.execution.local import LocalExecutor
 from lopa.model.loader import LoadedModel, load_model
+from lopa.model.tokenizer import chat_prompt_ids
 from lopa.params import DecodingParams, InvalidParameter
 
 DEFAULT_MAX_LENGTH = 4096
@@ -64,8 +65,7 @@ class LocalEngine:
             if not prompt:
                 raise InvalidParameter("prompt", "is empty")
             if chat:
-                messages = [{"role": "user", "content": prompt}]
-                return list(self.tokenizer.apply_chat_template(messages, add_generation_prompt=True))
+                return chat_prompt_ids(self.tokenizer, prompt)
             return list(self.tokenizer.encode(prompt, add_special_tokens=False))
         ids = [int(t) for t in prompt]
         vocab = self.loaded.config.vocab_size

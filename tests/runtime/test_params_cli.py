@@ -104,3 +104,28 @@ def test_cli_reports_a_missing_checkpoint(tmp_path: Path, capsys: pytest.Capture
         main(["generate", "--model", str(tmp_path / "nowhere"), "--prompt", "hi"])
     assert exited.value.code == 1
     assert "config.json" in capsys.readouterr().err
+
+
+def test_chat_without_a_template_names_chat(engine: LocalEngine, capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(InvalidParameter) as raised:
+        engine.generate("hi", DecodingParams(block_size=8, max_new_tokens=16), chat=True)
+    assert raised.value.field == "chat" and "has no chat template" in str(raised.value)
+    with pytest.raises(SystemExit) as exited:
+        main(["generate", "--model", str(engine.model_dir), "--prompt", "hi", "--chat"])
+    assert exited.value.code == 2
+    err = capsys.readouterr().err
+    assert "--chat: the model has no chat template" in err and "Traceback" not in err
+
+
+def test_chat_with_a_template_encodes_the_rendered_turn(tiny_checkpoint: Path, tmp_path: Path) -> None:
+    for item in tiny_checkpoint.iterdir():  # the checkpoint plus a chat template
+        (tmp_path / item.name).symlink_to(item)
+    config_path = tmp_path / "tokenizer_config.json"
+    tokenizer_config = json.loads(config_path.read_text())
+    template = "{% for m in messages %}<{{ m.role }}>{{ m.content }}{% endfor %}<bot>"
+    tokenizer_config["chat_template"] = template
+    config_path.unlink()
+    config_path.write_text(json.dumps(tokenizer_config))
+    engine = LocalEngine.from_dirs(tmp_path, max_length=64)
+    ids = engine.encode("hi", chat=True)
+    assert ids == engine.encode("<user>hi<bot>") and all(isinstance(t, int) for t in ids)

@@ -9,8 +9,12 @@ from pathlib import Path
 from typing import Any
 
 from lopa.model.errors import CheckpointError
+from lopa.params import InvalidParameter
 
 _TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "vocab.json")
+NO_CHAT_TEMPLATE = (
+    "the model has no chat template (tokenizer_config.json has no chat_template); send a plain prompt"
+)
 
 
 def load_tokenizer(tokenizer_dir: str | Path) -> Any:
@@ -40,6 +44,21 @@ def load_tokenizer(tokenizer_dir: str | Path) -> Any:
         except Exception as exc:
             error = exc
     raise CheckpointError(tokenizer_dir / "tokenizer_config.json", f"cannot load the tokenizer: {error}")
+
+
+def chat_prompt_ids(tokenizer: Any, prompt: str) -> list[int]:
+    """`prompt` as one user turn of the checkpoint's chat template, ending where the reply starts.
+
+    Raises InvalidParameter("chat") when the checkpoint has no template (transformers' own error
+    is a ValueError that reads like a crash).
+    """
+    if not getattr(tokenizer, "chat_template", None):
+        raise InvalidParameter("chat", NO_CHAT_TEMPLATE)
+    messages = [{"role": "user", "content": prompt}]
+    # Render then encode: apply_chat_template's tokenized return type differs across transformers
+    # versions (a list of ids in 4.x, a BatchEncoding in 5.x); the template holds its own specials.
+    text = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+    return list(tokenizer.encode(text, add_special_tokens=False))
 
 
 @contextlib.contextmanager

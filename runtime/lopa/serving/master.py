@@ -21,16 +21,17 @@ from grpc_health.v1._async import HealthServicer
 from lopa.decoding.decoder import Decoder
 from lopa.model.config import DreamConfig
 from lopa.model.loader import resolve_special_ids
-from lopa.model.tokenizer import load_tokenizer
+from lopa.model.tokenizer import chat_prompt_ids, load_tokenizer
 from lopa.params import InvalidParameter
 from lopa.proto import lopa_pb2, lopa_pb2_grpc
 from lopa.serving.config import ServingConfig
 from lopa.serving.distributed import DistributedExecutor, RequestAborted, StepTiming
 from lopa.serving.jobs import Completion, Job, JobRunner, QueueFull
 from lopa.serving.links import WorkerGroup, WorkerLost
+from lopa.serving.listen import NO_REUSEPORT, add_port
 from lopa.serving.metrics import MasterMetrics
 from lopa.serving.model_dir import model_path
-from lopa.serving.requests import JobSpec, build_params, check_prompt, check_stop
+from lopa.serving.requests import JobSpec, build_params, check_budget, check_prompt, check_stop, usable_limits
 from lopa.serving.tls import server_credentials
 
 log = logging.getLogger("lopa.master")
@@ -45,6 +46,7 @@ class LopaService(lopa_pb2_grpc.LopaServicer):
         self.tokenizer = load_tokenizer(path)
         self.special = resolve_special_ids(self.model_config, self.tokenizer, path)
         self.max_length = min(config.max_length, self.model_config.max_position_embeddings)
+        self.limits = usable_limits(config.limits, self.max_length)  # what GetModelInfo advertises
         group.expected = (self.model_config.vocab_size, self.max_length)
         self.executor = DistributedExecutor(group, config.workers.step_timeout_s, self._observe_step)
         decoder = Decoder(self.executor, self.special.mask, self.special.eos, self.max_length)
@@ -85,7 +87,7 @@ class LopaService(lopa_pb2_grpc.LopaServicer):
             return
 
     async def GetModelInfo(self, request: lopa_pb2.ModelInfoRequest, context: Any) -> lopa_pb2.ModelInfo:
-        d, limits = self.config.decoding, self.config.limits
+        d, limits = self.config.decoding, self.limits
         return lopa_pb2.ModelInfo(
             model=self.model_name,
             vocab_size=self.model_config.vocab_size,
@@ -95,6 +97,7 @@ class LopaService(lopa_pb2_grpc.LopaServicer):
             max_branches=limits.max_branches,
             max_new_tokens=limits.max_new_tokens,
             max_prompt_tokens=limits.max_prompt_tokens,
+            default_max_new_tokens=d.max_new_tokens,
             defaults=lopa_pb2.DecodingOverrides(
                 block_size=d.block_size, branches=d.branches, tau_add=d.tau_add, tau_act=d.tau_act,
                 tau_conf=d.tau_conf, conf=d.conf.value, alpha=d.alpha, beta=d.beta,
@@ -130,20 +133,16 @@ class LopaService(lopa_pb2_grpc.LopaServicer):
     def _spec(self, request: lopa_pb2.GenerateRequest) -> JobSpec:
         if request.prompt and request.prompt_token_ids:
             raise InvalidParameter("prompt", "set either prompt or prompt_token_ids, not both")
-        params = build_params(request, self.config.decoding, self.config.limits)
+        params = build_params(request, self.config.decoding, self.limits)
         if request.prompt_token_ids:
             ids = list(request.prompt_token_ids)
         elif request.chat and request.prompt:
-            messages = [{"role": "user", "content": request.prompt}]
-            ids = list(self.tokenizer.apply_chat_template(messages, add_generation_prompt=True))
+            ids = chat_prompt_ids(self.tokenizer, request.prompt)
         else:
             text = request.prompt
             ids = list(self.tokenizer.encode(text, add_special_tokens=False)) if text else []
-        check_prompt(ids, self.model_config.vocab_size, self.special.mask, self.config.limits)
-        if params.max_new_tokens < params.block_size:
-            raise InvalidParameter("max_new_tokens", f"must be >= block_size ({params.block_size})")
-        if len(ids) + params.max_new_tokens > self.max_length:
-            raise InvalidParameter("max_new_tokens", f"prompt + max_new_tokens exceed {self.max_length}")
+        check_prompt(ids, self.model_config.vocab_size, self.special.mask, self.limits)
+        check_budget(len(ids), params, self.max_length, request)
         return JobSpec(ids, params, check_stop(list(request.stop)))
 
     async def _await(self, job: Job, awaitable: Any, context: Any) -> Any:
@@ -194,16 +193,14 @@ async def serve_master(config: ServingConfig, started: asyncio.Event | None = No
         for name in ("", SERVICE):
             asyncio.run_coroutine_threadsafe(health.set(name, status), loop)
 
-    server = grpc.aio.server()
+    server = grpc.aio.server(options=[NO_REUSEPORT])
     lopa_pb2_grpc.add_LopaServicer_to_server(service, server)
     health_pb2_grpc.add_HealthServicer_to_server(health, server)
     for name in ("", SERVICE):
         await health.set(name, health_pb2.HealthCheckResponse.NOT_SERVING)
     listen = config.master.listen
     credentials = server_credentials(config.tls)
-    bound = server.add_secure_port(listen, credentials) if credentials else server.add_insecure_port(listen)
-    if bound == 0:
-        raise OSError(f"master.listen: cannot listen on {listen}")
+    add_port(server, listen, "master.listen", credentials)
     await server.start()
     group.listeners.append(on_group)
     group.start()

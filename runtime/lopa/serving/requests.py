@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, fields, replace
 from typing import Any
 
 from lopa.params import DecodingParams, InvalidParameter
@@ -57,6 +57,36 @@ def check_prompt(ids: list[int], vocab_size: int, mask_id: int, limits: Limits) 
     bad = [t for t in ids if not 0 <= t < vocab_size or t == mask_id]
     if bad:
         raise InvalidParameter("prompt_token_ids", f"ids {bad[:5]} are outside the vocabulary or the mask id")
+
+
+def usable_limits(limits: Limits, max_length: int) -> Limits:
+    """The limits a request can actually reach: no prompt or answer is longer than the KV cache."""
+    return replace(
+        limits,
+        max_new_tokens=min(limits.max_new_tokens, max_length),
+        max_prompt_tokens=min(limits.max_prompt_tokens, max_length),
+    )
+
+
+def check_budget(
+    n_prompt: int, params: DecodingParams, max_length: int, request: lopa_pb2.GenerateRequest
+) -> None:
+    """Block size, prompt and max_new_tokens against max_length, naming the field at fault."""
+    block, new = params.block_size, params.max_new_tokens
+    if new < block:  # generation grows in whole blocks
+        if request.decoding.HasField("block_size") and not request.HasField("max_new_tokens"):
+            raise InvalidParameter("decoding.block_size", f"{block} is more than max_new_tokens {new}")
+        raise InvalidParameter("max_new_tokens", f"{new} is less than block_size {block}")
+    if n_prompt + block > max_length:
+        raise InvalidParameter(
+            "prompt", f"{n_prompt} tokens leave no room for one block of {block} in max_length {max_length}"
+        )
+    if n_prompt + new > max_length:
+        raise InvalidParameter(
+            "max_new_tokens",
+            f"prompt {n_prompt} + max_new_tokens {new} exceed max_length {max_length}; "
+            f"at most {max_length - n_prompt}",
+        )
 
 
 def check_stop(stop: list[str]) -> tuple[str, ...]:

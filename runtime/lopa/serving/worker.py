@@ -23,6 +23,7 @@ from lopa.params import DecodingParams
 from lopa.proto import worker_pb2, worker_pb2_grpc
 from lopa.serving import collective
 from lopa.serving.config import ServingConfig
+from lopa.serving.listen import NO_REUSEPORT, add_port
 from lopa.serving.metrics import WorkerMetrics
 from lopa.serving.model_dir import model_path
 from lopa.serving.shard import ShardExecutor
@@ -31,6 +32,7 @@ log = logging.getLogger("lopa.worker")
 
 EXIT_GROUP_LOST = 3
 _SERVER_OPTIONS = [
+    NO_REUSEPORT,  # a second worker on the same port fails instead of sharing it
     ("grpc.keepalive_time_ms", 10_000),
     ("grpc.keepalive_timeout_ms", 5_000),
     ("grpc.keepalive_permit_without_calls", 1),
@@ -175,13 +177,8 @@ def serve_worker(config: ServingConfig, rank: int, stop: threading.Event | None 
     service = WorkerService(
         rank, workers.count, workers.backend, loaded.config.vocab_size, max_length, fatal, metrics
     )
-    # Keepalive: a master that vanished without closing its stream frees the worker in seconds.
-    server = grpc.server(futures.ThreadPoolExecutor(max_workers=8), options=_SERVER_OPTIONS)
-    worker_pb2_grpc.add_WorkerServicer_to_server(service, server)
     address = f"0.0.0.0:{listen_port(config, rank)}"
-    if server.add_insecure_port(address) == 0:
-        raise OSError(f"workers.listen_port: cannot listen on {address}")
-    server.start()
+    server = start_server(service, address, listen_key(config, rank))
     log.info("rank %d: model %s loaded; worker API on %s", rank, path, address)
     try:
         group = collective.join(
@@ -203,11 +200,26 @@ def serve_worker(config: ServingConfig, rank: int, stop: threading.Event | None 
     return exit_code[0] if exit_code else 0
 
 
+def start_server(service: WorkerService, address: str, key: str = "workers.listen_port") -> grpc.Server:
+    """The worker API on `address`; OSError naming the config key `key` when it cannot bind."""
+    # Keepalive: a master that vanished without closing its stream frees the worker in seconds.
+    server = grpc.server(futures.ThreadPoolExecutor(max_workers=8), options=_SERVER_OPTIONS)
+    worker_pb2_grpc.add_WorkerServicer_to_server(service, server)
+    add_port(server, address, key)
+    server.start()
+    return server
+
+
 def listen_port(config: ServingConfig, rank: int) -> int:
     """workers.listen_port, or (0) the port of this rank's own address: local runs share one host."""
     if config.workers.listen_port:
         return config.workers.listen_port
     return int(config.workers.addresses[rank].rpartition(":")[2])
+
+
+def listen_key(config: ServingConfig, rank: int) -> str:
+    """The config key listen_port() took the port from (for bind errors)."""
+    return "workers.listen_port" if config.workers.listen_port else f"workers.addresses[{rank}]"
 
 
 def exit_now(code: int) -> None:
