@@ -10,7 +10,8 @@ from lopa.decoding.decoder import Decoder, GenerationResult, StepEvent
 from lopa.execution.local import LocalExecutor
 from lopa.model.loader import LoadedModel, load_model
 from lopa.model.tokenizer import chat_prompt_ids
-from lopa.params import DecodingParams, InvalidParameter
+from lopa.params import DecodingParams, InvalidParameter, check_length
+from lopa.stops import cut_at_stop, stop_check
 
 DEFAULT_MAX_LENGTH = 4096
 
@@ -86,17 +87,12 @@ class LocalEngine:
         chat: bool = False,
     ) -> Completion:
         ids = self.encode(prompt, chat)
-        should_stop = None
-        if stop:
-
-            def should_stop(contiguous: list[int]) -> bool:
-                text = self.decode(contiguous)
-                return any(s in text for s in stop)
-
+        check_length(len(ids), params, self.decoder.max_length)
+        should_stop = stop_check(self.decode, stop)
         result = self.decoder.generate(ids, params, on_step=on_step, should_stop=should_stop)
-        text = self.decode(result.output_ids)
-        cut = min((text.index(s) for s in stop if s in text), default=None)
+        cut = cut_at_stop(result, self.decode, stop)
         if cut is not None:
-            return Completion(text[:cut], result, "stop")
+            return Completion(cut[0], cut[1], "stop")
+        text = self.decode(result.output_ids)
         eos = bool(result.output_ids) and result.output_ids[-1] in self.loaded.special.eos
         return Completion(text, result, "eos" if eos else "length")

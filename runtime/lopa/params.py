@@ -89,3 +89,18 @@ class DecodingParams:
             if name not in known:
                 raise InvalidParameter(name, "unknown decoding parameter")
         return replace(self, **{k: v for k, v in overrides.items() if v is not None})
+
+
+def check_length(prompt_tokens: int, params: DecodingParams, max_length: int) -> None:
+    """A prompt and its generation budget against the model's length limit, naming the field at fault
+    (the decoder itself would stop at the limit: a caller asking for more is told instead)."""
+    block, new = params.block_size, params.max_new_tokens
+    if prompt_tokens + block > max_length:
+        room = f"leave no room for one block of {block} in max_length {max_length}"
+        raise InvalidParameter("prompt", f"{prompt_tokens} tokens {room}")
+    if prompt_tokens + new > max_length:
+        raise InvalidParameter(
+            "max_new_tokens",
+            f"prompt {prompt_tokens} + max_new_tokens {new} exceed max_length {max_length}; "
+            f"at most {max_length - prompt_tokens}",
+        )

@@ -22,6 +22,7 @@ from lopa.serving.distributed import Abort, DistributedExecutor
 from lopa.serving.metrics import MasterMetrics
 from lopa.serving.requests import JobSpec
 from lopa.serving.streaming import DeltaTracker
+from lopa.stops import cut_at_stop, stop_check
 
 log = logging.getLogger("lopa.master")
 
@@ -126,13 +127,7 @@ class JobRunner:
                     )
                 )
 
-        should_stop = None
-        if spec.stop:
-
-            def should_stop(contiguous: list[int]) -> bool:
-                text = self.decode(contiguous)
-                return any(s in text for s in spec.stop)
-
+        should_stop = stop_check(self.decode, spec.stop)
         self.executor.abort = job.abort
         result = self.decoder.generate(spec.prompt_ids, spec.params, on_step=on_step, should_stop=should_stop)
         completion = self._complete(job, result, started, first_token[0] if first_token else None)
@@ -150,15 +145,13 @@ class JobRunner:
     def _complete(
         self, job: Job, result: GenerationResult, started: float, first_token: float | None
     ) -> Completion:
-        text = self.decode(result.output_ids)
-        stop = job.spec.stop
-        cut = min((text.index(s) for s in stop if s in text), default=None)
+        cut = cut_at_stop(result, self.decode, job.spec.stop)
         if cut is not None:
-            text, reason = text[:cut], "stop"
-        elif result.output_ids and result.output_ids[-1] in self.decoder.eos_ids:
-            reason = "eos"
+            (text, result), reason = cut, "stop"
         else:
-            reason = "length"
+            text = self.decode(result.output_ids)
+            eos = bool(result.output_ids) and result.output_ids[-1] in self.decoder.eos_ids
+            reason = "eos" if eos else "length"
         stats = lopa_pb2.Stats(
             forwards=result.forwards,
             tokens=result.tokens,

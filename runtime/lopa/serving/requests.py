@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, fields, replace
 from typing import Any
 
-from lopa.params import DecodingParams, InvalidParameter
+from lopa.params import DecodingParams, InvalidParameter, check_length
 from lopa.proto import lopa_pb2
 from lopa.serving.config import Limits
 
@@ -77,16 +77,7 @@ def check_budget(
         if request.decoding.HasField("block_size") and not request.HasField("max_new_tokens"):
             raise InvalidParameter("decoding.block_size", f"{block} is more than max_new_tokens {new}")
         raise InvalidParameter("max_new_tokens", f"{new} is less than block_size {block}")
-    if n_prompt + block > max_length:
-        raise InvalidParameter(
-            "prompt", f"{n_prompt} tokens leave no room for one block of {block} in max_length {max_length}"
-        )
-    if n_prompt + new > max_length:
-        raise InvalidParameter(
-            "max_new_tokens",
-            f"prompt {n_prompt} + max_new_tokens {new} exceed max_length {max_length}; "
-            f"at most {max_length - n_prompt}",
-        )
+    check_length(n_prompt, params, max_length)
 
 
 def check_stop(stop: list[str]) -> tuple[str, ...]:

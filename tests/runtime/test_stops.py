@@ -1,0 +1,72 @@
+"""Stop strings: the answer, its token ids and its counts all end where the kept text ends."""
+
+from __future__ import annotations
+
+import pytest
+
+from lopa.bundled import tasks
+from lopa.bundled.defaults import model_defaults
+from lopa.decoding.decoder import GenerationResult
+from lopa.engine import LocalEngine, bundled_model_dir
+from lopa.params import InvalidParameter
+from lopa.stops import cut_at_stop, stop_check
+
+VOCAB = {1: "ab", 2: "c", 3: "</", 4: "s>", 5: "x</"}
+
+
+def decode(ids: list[int]) -> str:
+    return "".join(VOCAB[i] for i in ids)
+
+
+def result_of(ids: list[int]) -> GenerationResult:
+    return GenerationResult(prompt_ids=[9], generated_ids=[*ids, 0, 0], output_ids=ids, forwards=2, wall_s=1)
+
+
+def test_the_cut_keeps_only_the_tokens_of_the_kept_text() -> None:
+    text, kept = cut_at_stop(result_of([1, 2, 3, 4, 2]), decode, ["</s>"])
+    assert text == "abc" and kept.output_ids == [1, 2] and kept.tokens == 2 and kept.tpf == 1.0
+    assert kept.generated_ids == [1, 2, 3, 4, 2, 0, 0]  # what was decoded stays on record (padded TPF)
+
+
+def test_a_token_holding_the_start_of_the_stop_is_kept() -> None:
+    text, kept = cut_at_stop(result_of([1, 5, 4]), decode, ["</s>"])
+    assert text == "abx" and kept.output_ids == [1, 5]
+
+
+def test_the_earliest_stop_wins_and_no_stop_means_no_cut() -> None:
+    text, kept = cut_at_stop(result_of([1, 2, 3, 4]), decode, ["</s>", "bc"])
+    assert text == "a" and kept.output_ids == [1]
+    assert cut_at_stop(result_of([1, 2]), decode, ["</s>"]) is None
+    text, kept = cut_at_stop(result_of([3, 4]), decode, ["</"])
+    assert text == "" and kept.output_ids == [] and kept.tokens == 0
+
+
+def test_stop_check() -> None:
+    assert stop_check(decode, []) is None
+    check = stop_check(decode, ["c</"])
+    assert check is not None and not check([1, 2]) and check([1, 2, 3])
+
+
+@pytest.fixture(scope="module")
+def engine() -> LocalEngine:
+    return LocalEngine.from_dirs(bundled_model_dir())
+
+
+def test_generate_with_a_stop_string_counts_what_it_returns(engine: LocalEngine) -> None:
+    params = model_defaults(bundled_model_dir()).with_overrides(branches=2)
+    prompt = tasks.held_out(1)[0].prompt
+    full = engine.generate(prompt, params)
+    stop = full.text[9:13]  # inside the answer (every answer is 12 groups of '.xyz', then a mark)
+    cut = engine.generate(prompt, params, stop=[stop])
+    assert cut.finish_reason == "stop" and cut.text == full.text[: full.text.index(stop)]
+    ids = cut.result.output_ids
+    assert ids == full.result.output_ids[: len(ids)] and engine.decode(ids).startswith(cut.text)
+    assert cut.result.tokens == len(ids) < full.result.tokens
+    assert len(engine.decode(ids[:-1])) < len(cut.text)  # no token more than the text needs
+
+
+def test_generate_refuses_more_tokens_than_the_model_holds(engine: LocalEngine) -> None:
+    params = model_defaults(bundled_model_dir()).with_overrides(max_new_tokens=1000)
+    with pytest.raises(InvalidParameter) as error:
+        engine.generate(tasks.held_out(1)[0].prompt, params)
+    assert error.value.field == "max_new_tokens" and "exceed max_length 256" in str(error.value)
