@@ -21,7 +21,7 @@ from lopa.serving.client import LopaClient
 from lopa.serving.config import Limits, ServingConfig, parse_config
 from lopa.serving.master import serve_master
 from lopa.serving.requests import check_budget, usable_limits
-from lopa.serving.worker import WorkerService, listen_key, start_server
+from lopa.serving.worker import WorkerService, listen_address, listen_key, start_server
 
 from .conftest import free_ports
 
@@ -200,3 +200,6 @@ def test_a_worker_bind_error_names_the_key_the_port_came_from(checkpoint: Path) 
     assert listen_key(config, 0) == "workers.addresses[0]"  # listen_port 0: each rank's own address
     fixed = dataclasses.replace(config, workers=dataclasses.replace(config.workers, listen_port=50052))
     assert listen_key(fixed, 0) == "workers.listen_port"
+    # and where it binds: a local group only on its loopback addresses, a pod on every interface
+    assert listen_address(config, 0) == config.workers.addresses[0]
+    assert listen_address(fixed, 0) == "0.0.0.0:50052"

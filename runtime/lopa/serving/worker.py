@@ -177,7 +177,7 @@ def serve_worker(config: ServingConfig, rank: int, stop: threading.Event | None 
     service = WorkerService(
         rank, workers.count, workers.backend, loaded.config.vocab_size, max_length, fatal, metrics
     )
-    address = f"0.0.0.0:{listen_port(config, rank)}"
+    address = listen_address(config, rank)
     server = start_server(service, address, listen_key(config, rank))
     log.info("rank %d: model %s loaded; worker API on %s", rank, path, address)
     try:
@@ -210,15 +210,17 @@ def start_server(service: WorkerService, address: str, key: str = "workers.liste
     return server
 
 
-def listen_port(config: ServingConfig, rank: int) -> int:
-    """workers.listen_port, or (0) the port of this rank's own address: local runs share one host."""
+def listen_address(config: ServingConfig, rank: int) -> str:
+    """In a pod, workers.listen_port on every interface (the master dials the pod's DNS name); with
+    listen_port 0 (local runs: every rank on one host), exactly this rank's own address, so a
+    loopback group is not reachable from the network."""
     if config.workers.listen_port:
-        return config.workers.listen_port
-    return int(config.workers.addresses[rank].rpartition(":")[2])
+        return f"0.0.0.0:{config.workers.listen_port}"
+    return config.workers.addresses[rank]
 
 
 def listen_key(config: ServingConfig, rank: int) -> str:
-    """The config key listen_port() took the port from (for bind errors)."""
+    """The config key listen_address() took the address from (for bind errors)."""
     return "workers.listen_port" if config.workers.listen_port else f"workers.addresses[{rank}]"
 
 
