@@ -1,38 +1,49 @@
-"""`lopa client generate --address HOST:PORT [--stream]`: one request to a LoPA master."""
+"""`lopa client generate|info --address HOST:PORT`: one request to a LoPA master, or its model info."""
 
 from __future__ import annotations
 
 import argparse
 import json
 import sys
+from pathlib import Path
+from typing import Any
 
 from lopa.cli.decoding_flags import HELP, flag_name
-from lopa.params import DecodingParams
+from lopa.params import DecodingParams, InvalidParameter
+
+OVERRIDES = ("branches", "block_size", "tau_add", "tau_act", "tau_conf", "conf", "alpha", "beta",
+             "attention", "temperature", "top_p", "top_k", "seed")
 
 
 def add_parser(subparsers: argparse._SubParsersAction) -> None:
     parser = subparsers.add_parser("client", help="talk to a LoPA master over gRPC")
     actions = parser.add_subparsers(dest="action", required=True)
     gen = actions.add_parser("generate", help="send one request; print the answer and its stats")
-    gen.add_argument("--address", default="127.0.0.1:50051")
-    gen.add_argument("--prompt", required=True)
-    gen.add_argument("--chat", action="store_true")
+    add_connection_flags(gen)
+    gen.add_argument("--prompt", required=True, help="prompt text")
+    gen.add_argument("--chat", action="store_true", help="apply the model's chat template to the prompt")
     gen.add_argument("--stream", action="store_true", help="print committed deltas as they arrive")
-    gen.add_argument("--stop", action="append", default=[])
-    gen.add_argument("--max-new-tokens", type=int, default=None)
-    gen.add_argument("--timeout", type=float, default=None, help="deadline in seconds")
-    gen.add_argument("--json", action="store_true")
-    gen.add_argument("--ca", default=None, help="CA bundle: use TLS")
-    gen.add_argument("--cert", default=None, help="client certificate (mutual TLS)")
-    gen.add_argument("--key", default=None, help="client key (mutual TLS)")
-    group = gen.add_argument_group("decoding overrides (default: the server's)")
-    for name in ("branches", "block_size", "tau_add", "tau_act", "tau_conf", "conf", "alpha", "beta",
-                 "attention", "temperature", "top_p", "top_k", "seed"):
+    gen.add_argument("--stop", action="append", default=[], help="stop sequence (repeatable)")
+    gen.add_argument("--max-new-tokens", type=int, default=None,
+                     help="generation budget (default: the server's, see `lopa client info`)")
+    gen.add_argument("--timeout", type=float, default=None, help="deadline in seconds (default: none)")
+    gen.add_argument("--json", action="store_true",
+                     help="print one JSON object (text, finish reason, stats) instead of text")
+    group = gen.add_argument_group("decoding overrides (default: the server's, see `lopa client info`)")
+    for name in OVERRIDES:
         kind = type(getattr(getattr(DecodingParams(), name), "value", getattr(DecodingParams(), name)))
         group.add_argument(flag_name(name), dest=name, type=kind, default=None, help=HELP[name])
-    info = actions.add_parser("info", help="print the model info and health")
-    info.add_argument("--address", default="127.0.0.1:50051")
+    info = actions.add_parser("info", help="print the model info (limits, decoding defaults) and health")
+    add_connection_flags(info)
     parser.set_defaults(handler=run)
+
+
+def add_connection_flags(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--address", default="127.0.0.1:50051",
+                        help="the master's client API, HOST:PORT (default: %(default)s)")
+    parser.add_argument("--ca", default=None, help="CA bundle of the server's certificate: use TLS")
+    parser.add_argument("--cert", default=None, help="client certificate (mutual TLS; with --key)")
+    parser.add_argument("--key", default=None, help="client key (mutual TLS; with --cert)")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -40,34 +51,49 @@ def run(args: argparse.Namespace) -> int:
 
     from lopa.serving.client import LopaClient
 
-    if args.action == "info":
-        with LopaClient(args.address) as client:
-            print(client.model_info())
-            print("health:", client.health())
-        return 0
-    overrides = {name: getattr(args, name) for name in ("branches", "block_size", "tau_add", "tau_act",
-                 "tau_conf", "conf", "alpha", "beta", "attention", "temperature", "top_p", "top_k", "seed")}
+    check_tls_flags(args)
     with LopaClient(args.address, ca=args.ca, cert=args.cert, key=args.key) as client:
-        kwargs = dict(max_new_tokens=args.max_new_tokens, stop=args.stop, chat=args.chat, **overrides)
         try:
-            if args.stream:
-                text, last = "", None
-                for chunk in client.stream(args.prompt, timeout=args.timeout, **kwargs):
-                    text += chunk.text
-                    if not args.json:
-                        print(chunk.text, end="", flush=True)
-                    last = chunk
-                stats, reason = last.stats, last.finish_reason
-                if not args.json:
-                    print()
-            else:
-                reply = client.generate(args.prompt, timeout=args.timeout, **kwargs)
-                text, stats, reason = reply.text, reply.stats, reply.finish_reason
-                if not args.json:
-                    print(text)
+            return info(client) if args.action == "info" else generate(client, args)
         except grpc.RpcError as error:
             print(f"lopa client: error: {error.code().name}: {error.details()}", file=sys.stderr)
             return 1
+
+
+def check_tls_flags(args: argparse.Namespace) -> None:
+    for name in ("ca", "cert", "key"):
+        path = getattr(args, name)
+        if path is not None and not Path(path).is_file():
+            raise InvalidParameter(name, f"no such file: {path}")
+    if (args.cert is None) != (args.key is None):
+        raise InvalidParameter("key" if args.key is None else "cert", "--cert and --key go together")
+
+
+def info(client: Any) -> int:
+    print(client.model_info(), end="")  # protobuf text: one `key: value` line per field
+    print("health:", client.health())
+    return 0
+
+
+def generate(client: Any, args: argparse.Namespace) -> int:
+    """One request; the answer on stdout (or one JSON object), the stats on stderr."""
+    overrides = {name: getattr(args, name) for name in OVERRIDES}
+    kwargs = dict(max_new_tokens=args.max_new_tokens, stop=args.stop, chat=args.chat, **overrides)
+    if args.stream:
+        text, last = "", None
+        for chunk in client.stream(args.prompt, timeout=args.timeout, **kwargs):
+            text += chunk.text
+            if not args.json:
+                print(chunk.text, end="", flush=True)
+            last = chunk
+        stats, reason = last.stats, last.finish_reason
+        if not args.json:
+            print()
+    else:
+        reply = client.generate(args.prompt, timeout=args.timeout, **kwargs)
+        text, stats, reason = reply.text, reply.stats, reply.finish_reason
+        if not args.json:
+            print(text)
     if args.json:
         print(json.dumps({"text": text, "finish_reason": reason, "forwards": stats.forwards,
                           "tokens": stats.tokens, "tpf": round(stats.tpf, 4),

@@ -6,8 +6,11 @@ from collections.abc import Iterator, Sequence
 from typing import Any
 
 import grpc
+from google.protobuf.descriptor import FieldDescriptor
+from google.protobuf.message import Message
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
+from lopa.params import InvalidParameter
 from lopa.proto import lopa_pb2, lopa_pb2_grpc
 from lopa.serving.tls import channel_credentials
 
@@ -51,10 +54,10 @@ class LopaClient:
         else:
             request.prompt_token_ids.extend(int(t) for t in prompt)
         if max_new_tokens is not None:
-            request.max_new_tokens = max_new_tokens
+            _set(request, "max_new_tokens", max_new_tokens)
         for name, value in decoding.items():
             if value is not None:
-                setattr(request.decoding, name, value)
+                _set(request.decoding, name, value)
         return request
 
     def generate(self, prompt: str | Sequence[int], timeout: float | None = None, **kw: Any) -> Any:
@@ -85,3 +88,16 @@ class LopaClient:
                 return True
             time.sleep(0.2)
         return False
+
+
+_UNSIGNED_MAX = {FieldDescriptor.TYPE_UINT32: 2**32 - 1, FieldDescriptor.TYPE_UINT64: 2**64 - 1}
+
+
+def _set(message: Message, name: str, value: Any) -> None:
+    """message.name = value; InvalidParameter naming the field when an unsigned field cannot hold it
+    (protobuf would raise a bare 'Value out of range')."""
+    highest = _UNSIGNED_MAX.get(message.DESCRIPTOR.fields_by_name[name].type)
+    if highest is not None and isinstance(value, int) and not 0 <= value <= highest:
+        bound = "must be >= 0" if value < 0 else f"must be <= {highest}"
+        raise InvalidParameter(name, f"{bound}, got {value}")
+    setattr(message, name, value)
