@@ -3,12 +3,17 @@ traceback: `lopa client`, `lopa serve`, `lopa master`, `lopa worker`, `lopa gene
 
 from __future__ import annotations
 
+import importlib.util
 from pathlib import Path
 
 import pytest
+import torch
+import yaml
 
 from lopa.cli import main
 from lopa.serving.launcher import LocalCluster, free_ports
+
+from .conftest import write_config
 
 
 @pytest.fixture(autouse=True)
@@ -93,3 +98,83 @@ def test_client_generate_help_explains_every_flag(capsys: pytest.CaptureFixture[
     ]:
         assert f"{flag} {help_text}" in text, flag
     assert "decoding overrides (default: the server's" in text
+
+
+# -- lopa master / lopa worker: config files ------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("section", "values", "key"),
+    [
+        ("model", {"dtype": "float8"}, "model.dtype"),
+        ("model", {"device": "tpu"}, "model.device"),
+        ("model", {"device": "cuda"}, "workers.backend: 'gloo' does not match model.device 'cuda'"),
+        ("master", {"listen": "not-an-address"}, "master.listen"),
+        ("master", {"metrics_port": 99999}, "master.metrics_port"),
+    ],
+)
+@pytest.mark.parametrize("command", [["master"], ["worker", "--rank", "0"]])
+def test_master_and_worker_refuse_a_bad_config_in_one_line(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path, checkpoint: Path,
+    section: str, values: dict, key: str, command: list[str],
+) -> None:
+    path = write_config(tmp_path, checkpoint, workers=1)
+    raw = yaml.safe_load(path.read_text())
+    raw[section].update(values)
+    path.write_text(yaml.safe_dump(raw))
+    code, err = run_cli(capsys, command[0], "--config", str(path), *command[1:])
+    assert code == 1 and one_line(err).startswith(f"lopa {command[0]}: error: {path}: {key}")
+
+
+def test_worker_rank_errors_name_the_flag(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path, checkpoint: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    path = str(write_config(tmp_path, checkpoint, workers=1))
+    code, err = run_cli(capsys, "worker", "--config", path, "--rank", "5")
+    assert code == 2 and one_line(err) == "lopa worker: error: --rank: 5 outside [0, workers.count=1)"
+    monkeypatch.setenv("LOPA_RANK", "abc")
+    code, err = run_cli(capsys, "worker", "--config", path)
+    assert code == 2
+    assert one_line(err) == "lopa worker: error: --rank: $LOPA_RANK must be an integer, got 'abc'"
+
+
+# -- lopa generate / lopa bench tpf --------------------------------------------------------------------
+
+
+def test_generate_reports_an_unusable_device_in_one_line(capsys: pytest.CaptureFixture[str]) -> None:
+    code, err = run_cli(capsys, "generate", "--prompt", "x", "--device", "foo")
+    assert code == 2
+    assert one_line(err) == "lopa generate: error: --device: must be cpu, cuda[:N] or npu[:N], got 'foo'"
+    if not torch.cuda.is_available():
+        code, err = run_cli(capsys, "generate", "--prompt", "x", "--device", "cuda")
+        assert code == 2 and one_line(err) == (
+            "lopa generate: error: --device: 'cuda': no CUDA device is available on this machine"
+        )
+    if importlib.util.find_spec("torch_npu") is None:
+        code, err = run_cli(capsys, "generate", "--prompt", "x", "--device", "npu")
+        assert code == 2 and "--device: 'npu' needs the torch-npu package" in one_line(err)
+
+
+def test_generate_help_states_each_default_once(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit):
+        main(["generate", "--help"])
+    text = " ".join(capsys.readouterr().out.split())
+    assert "(paper: 32" not in text and text.count("(paper default: 32)") == 1
+
+
+@pytest.mark.parametrize(
+    ("argv", "line"),
+    [
+        (["--ks", "0,x"], "--ks: each k must be an integer in [0, 64], got 'x'"),
+        (["--ks", "99"], "--ks: each k must be an integer in [0, 64], got '99'"),
+        (["--ks", ","], "--ks: needs at least one comma-separated value"),
+        (["--modes", "foo"], "--modes: each mode must be one of full, block_causal, got 'foo'"),
+        (["--threads", "0"], "--threads: must be >= 1, got 0"),
+        (["--limit", "0"], "--limit: must be >= 1, got 0"),
+    ],
+)
+def test_bench_tpf_flags_name_themselves(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path, argv: list[str], line: str
+) -> None:
+    code, err = run_cli(capsys, "bench", "tpf", "--out", str(tmp_path), *argv)
+    assert code == 2 and one_line(err) == f"lopa bench: error: {line}"

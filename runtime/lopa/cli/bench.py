@@ -13,6 +13,7 @@ from lopa.bench.tpf import KS, MODES, run_sweep
 from lopa.bundled import tasks
 from lopa.bundled.defaults import model_defaults
 from lopa.engine import LocalEngine, bundled_model_dir
+from lopa.params import MAX_BRANCHES, AttentionMode, InvalidParameter
 from lopa.serving import bench as serving_bench
 from lopa.serving import transport_bench
 
@@ -44,6 +45,10 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    for name in ("limit", "threads"):
+        if getattr(args, name) < 1:
+            raise InvalidParameter(name, f"must be >= 1, got {getattr(args, name)}")
+    args.ks, args.modes = parse_ks(args.ks), parse_modes(args.modes)  # before the model loads
     threads = torch.get_num_threads()
     torch.set_num_threads(args.threads)
     try:
@@ -61,14 +66,39 @@ def _run(args: argparse.Namespace) -> int:
         block_size=args.block_size,
         conf=args.conf,
     )
-    ks = [int(k) for k in args.ks.split(",") if k.strip()]
-    modes = [m.strip() for m in args.modes.split(",") if m.strip()]
     engine = LocalEngine.from_dirs(model_dir)
     examples = tasks.held_out(args.limit)
-    sweep = run_sweep(engine, examples, base, ks, modes)
+    sweep = run_sweep(engine, examples, base, args.ks, args.modes)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     print(table(sweep))
     json_path, png_path = write_json(sweep, out / "tpf.json"), plot(sweep, out / "tpf.png")
     print(f"wrote {json_path} and {png_path}", file=sys.stderr)
     return 0
+
+
+def parse_ks(text: str) -> list[int]:
+    """--ks "0,1,2": each k in [0, MAX_BRANCHES]; InvalidParameter names --ks (not --branches)."""
+    ks = []
+    for item in _items(text, "ks"):
+        if not item.isdigit() or int(item) > MAX_BRANCHES:
+            raise InvalidParameter("ks", f"each k must be an integer in [0, {MAX_BRANCHES}], got {item!r}")
+        ks.append(int(item))
+    return ks
+
+
+def parse_modes(text: str) -> list[str]:
+    """--modes "block_causal,full": attention modes; InvalidParameter names --modes (not --attention)."""
+    known = [m.value for m in AttentionMode]
+    modes = _items(text, "modes")
+    for mode in modes:
+        if mode not in known:
+            raise InvalidParameter("modes", f"each mode must be one of {', '.join(known)}, got {mode!r}")
+    return modes
+
+
+def _items(text: str, name: str) -> list[str]:
+    items = [item.strip() for item in text.split(",") if item.strip()]
+    if not items:
+        raise InvalidParameter(name, "needs at least one comma-separated value")
+    return items

@@ -8,7 +8,7 @@ from dataclasses import fields
 from lopa.params import AttentionMode, ConfKind, DecodingParams
 
 HELP = {
-    "block_size": "positions per generated block (paper: 32; 16 for MATH-like tasks)",
+    "block_size": "positions per generated block; the paper uses 16 for MATH-like tasks",
     "max_new_tokens": "generation budget; max_new_tokens // block_size blocks",
     "tau_add": "append a block once the last block is this fraction decoded",
     "tau_act": "fully activate the next block once a block is this fraction decoded",

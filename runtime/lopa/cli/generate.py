@@ -8,8 +8,11 @@ import sys
 
 from lopa.bundled.defaults import model_defaults
 from lopa.cli.decoding_flags import add_decoding_flags, params_from_args
+from lopa.cli.preflight import device_problem
 from lopa.decoding.decoder import StepEvent
 from lopa.engine import Completion, LocalEngine
+from lopa.params import InvalidParameter
+from lopa.serving.config import DTYPES
 
 
 def add_parser(subparsers: argparse._SubParsersAction) -> None:
@@ -32,8 +35,9 @@ def add_model_flags(parser: argparse.ArgumentParser) -> None:
     group = parser.add_argument_group("model")
     group.add_argument("--model", default=None, help="checkpoint directory (default: the bundled model)")
     group.add_argument("--adapter", default=None, help="PEFT LoRA adapter directory, merged at load")
-    group.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
-    group.add_argument("--device", default="cpu", help="cpu, cuda, cuda:1, ...")
+    group.add_argument("--dtype", default="float32", choices=DTYPES,
+                       help="weights dtype (default: %(default)s)")
+    group.add_argument("--device", default="cpu", help="cpu, cuda, cuda:1, npu, npu:1 (default: %(default)s)")
     group.add_argument("--max-length", type=int, default=None, help="KV cache length (prompt + output)")
 
 
@@ -52,6 +56,9 @@ def stats_of(completion: Completion) -> dict[str, float | int | str]:
 
 
 def run(args: argparse.Namespace) -> int:
+    problem = device_problem(args.device)
+    if problem:  # before loading: torch would fail deep inside the loader
+        raise InvalidParameter("device", problem)
     engine = LocalEngine.from_dirs(args.model, args.adapter, args.dtype, args.device, args.max_length)
     params = params_from_args(args, model_defaults(engine.model_dir))
 

@@ -7,8 +7,10 @@ import logging
 import os
 import signal
 
+from lopa.cli.preflight import device_problem
+from lopa.params import InvalidParameter
 from lopa.serving.collective import JoinError
-from lopa.serving.config import load_config
+from lopa.serving.config import ConfigError, load_config
 
 
 def add_parser(subparsers: argparse._SubParsersAction) -> None:
@@ -24,20 +26,35 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    config = load_config(args.config)
+    rank = worker_rank(args.rank, os.environ.get("LOPA_RANK"), config.workers.count)
+    problem = device_problem(config.model.device)
+    if problem:
+        raise ConfigError(f"{args.config}: model.device: {problem}")
     from lopa.serving.worker import exit_now, serve_worker  # torch import only for this command
 
     logging.basicConfig(level=args.log_level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    rank = args.rank if args.rank is not None else os.environ.get("LOPA_RANK")
-    if rank is None:
-        raise SystemExit("lopa worker: error: --rank or $LOPA_RANK is required")
-    config = load_config(args.config)
     # A worker has nothing to flush, and may be blocked inside a collective join: stop at once.
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, signal.SIG_DFL)
     try:
-        code = serve_worker(config, int(rank))
+        code = serve_worker(config, rank)
     except JoinError as error:
         logging.getLogger("lopa.worker").error("%s", error)
         exit_now(1)
     exit_now(code)  # skip collective teardown: a dead peer could block it
     return code
+
+
+def worker_rank(flag: int | None, env: str | None, count: int) -> int:
+    """--rank, else $LOPA_RANK (a StatefulSet pod's index); InvalidParameter unless in [0, count)."""
+    if flag is None and env is None:
+        raise InvalidParameter("rank", "required (or set $LOPA_RANK)")
+    if flag is None:
+        try:
+            flag = int(env or "")
+        except ValueError:
+            raise InvalidParameter("rank", f"$LOPA_RANK must be an integer, got {env!r}") from None
+    if not 0 <= flag < count:
+        raise InvalidParameter("rank", f"{flag} outside [0, workers.count={count})")
+    return flag
