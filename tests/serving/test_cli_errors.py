@@ -4,6 +4,11 @@ traceback: `lopa client`, `lopa serve`, `lopa master`, `lopa worker`, `lopa gene
 from __future__ import annotations
 
 import importlib.util
+import os
+import signal
+import subprocess
+import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -11,9 +16,9 @@ import torch
 import yaml
 
 from lopa.cli import main
-from lopa.serving.launcher import LocalCluster, free_ports
+from lopa.serving.launcher import LocalCluster, describe_exits, free_ports
 
-from .conftest import write_config
+from .conftest import worker_env, write_config
 
 
 @pytest.fixture(autouse=True)
@@ -98,6 +103,59 @@ def test_client_generate_help_explains_every_flag(capsys: pytest.CaptureFixture[
     ]:
         assert f"{flag} {help_text}" in text, flag
     assert "decoding overrides (default: the server's" in text
+
+
+# -- lopa serve -----------------------------------------------------------------------------------------
+
+
+def test_supervise_reports_a_dead_master() -> None:
+    cluster = LocalCluster.__new__(LocalCluster)  # no config file, no children: just the supervisor
+    cluster.master, cluster.workers = subprocess.Popen(["sleep", "60"]), []
+    cluster.master.kill()
+    with pytest.raises(RuntimeError, match=r"^the master exited \(killed by SIGKILL\); stopping the workers"):
+        cluster.supervise(poll_s=0.05)
+
+
+def test_worker_exits_are_described_in_words() -> None:
+    assert describe_exits([(0, 3), (1, -9)]) == "rank 0 exited with code 3, rank 1 killed by SIGKILL"
+
+
+def _children(pid: int) -> list[int]:
+    path = Path(f"/proc/{pid}/task/{pid}/children")
+    return [int(c) for c in path.read_text().split()] if path.exists() else []
+
+
+def _alive(pid: int) -> bool:
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().split(") ", 1)[1][0]
+    except FileNotFoundError:
+        return False
+    return state != "Z"
+
+
+def test_serve_stops_the_workers_and_fails_when_its_master_dies(checkpoint: Path) -> None:
+    if not Path(f"/proc/{os.getpid()}/task/{os.getpid()}/children").exists():
+        pytest.skip("needs /proc/PID/task/PID/children to find the master")
+    command = [sys.executable, "-m", "lopa", "serve", "--workers", "1", "--model", str(checkpoint),
+               "--block-size", "8", "--max-new-tokens", "16", "--listen", closed_address(),
+               "--start-timeout", "120"]
+    served = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                              env=worker_env())
+    try:
+        assert "serving on" in served.stdout.readline()
+        children = _children(served.pid)
+        master = [c for c in children if b"master" in Path(f"/proc/{c}/cmdline").read_bytes()]
+        assert len(master) == 1 and len(children) == 2, children
+        os.kill(master[0], signal.SIGKILL)
+        _, err = served.communicate(timeout=60)
+    finally:
+        served.kill()
+    assert served.returncode == 1, err[-3000:]
+    assert "lopa serve: error: the master exited (killed by SIGKILL); stopping the workers" in err
+    deadline = time.monotonic() + 10
+    while any(_alive(c) for c in children) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not any(_alive(c) for c in children)
 
 
 # -- lopa master / lopa worker: config files ------------------------------------------------------------

@@ -111,10 +111,10 @@ class LocalCluster:
         with LopaClient(self.address) as client:
             while time.monotonic() < deadline:
                 if self.master is not None and self.master.poll() is not None:
-                    raise RuntimeError(f"the master exited with code {self.master.returncode}")
+                    raise RuntimeError(f"the master exited ({exit_status(self.master.returncode)})")
                 failed = [(r, p.returncode) for r, p in enumerate(self.workers) if p.poll() not in (None, 0)]
                 if strict and failed:
-                    raise RuntimeError(f"worker(s) exited before the group formed (rank, code): {failed}")
+                    raise RuntimeError(f"worker(s) exited before the group formed: {describe_exits(failed)}")
                 if client.health(timeout=2.0) == "SERVING":
                     return True
                 time.sleep(0.25)
@@ -123,19 +123,21 @@ class LocalCluster:
     def supervise(
         self, poll_s: float = 0.5, max_backoff_s: float = 30.0, stop: threading.Event | None = None
     ) -> int:
-        """Block until the master exits (returns its code) or `stop` is set.
+        """Block until `stop` is set (returns 0); RuntimeError when the master exits (it only stops
+        when told to, so that is a failure: the caller stops the workers).
 
         A dead worker restarts the whole group; the backoff doubles per quick re-failure up to
         max_backoff_s, and a minute of health resets it."""
         backoff, restarted_at = 1.0, 0.0
         while stop is None or not stop.is_set():
             if self.master is not None and self.master.poll() is not None:
-                return self.master.returncode
+                code = exit_status(self.master.returncode)
+                raise RuntimeError(f"the master exited ({code}); stopping the workers")
             dead = [(r, p.returncode) for r, p in enumerate(self.workers) if p.poll() is not None]
             if dead:
                 if time.monotonic() - restarted_at > 60.0:
                     backoff = 1.0
-                log.error("worker(s) exited %s: restarting the group in %.0fs", dead, backoff)
+                log.error("%s: restarting the group in %.0fs", describe_exits(dead), backoff)
                 time.sleep(backoff)
                 self.restart_workers()
                 restarted_at, backoff = time.monotonic(), min(max_backoff_s, backoff * 2)
@@ -148,6 +150,23 @@ class LocalCluster:
         for f in self._logs:
             f.close()
         self._logs = []
+
+
+def exit_status(returncode: int) -> str:
+    """'code 3' or 'killed by SIGKILL' (Popen reports a signal as a negative code)."""
+    if returncode >= 0:
+        return f"code {returncode}"
+    try:
+        return f"killed by {signal.Signals(-returncode).name}"
+    except ValueError:
+        return f"killed by signal {-returncode}"
+
+
+def describe_exits(exits: list[tuple[int, int]]) -> str:
+    """'rank 0 exited with code 3, rank 1 killed by SIGKILL' for [(rank, returncode), ...]."""
+    return ", ".join(
+        f"rank {rank} " + ("exited with " if code >= 0 else "") + exit_status(code) for rank, code in exits
+    )
 
 
 def _terminate(procs: list[subprocess.Popen], timeout: float) -> None:
