@@ -15,8 +15,11 @@ import pytest
 import torch
 import yaml
 
-from lopa.cli import main
+from lopa.bundled.defaults import model_defaults
+from lopa.cli import build_parser, main, serve
+from lopa.proto import lopa_pb2
 from lopa.serving.launcher import LocalCluster, describe_exits, free_ports
+from lopa.serving.model_dir import model_path
 
 from .conftest import worker_env, write_config
 
@@ -108,6 +111,32 @@ def test_client_generate_help_explains_every_flag(capsys: pytest.CaptureFixture[
 # -- lopa serve -----------------------------------------------------------------------------------------
 
 
+@pytest.mark.parametrize(
+    ("argv", "line"),
+    [
+        (["--prompt", ""], "lopa serve: error: --prompt: is empty"),
+        (["--listen", "bogus"], "lopa serve: error: --listen: must be HOST:PORT, got 'bogus'"),
+        (["--metrics-port", "99999"], "lopa serve: error: --metrics-port: must be in [0, 65535], got 99999"),
+        (["--workers", "0"], "lopa serve: error: --workers: must be >= 1, got 0"),
+    ],
+)
+def test_serve_checks_its_flags_before_starting_anything(
+    capsys: pytest.CaptureFixture[str], argv: list[str], line: str
+) -> None:
+    code, err = run_cli(capsys, "serve", "--listen", closed_address(), *argv)
+    assert code == 2 and one_line(err) == line
+
+
+def test_serve_with_a_config_file_without_decoding_uses_the_models_defaults(tmp_path: Path) -> None:
+    """Not the paper's (block 32, 256 tokens): on the bundled model every request would fail."""
+    config = tmp_path / "lopa.yaml"
+    config.write_text(yaml.safe_dump({"limits": {"queue_size": 8}}))
+    args = build_parser().parse_args(["serve", "--config", str(config), "--listen", closed_address()])
+    assert serve.serving_config(args).decoding == model_defaults(model_path(""))
+    args = build_parser().parse_args(["serve", "--config", str(config), "--branches", "3"])
+    assert serve.serving_config(args).decoding == model_defaults(model_path("")).with_overrides(branches=3)
+
+
 def test_supervise_reports_a_dead_master() -> None:
     cluster = LocalCluster.__new__(LocalCluster)  # no config file, no children: just the supervisor
     cluster.master, cluster.workers = subprocess.Popen(["sleep", "60"]), []
@@ -194,6 +223,45 @@ def test_worker_rank_errors_name_the_flag(
     code, err = run_cli(capsys, "worker", "--config", path)
     assert code == 2
     assert one_line(err) == "lopa worker: error: --rank: $LOPA_RANK must be an integer, got 'abc'"
+
+
+def test_master_reports_an_address_it_cannot_listen_on(tmp_path: Path, checkpoint: Path) -> None:
+    config = write_config(tmp_path, checkpoint, workers=1, master={"listen": "192.0.2.1:50051"})  # TEST-NET
+    command = [sys.executable, "-m", "lopa", "master", "--config", str(config)]
+    done = subprocess.run(command, capture_output=True, text=True, timeout=60, env=worker_env())
+    assert done.returncode == 1, done.stderr[-3000:]
+    last = done.stderr.splitlines()[-1]
+    assert last.startswith("lopa master: error: master.listen: cannot listen on 192.0.2.1:50051: ")
+    assert "Traceback" not in done.stderr
+
+
+def test_master_without_decoding_in_its_config_serves_the_models_defaults(tmp_path: Path) -> None:
+    """`lopa master` on the bundled model, no workers: `lopa client info` shows the model's defaults."""
+    listen = closed_address()
+    worker, rendezvous = free_ports(2)
+    config = tmp_path / "lopa.yaml"
+    config.write_text(yaml.safe_dump({
+        "master": {"listen": listen, "metrics_port": 0},
+        "workers": {"addresses": [f"127.0.0.1:{worker}"], "rendezvous": f"127.0.0.1:{rendezvous}"},
+    }))
+    master = subprocess.Popen([sys.executable, "-m", "lopa", "master", "--config", str(config)],
+                              stderr=subprocess.PIPE, text=True, env=worker_env())
+    try:
+        for line in master.stderr:
+            if "master listening" in line:
+                break
+        info = subprocess.run([sys.executable, "-m", "lopa", "client", "info", "--address", listen],
+                              capture_output=True, text=True, timeout=60, env=worker_env())
+    finally:
+        master.send_signal(signal.SIGTERM)
+        master.communicate(timeout=30)
+    assert info.returncode == 0, info.stderr
+    defaults = model_defaults(model_path(""))
+    assert f"block_size: {defaults.block_size}" in info.stdout
+    assert f"tau_conf: {defaults.tau_conf}" in info.stdout
+    assert "health: NOT_SERVING" in info.stdout  # no workers: the group is not ready
+    if "default_max_new_tokens" in lopa_pb2.ModelInfo.DESCRIPTOR.fields_by_name:
+        assert f"default_max_new_tokens: {defaults.max_new_tokens}" in info.stdout
 
 
 # -- lopa generate / lopa bench tpf --------------------------------------------------------------------

@@ -174,3 +174,18 @@ def test_bench_serving_uses_held_out_prompts_and_model_defaults_on_the_bundled_m
     assert (kw["block_size"], kw["attention"], kw["max_new_tokens"]) == (4, "block_causal", 16)
     kw, prompts = bench.workload(args(model="/some/checkpoint"))
     assert prompts == bench.PROMPTS and kw == {"attention": "full", "max_new_tokens": 64, "branches": 2}
+
+
+def test_a_config_without_decoding_serves_with_the_models_own_defaults() -> None:
+    from lopa.bundled.defaults import model_defaults
+    from lopa.serving.config import with_model_defaults
+    from lopa.serving.model_dir import model_path
+
+    bundled = model_path("")
+    model = model_defaults(bundled)
+    assert model.block_size != DecodingParams().block_size  # the test needs a model with its own defaults
+    assert with_model_defaults(parse_config({}), bundled).decoding == model
+    partial = with_model_defaults(parse_config({"decoding": {"branches": 3, "tau_conf": 0.8}}), bundled)
+    assert partial.decoding == model.with_overrides(branches=3, tau_conf=0.8)  # the file's keys win
+    full = parse_config({"decoding": {"block_size": 16}})
+    assert with_model_defaults(with_model_defaults(full, bundled), bundled).decoding.block_size == 16

@@ -8,7 +8,8 @@ import contextlib
 import logging
 import signal
 
-from lopa.serving.config import ServingConfig, load_config
+from lopa.cli.preflight import listen_problem
+from lopa.serving.config import ConfigError, ServingConfig, load_config, validate, with_model_defaults
 
 
 def add_parser(subparsers: argparse._SubParsersAction) -> None:
@@ -24,9 +25,25 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
 
 def run(args: argparse.Namespace) -> int:
     logging.basicConfig(level=args.log_level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    config = load_config(args.config)
+    config = master_config(args.config)
+    problem = listen_problem(config.master.listen)
+    if problem:  # gRPC says only "Failed to bind", after an error line of its own
+        raise OSError(f"master.listen: {problem}")
     asyncio.run(_serve_until_signalled(config))
     return 0
+
+
+def master_config(path: str) -> ServingConfig:
+    """The file, with the model's own decoding defaults for the decoding keys it leaves out."""
+    from lopa.serving.model_dir import model_path  # imports torch: only for this command
+
+    config = load_config(path)
+    config = with_model_defaults(config, model_path(config.model.path))
+    try:
+        validate(config)
+    except ConfigError as error:  # the model's defaults exceed the file's limits
+        raise ConfigError(f"{path}: {error} (decoding keys not in the file come from the model)") from None
+    return config
 
 
 async def _serve_until_signalled(config: ServingConfig) -> None:

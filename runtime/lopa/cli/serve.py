@@ -12,9 +12,20 @@ from pathlib import Path
 
 import grpc
 
-from lopa.bundled.defaults import model_defaults
 from lopa.cli.decoding_flags import add_decoding_flags, params_from_args
-from lopa.serving.config import ModelConfig, ServingConfig, load_config, validate
+from lopa.cli.preflight import device_problem, listen_problem
+from lopa.params import InvalidParameter
+from lopa.serving.config import (
+    DTYPES,
+    MAX_PORT,
+    ConfigError,
+    ModelConfig,
+    ServingConfig,
+    load_config,
+    parse_config,
+    validate,
+    with_model_defaults,
+)
 from lopa.serving.model_dir import model_path
 
 
@@ -29,9 +40,12 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--config", default=None, help="base serving YAML (ports and addresses are replaced)")
     parser.add_argument("--model", default=None, help="checkpoint directory (default: the bundled model)")
     parser.add_argument("--adapter", default=None, help="PEFT LoRA adapter directory")
-    parser.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
-    parser.add_argument("--listen", default="127.0.0.1:50051", help="client API address")
-    parser.add_argument("--metrics-port", type=int, default=0, help="master metrics port (0 = off)")
+    parser.add_argument("--dtype", default=None, choices=DTYPES,
+                        help="weights dtype (default: the config file's model.dtype, else float32)")
+    parser.add_argument("--listen", default="127.0.0.1:50051",
+                        help="client API address, HOST:PORT (default: %(default)s)")
+    parser.add_argument("--metrics-port", type=int, default=0,
+                        help="master Prometheus metrics port (default: 0 = no metrics endpoint)")
     parser.add_argument("--start-timeout", type=float, default=600.0, help="seconds to wait for SERVING")
     parser.add_argument(
         "--prompt", default=None, help="one-shot: send this prompt, print the answer and its stats, stop"
@@ -42,27 +56,11 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from lopa.serving.launcher import LocalCluster, loopback_config
+    from lopa.serving.launcher import LocalCluster
 
+    check_flags(args)
     logging.basicConfig(level="INFO", format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    base = load_config(args.config) if args.config else ServingConfig()
-    model = ModelConfig(path=args.model or base.model.path, adapter=args.adapter or base.model.adapter,
-                        dtype=args.dtype, device=base.model.device)
-    # Flags override the config file's decoding section, or else the model's own defaults.
-    decoding_base = base.decoding if args.config else model_defaults(model_path(model.path))
-    decoding = params_from_args(args, decoding_base)
-    limits = base.limits
-    if decoding.max_new_tokens > limits.max_new_tokens or decoding.branches > limits.max_branches:
-        limits = dataclasses.replace(
-            limits,
-            max_new_tokens=max(limits.max_new_tokens, decoding.max_new_tokens),
-            max_branches=max(limits.max_branches, decoding.branches),
-        )
-    config = dataclasses.replace(base, model=model, decoding=decoding, limits=limits,
-                                 master=dataclasses.replace(base.master, metrics_port=args.metrics_port))
-    config = loopback_config(config, args.workers, args.listen)
-    validate(config)
-    model_path(config.model.path)  # fail here, not in N children
+    config = serving_config(args)
     # SIGTERM (a process manager, `kill`) stops the group like Ctrl-C: children never outlive us.
     signal.signal(signal.SIGTERM, _interrupt)
     signal.signal(signal.SIGINT, _interrupt)
@@ -82,6 +80,48 @@ def run(args: argparse.Namespace) -> int:
             return 1
         finally:
             cluster.stop()
+
+
+def check_flags(args: argparse.Namespace) -> None:
+    """The flags that config validation would report under a config key, or the children too late."""
+    if args.prompt is not None and not args.prompt.strip():
+        raise InvalidParameter("prompt", "is empty")
+    if args.workers < 1:
+        raise InvalidParameter("workers", f"must be >= 1, got {args.workers}")
+    if not 0 <= args.metrics_port <= MAX_PORT:
+        raise InvalidParameter("metrics_port", f"must be in [0, {MAX_PORT}], got {args.metrics_port}")
+    problem = listen_problem(args.listen)
+    if problem:
+        raise InvalidParameter("listen", problem)
+
+
+def serving_config(args: argparse.Namespace) -> ServingConfig:
+    """The config the children get: the file (or defaults), the model flags, the decoding flags on top of
+    the file's decoding keys and the model's own defaults, loopback addresses; validated."""
+    from lopa.serving.launcher import loopback_config
+
+    base = load_config(args.config) if args.config else parse_config({})
+    model = ModelConfig(path=args.model or base.model.path, adapter=args.adapter or base.model.adapter,
+                        dtype=args.dtype or base.model.dtype, device=base.model.device)
+    problem = device_problem(model.device)
+    if problem:
+        raise ConfigError(f"model.device: {problem}")
+    base = with_model_defaults(dataclasses.replace(base, model=model), model_path(model.path))
+    decoding = params_from_args(args, base.decoding)
+    limits = base.limits
+    # The flags (or the model's defaults) ask for more than the file's limits: this server is the user's
+    # own, so the limits grow to fit.
+    if decoding.max_new_tokens > limits.max_new_tokens or decoding.branches > limits.max_branches:
+        limits = dataclasses.replace(
+            limits,
+            max_new_tokens=max(limits.max_new_tokens, decoding.max_new_tokens),
+            max_branches=max(limits.max_branches, decoding.branches),
+        )
+    config = dataclasses.replace(base, decoding=decoding, limits=limits,
+                                 master=dataclasses.replace(base.master, metrics_port=args.metrics_port))
+    config = loopback_config(config, args.workers, args.listen)
+    validate(config)
+    return config
 
 
 def _interrupt(signum: int, frame: object) -> None:

@@ -2,17 +2,19 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any
 
 import yaml
 
+from lopa.bundled.defaults import model_defaults
 from lopa.params import MAX_BRANCHES, DecodingParams, InvalidParameter
 
 DTYPES = ("float32", "bfloat16", "float16")
 BACKEND_OF_DEVICE = {"cpu": "gloo", "cuda": "nccl", "npu": "hccl"}  # device kind -> collective backend
 MAX_PORT = 65535
+DECODING_KEYS = frozenset(f.name for f in fields(DecodingParams))
 
 
 class ConfigError(ValueError):
@@ -91,6 +93,9 @@ class ServingConfig:
     master: MasterConfig = field(default_factory=MasterConfig)
     workers: WorkersConfig = field(default_factory=WorkersConfig)
     tls: TlsConfig = field(default_factory=TlsConfig)
+    # The decoding keys the file set; with_model_defaults takes the others from the model. Not a key
+    # of the file: dump_config writes every decoding key, so the children of `lopa serve` get them all.
+    decoding_keys: frozenset[str] = field(default=DECODING_KEYS, compare=False, repr=False)
 
     @property
     def max_length(self) -> int:
@@ -150,9 +155,19 @@ def parse_config(raw: Any) -> ServingConfig:
     for key in raw:
         if key not in _SECTIONS:
             raise ConfigError(f"{key}: unknown section (known: {', '.join(_SECTIONS)})")
-    config = ServingConfig(**{name: _section(name, cls, raw.get(name)) for name, cls in _SECTIONS.items()})
+    sections = {name: _section(name, cls, raw.get(name)) for name, cls in _SECTIONS.items()}
+    config = ServingConfig(**sections, decoding_keys=frozenset(raw.get("decoding") or ()))
     validate(config)
     return config
+
+
+def with_model_defaults(config: ServingConfig, model_dir: str | Path) -> ServingConfig:
+    """config whose decoding keys the file left out come from the model's lopa_defaults.json (else the
+    paper's), as in `lopa generate`: a file without `decoding:` serves the model as it is meant to be.
+    Not validated: the caller validates once it has applied its own overrides."""
+    given = {name: getattr(config.decoding, name) for name in config.decoding_keys}
+    decoding = model_defaults(model_dir).with_overrides(**given)
+    return replace(config, decoding=decoding, decoding_keys=DECODING_KEYS)
 
 
 def validate(config: ServingConfig) -> None:
