@@ -52,7 +52,8 @@ def engine(tiny_checkpoint: Path) -> LocalEngine:
 
 
 def test_prompt_over_the_length_limit(engine: LocalEngine) -> None:
-    with pytest.raises(InvalidParameter, match="60 tokens leave no room for one block of 8 in max_length 64") as raised:
+    message = "60 tokens leave no room for one block of 8 in max_length 64"
+    with pytest.raises(InvalidParameter, match=message) as raised:
         engine.generate("a" * 60, DecodingParams(block_size=8, max_new_tokens=16))
     assert raised.value.field == "prompt"
 
