@@ -54,8 +54,11 @@ def render(name: str, namespace: str, spec: dict[str, Any]) -> dict[str, Any]:
             "dtype": specs.dtype(spec),
             "device": specs.device(spec),
         },
+        # Only the keys the spec sets: the runtime fills the others from the model's lopa_defaults.json.
         "decoding": {
-            snake: _number(snake, spec["decoding"][camel]) for camel, snake in DECODING_KEYS.items()
+            snake: _number(snake, spec["decoding"][camel])
+            for camel, snake in DECODING_KEYS.items()
+            if spec["decoding"].get(camel) is not None
         },
         "limits": {snake: spec["limits"][camel] for camel, snake in LIMIT_KEYS.items()},
         "master": {"listen": f"0.0.0.0:{names.CLIENT_PORT}", "metrics_port": names.METRICS_PORT},

@@ -16,22 +16,9 @@ DEFAULTS: dict[str, Any] = {
     "branchParallelism": 1,
     "model": {},
     "accelerator": {"type": "cpu", "devicesPerWorker": 1, "shmSize": "8Gi"},
-    "decoding": {
-        "blockSize": 32,
-        "maxNewTokens": 256,
-        "tauAdd": 0.1,
-        "tauAct": 0.95,
-        "tauConf": 0.9,
-        "branches": 7,
-        "conf": "neg_entropy",
-        "alpha": 0.0,
-        "beta": 1.0,
-        "attention": "full",
-        "temperature": 0.0,
-        "topP": 1.0,
-        "topK": 0,
-        "seed": 0,
-    },
+    # No decoding defaults: the keys a spec leaves out stay out of lopa.yaml, so the runtime takes them
+    # from the model's lopa_defaults.json (else its own defaults); the CRD has none either.
+    "decoding": {},
     "limits": {
         "maxBranches": 15,
         "maxNewTokens": 1024,

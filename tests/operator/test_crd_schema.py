@@ -45,11 +45,25 @@ def test_crd_identity_and_columns() -> None:
 def test_crd_defaults_equal_operator_defaults() -> None:
     spec_schema = crd()["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]["spec"]
     defaults = schema_defaults(spec_schema)
-    for section in ("decoding", "limits", "collective", "failurePolicy", "service"):
+    for section in ("limits", "collective", "failurePolicy", "service"):
         assert defaults[section] == specs.DEFAULTS[section], section
     assert defaults["accelerator"] == specs.DEFAULTS["accelerator"]
     assert defaults["branchParallelism"] == specs.DEFAULTS["branchParallelism"]
     assert defaults["imagePullPolicy"] == specs.DEFAULTS["imagePullPolicy"]
+
+
+def test_decoding_has_no_defaults() -> None:
+    # A defaulted decoding key would be rendered into lopa.yaml and override the model's lopa_defaults.json.
+    spec_schema = crd()["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]["spec"]
+    for key, field in spec_schema["properties"]["decoding"]["properties"].items():
+        assert "default" not in field, key
+    assert specs.DEFAULTS["decoding"] == {}
+    assert schema_defaults(spec_schema)["decoding"] == {}
+
+
+def test_one_device_per_worker() -> None:
+    spec_schema = crd()["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]["spec"]
+    assert spec_schema["properties"]["accelerator"]["properties"]["devicesPerWorker"]["maximum"] == 1
 
 
 def test_crd_decoding_fields_cover_docs_config() -> None:

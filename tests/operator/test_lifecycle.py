@@ -183,7 +183,8 @@ def test_too_many_gpus_is_unschedulable_naming_resource(kube: KubeCluster, ns: s
         "apiVersion": "lopa.dev/v1alpha1",
         "kind": "LoPADeployment",
         "metadata": {"name": "too-big"},
-        "spec": {"accelerator": {"type": "nvidia", "devicesPerWorker": 16}, "branchParallelism": 2},
+        # One GPU per worker (the CRD's cap); 20 workers outnumber the 16 GPUs of the two fake nodes.
+        "spec": {"accelerator": {"type": "nvidia"}, "branchParallelism": 20},
     }
     start = time.monotonic()
     kube.apply(cr, namespace=ns)

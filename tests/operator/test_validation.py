@@ -43,6 +43,16 @@ CASES = [
     ("bad-conf", {"decoding": {"conf": "entropy"}}, "spec.decoding.conf"),
     ("bad-shm", {"accelerator": {"type": "nvidia", "shmSize": "lots"}}, "spec.accelerator.shmSize"),
     (
+        "two-devices-per-worker",
+        {"accelerator": {"type": "nvidia", "devicesPerWorker": 2}},
+        "spec.accelerator.devicesPerWorker",
+    ),
+    (
+        "block-over-max-new-tokens",
+        {"decoding": {"blockSize": 64, "maxNewTokens": 56}},
+        "spec.decoding.blockSize must not exceed spec.decoding.maxNewTokens",
+    ),
+    (
         "backoff-over-max",
         {"failurePolicy": {"backoffSeconds": 600, "maxBackoffSeconds": 60}},
         "spec.failurePolicy.backoffSeconds",
@@ -83,10 +93,36 @@ def test_name_too_long_rejected(kube: KubeCluster, crd_installed: None, shared_n
     assert result.returncode != 0 and "metadata.name" in result.stderr, result.stderr
 
 
+@pytest.mark.parametrize("name", ["my.model", "1model"])
+def test_name_not_a_dns_label_rejected(
+    kube: KubeCluster, crd_installed: None, shared_namespace: str, name: str
+) -> None:
+    # The name prefixes Services (`<name>-workers`): a dotted name would pass and then stall the CR.
+    result = kube.kubectl("create", "-n", shared_namespace, "-f", "-", input=manifest({}, name), check=False)
+    assert result.returncode != 0, f"{name} was accepted"
+    assert "metadata.name must be a DNS-1035 label" in result.stderr, result.stderr
+
+
+def test_block_size_alone_or_equal_is_accepted(
+    kube: KubeCluster, crd_installed: None, shared_namespace: str
+) -> None:
+    accepted = (("block-only", {"blockSize": 64}), ("block-eq", {"blockSize": 8, "maxNewTokens": 8}))
+    for name, decoding in accepted:
+        kube.kubectl(
+            "create",
+            "--dry-run=server",
+            "-n",
+            shared_namespace,
+            "-f",
+            "-",
+            input=manifest({"decoding": decoding}, name),
+        )
+
+
 def test_minimal_spec_gets_defaults(kube: KubeCluster, crd_installed: None, namespace: str) -> None:
     kube.kubectl("create", "-n", namespace, "-f", "-", input=manifest({}, "minimal"))
     spec = kube.get_json("lopa", "minimal", "-n", namespace)["spec"]
     assert spec["branchParallelism"] == 1 and spec["accelerator"]["type"] == "cpu"
-    assert spec["decoding"]["tauConf"] == 0.9 and spec["decoding"]["branches"] == 7
+    assert spec["decoding"] == {}  # no decoding defaults: the runtime takes the model's own
     assert spec["failurePolicy"]["maxGroupRestarts"] == 5 and spec["service"]["port"] == 50051
     kube.kubectl("delete", "lopa", "minimal", "-n", namespace, "--wait=false")
