@@ -3,8 +3,9 @@
 A collective cannot heal a lost member: when a worker of a formed group is deleted, replaced
 (new UID), restarted (restartCount grew) or failed, every worker pod is deleted so the
 StatefulSet recreates the whole group. Consecutive restarts are bounded (then Degraded) and
-spaced by an exponential backoff. Pods running an outdated config hash are rolled (deleted)
-without counting as failures.
+spaced by an exponential backoff; the count is cleared only once the group has been Available
+(every worker joined, master serving) without a break for resetAfterSeconds. Pods running an
+outdated config hash are rolled (deleted) without counting as failures.
 """
 
 from __future__ import annotations
@@ -27,6 +28,9 @@ class Memory:
     recent_restarts: int = 0
     last_restart: dt.datetime | None = None
     formed_at: dt.datetime | None = None
+    # Since when the group has been Available without a break (the Available condition's
+    # lastTransitionTime while it is True); None while it is not. Read from status, not written.
+    available_since: dt.datetime | None = None
 
     @classmethod
     def from_status(cls, status: dict[str, Any]) -> Memory:
@@ -38,6 +42,7 @@ class Memory:
             recent_restarts=int(status.get("recentGroupRestarts") or 0),
             last_restart=parse_time(status.get("lastGroupRestartTime")),
             formed_at=parse_time(status.get("groupFormedTime")),
+            available_since=_available_since(status),
         )
 
     def to_status(self) -> dict[str, Any]:
@@ -48,6 +53,13 @@ class Memory:
             "lastGroupRestartTime": format_time(self.last_restart),
             "groupFormedTime": format_time(self.formed_at),
         }
+
+
+def _available_since(status: dict[str, Any]) -> dt.datetime | None:
+    for c in status.get("conditions") or []:
+        if c.get("type") == "Available":
+            return parse_time(c.get("lastTransitionTime")) if c.get("status") == "True" else None
+    return None
 
 
 @dataclass(frozen=True)
@@ -125,10 +137,13 @@ def decide(
     if memory.members:
         failure = _failure(memory, live)
         if failure is None:
+            # Only a group that served (Available) for the whole window clears the count: one
+            # whose pods all run but that never becomes Available (a rank that cannot join)
+            # keeps counting toward maxGroupRestarts.
             if (
                 memory.recent_restarts
-                and memory.formed_at
-                and ((now - memory.formed_at).total_seconds() >= policy["resetAfterSeconds"])
+                and memory.available_since
+                and ((now - memory.available_since).total_seconds() >= policy["resetAfterSeconds"])
             ):
                 memory = replace(memory, recent_restarts=0)
             return Decision(

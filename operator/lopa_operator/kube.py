@@ -34,6 +34,7 @@ class KubeError(RuntimeError):
     def __init__(self, status: int, message: str) -> None:
         super().__init__(f"{status}: {message}")
         self.status = status
+        self.message = message
 
 
 def resource(kind: str, client: DynamicClient | None = None) -> Resource:
@@ -134,9 +135,11 @@ class Kube:
         out = self._call(f"list {kind}", res.get, namespace=namespace, label_selector=selector)
         return out.get("items") or []
 
-    def apply(self, obj: dict[str, Any]) -> dict[str, Any]:
-        """Server-side apply: creates or updates, and drops fields this manager stopped setting."""
+    def apply(self, obj: dict[str, Any], dry_run: bool = False) -> dict[str, Any]:
+        """Server-side apply: creates or updates, and drops fields this manager stopped setting.
+        With dry_run the API server validates (admission included) and persists nothing."""
         meta = obj["metadata"]
+        extra = {"dry_run": "All"} if dry_run else {}
         return self._call(
             f"apply {obj['kind']} {meta['namespace']}/{meta['name']}",
             self.resources[obj["kind"]].server_side_apply,
@@ -145,6 +148,7 @@ class Kube:
             namespace=meta["namespace"],
             field_manager=names.MANAGER,
             force_conflicts=True,
+            **extra,
         )
 
     def delete(self, kind: str, namespace: str, name: str, uid: str | None = None) -> bool:

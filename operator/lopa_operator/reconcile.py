@@ -19,7 +19,19 @@ import kopf
 from . import group, metrics, names, render
 from . import spec as specs
 from . import status as statuses
-from .kube import Kube, path
+from .kube import Kube, KubeError, path
+
+# A spec the API server rejects does not heal by retrying soon: retry (and re-check) this rarely.
+APPLY_FAILED_RETRY_SECONDS = 60.0
+_SPEC_ERRORS = (400, 422)  # Bad Request / Unprocessable Entity: the rendered object is invalid
+# A server-side apply whose value does not decode (e.g. resources.limits.cpu: banana) is answered
+# 500 "failed to convert new object ...: quantities must match ...", yet it is the spec's fault.
+_CONVERSION_ERROR = "unable to convert unstructured object"
+
+
+def _spec_error(error: KubeError) -> bool:
+    return error.status in _SPEC_ERRORS or (error.status == 500 and _CONVERSION_ERROR in error.message)
+
 
 EventFn = Callable[[dict[str, Any], str, str, str], None]  # (object, type, reason, message)
 
@@ -39,10 +51,42 @@ def forget(namespace: str, name: str) -> None:
     metrics.forget(namespace, name)
 
 
-def _ensure(kube: Kube, child: dict[str, Any], owner: dict[str, Any]) -> None:
-    """Server-side applies `child`: creates it, repairs drift, and is a no-op write when nothing changed."""
-    kopf.append_owner_reference(child, owner=owner)
-    kube.apply(child)
+def _ensure(kube: Kube, children: list[dict[str, Any]], owner: dict[str, Any]) -> None:
+    """Server-side applies every child: creates it, repairs drift, and is a no-op write when nothing
+    changed. All of them are first validated with a dry-run apply, so that a child the API server
+    rejects leaves every child as it was (no new ConfigMap beside old pods)."""
+    for child in children:
+        kopf.append_owner_reference(child, owner=owner)
+    for child in children:
+        kube.apply(child, dry_run=True)
+    for child in children:
+        kube.apply(child)
+
+
+def _apply_failed(
+    kube: Kube,
+    obj: dict[str, Any],
+    error: KubeError,
+    post: EventFn,
+    logger: logging.Logger | logging.LoggerAdapter,
+) -> None:
+    """Records a rejected spec (condition Reconciled=False, one Warning event per new message) and
+    raises kopf.TemporaryError with a long delay instead of retrying in a tight loop."""
+    meta = obj["metadata"]
+    before = obj.get("status") or {}
+    message = error.message  # the API server's own words, naming the object and the field
+    patch = statuses.apply_failed(obj, message, dt.datetime.now(dt.timezone.utc))
+    failed = patch["conditions"][-1]
+    old = next((c for c in before.get("conditions") or [] if c.get("type") == "Reconciled"), None)
+    if old != failed:
+        kube.patch_status(meta["namespace"], meta["name"], patch)
+    if not old or old.get("status") != "False" or old.get("message") != failed["message"]:
+        post(obj, "Warning", "ApplyFailed", failed["message"])
+    logger.info("spec of generation %s rejected by the API server: %s", meta.get("generation"), message)
+    raise kopf.TemporaryError(
+        f"the API server rejects the rendered objects (see condition Reconciled): {failed['message'][:200]}",
+        delay=APPLY_FAILED_RETRY_SECONDS,
+    )
 
 
 def _events(
@@ -101,8 +145,12 @@ def _reconcile(
     name, namespace = meta["name"], meta["namespace"]
     spec = specs.with_defaults(obj.get("spec"))
     children = render.children(name, namespace, obj.get("spec") or {})
-    for child in children:
-        _ensure(kube, child, obj)
+    try:
+        _ensure(kube, children, obj)
+    except KubeError as e:
+        if not _spec_error(e):
+            raise
+        _apply_failed(kube, obj, e, post, logger)
     desired_hash = render.group_hash(name, namespace, spec)
 
     pods = kube.list(

@@ -9,7 +9,8 @@ from typing import Any
 from . import group, names
 
 Pod = dict[str, Any]
-CONDITION_TYPES = ("Available", "Progressing", "Degraded", "Schedulable", "CollectiveReady")
+CONDITION_TYPES = ("Available", "Progressing", "Degraded", "Schedulable", "CollectiveReady", "Reconciled")
+MESSAGE_LIMIT = 1000  # characters of an API error kept in a condition message
 _INSUFFICIENT = re.compile(r"Insufficient ([\w./-]+)")
 
 
@@ -141,6 +142,7 @@ def derive(
             generation,
         ),
         _condition("CollectiveReady", collective, collective_msg[0], collective_msg[1], generation),
+        _condition("Reconciled", True, "Applied", "every child object was applied", generation),
     ]
     stamp = group.format_time(now) or ""
     _keep_transition_times(conditions, (obj.get("status") or {}).get("conditions") or [], stamp)
@@ -158,3 +160,19 @@ def derive(
         "conditions": conditions,
         **decision.memory.to_status(),
     }
+
+
+def apply_failed(obj: dict[str, Any], message: str, now: dt.datetime) -> dict[str, Any]:
+    """The status patch for a spec the API server rejects: Reconciled=False with its message.
+
+    Everything else (observedGeneration included) keeps describing what is deployed, so the new
+    generation is not claimed as observed.
+    """
+    generation = int(obj["metadata"].get("generation") or 1)
+    if len(message) > MESSAGE_LIMIT:
+        message = message[: MESSAGE_LIMIT - 3] + "..."
+    old = (obj.get("status") or {}).get("conditions") or []
+    failed = _condition("Reconciled", False, "ApplyFailed", message, generation)
+    conditions = [c for c in old if c.get("type") != "Reconciled"] + [failed]
+    _keep_transition_times([failed], old, group.format_time(now) or "")
+    return {"conditions": conditions}

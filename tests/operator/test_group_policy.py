@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import datetime as dt
+from dataclasses import replace
 
 from lopa_operator import group, names, status
 from lopa_operator import spec as specs
@@ -108,14 +109,88 @@ def test_stale_config_rolls_without_counting() -> None:
     assert len(decision.delete) == 2 and decision.memory.recent_restarts == 0
 
 
-def test_healthy_group_clears_recent_restarts_after_reset_window() -> None:
+def test_available_group_clears_recent_restarts_after_reset_window() -> None:
     pods = [pod("d-worker-0", "a"), pod("d-worker-1", "b")]
+    window = dt.timedelta(seconds=POLICY["resetAfterSeconds"])
+    long_formed = NOW - window - dt.timedelta(hours=1)
     memory = group.Memory(
-        members=formed().members,
-        recent_restarts=2,
-        formed_at=NOW - dt.timedelta(seconds=POLICY["resetAfterSeconds"] + 1),
+        members=formed().members, recent_restarts=2, formed_at=long_formed, available_since=NOW - window
     )
     assert group.decide(pods, 2, HASH, memory, POLICY, NOW).memory.recent_restarts == 0
+    # Formed long ago but Available only recently, or never: the count stays.
+    recent = replace(memory, available_since=NOW - window + dt.timedelta(seconds=1))
+    assert group.decide(pods, 2, HASH, recent, POLICY, NOW).memory.recent_restarts == 2
+    never = replace(memory, available_since=None)
+    assert group.decide(pods, 2, HASH, never, POLICY, NOW).memory.recent_restarts == 2
+
+
+def test_available_since_is_read_from_the_available_condition() -> None:
+    def st(value: str) -> dict:
+        return {
+            "conditions": [
+                {"type": "Available", "status": value, "lastTransitionTime": "2026-01-01T11:00:00Z"}
+            ]
+        }
+
+    assert group.Memory.from_status(st("True")).available_since == NOW - dt.timedelta(hours=1)
+    assert group.Memory.from_status(st("False")).available_since is None
+    assert group.Memory.from_status({}).available_since is None
+
+
+def _cycle(
+    memory: group.Memory, pods: list[dict], now: dt.datetime, policy: dict, serving: bool
+) -> group.Decision:
+    """One reconcile as reconcile.py runs it: decide, derive status, remember what status says."""
+    spec = specs.with_defaults({"branchParallelism": 2, "failurePolicy": policy})
+    masters = [pod("d-master-x", "m", role="master", ready=serving)]
+    decision = group.decide(pods, 2, HASH, memory, policy, now)
+    cr = {**_cr(), "status": {**decision.memory.to_status(), "conditions": _CONDITIONS[0]}}
+    st = status.derive(cr, spec, pods + masters, HASH, decision, now)
+    _CONDITIONS[0] = st["conditions"]
+    return replace(decision, memory=group.Memory.from_status(st))
+
+
+_CONDITIONS: list[list] = [[]]
+
+
+def test_group_that_never_becomes_available_reaches_degraded() -> None:
+    # A rank that never joins: every pod runs, the master never serves, and the worker exits
+    # at its join timeout (600 s); resetAfterSeconds is as long. This used to restart forever
+    # with the count stuck at 1, because the window started when the pods ran.
+    policy = {**POLICY, "resetAfterSeconds": 600, "maxGroupRestarts": 3}
+    _CONDITIONS[0] = []
+    memory, now, states = group.Memory(), NOW, []
+    for uid in range(12):
+        pods = [pod("d-worker-0", f"a{uid}"), pod("d-worker-1", f"b{uid}")]
+        formed_now = _cycle(memory, pods, now, policy, serving=False)
+        assert formed_now.state == "Formed"
+        # still running and not serving after the window (the old reset point)
+        waited = _cycle(formed_now.memory, pods, now + dt.timedelta(seconds=600), policy, serving=False)
+        assert waited.memory.recent_restarts == memory.recent_restarts
+        pods[1] = pod("d-worker-1", f"b{uid}", restarts=1)  # rank 1 gave up joining
+        now += dt.timedelta(seconds=610)
+        decision = _cycle(waited.memory, pods, now, policy, serving=False)
+        states.append(decision.state)
+        memory = decision.memory
+        if decision.state == "Exhausted":
+            break
+        assert decision.state == "Restarting"
+        now += dt.timedelta(seconds=group.backoff_seconds(policy, memory.recent_restarts) + 1)
+    assert states == ["Restarting"] * 3 + ["Exhausted"]
+    assert memory.recent_restarts == 3 and memory.total_restarts == 3
+
+
+def test_group_available_for_the_window_resets_the_count() -> None:
+    policy = {**POLICY, "resetAfterSeconds": 600}
+    _CONDITIONS[0] = []
+    pods = [pod("d-worker-0", "a"), pod("d-worker-1", "b")]
+    memory = group.Memory(recent_restarts=2, total_restarts=2, last_restart=NOW - dt.timedelta(seconds=60))
+    formed_now = _cycle(memory, pods, NOW, policy, serving=True)  # forms and is Available at NOW
+    assert formed_now.memory.available_since == NOW
+    almost = _cycle(formed_now.memory, pods, NOW + dt.timedelta(seconds=599), policy, serving=True)
+    assert almost.memory.recent_restarts == 2
+    done = _cycle(almost.memory, pods, NOW + dt.timedelta(seconds=600), policy, serving=True)
+    assert done.memory.recent_restarts == 0 and done.memory.total_restarts == 2
 
 
 def test_terminating_pods_are_ignored() -> None:

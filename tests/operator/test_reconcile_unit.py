@@ -5,10 +5,11 @@ from __future__ import annotations
 import logging
 from typing import Any
 
+import kopf
 import pytest
 
 from lopa_operator import names, reconcile
-from lopa_operator.kube import path
+from lopa_operator.kube import KubeError, path
 
 
 class FakeKube:
@@ -17,6 +18,7 @@ class FakeKube:
     def __init__(self, cr: dict[str, Any]) -> None:
         self.objects: dict[str, dict[str, Any]] = {}
         self.deleted: list[str] = []
+        self.reject: tuple[str, int, str] | None = None  # (kind, HTTP status, message) apply fails with
         meta = cr["metadata"]
         self.objects[path(names.KIND, meta["namespace"], meta["name"])] = cr
 
@@ -32,8 +34,12 @@ class FakeKube:
             if p.startswith(prefix) and wanted.items() <= o["metadata"].get("labels", {}).items()
         ]
 
-    def apply(self, obj: dict[str, Any]) -> dict[str, Any]:
+    def apply(self, obj: dict[str, Any], dry_run: bool = False) -> dict[str, Any]:
         meta = obj["metadata"]
+        if self.reject and obj["kind"] == self.reject[0]:
+            raise KubeError(self.reject[1], f"apply {obj['kind']} {meta['name']}: {self.reject[2]}")
+        if dry_run:
+            return obj
         self.objects[path(obj["kind"], meta["namespace"], meta["name"])] = obj
         return obj
 
@@ -122,3 +128,39 @@ def test_reconcile_of_deleted_object_does_nothing(fake: FakeKube) -> None:
     fake.objects[path(names.KIND, "ns", "d")]["metadata"]["deletionTimestamp"] = "2026-01-01T00:00:00Z"
     assert reconcile.reconcile(fake, "ns", "d", "test", lambda *a: None, logging.getLogger("t")) is None  # type: ignore[arg-type]
     assert len(fake.objects) == 1
+
+
+def test_rejected_child_changes_nothing_and_is_reported_once(fake: FakeKube) -> None:
+    posted: list[tuple[str, str]] = []
+    first = run(fake, posted)
+    config = dict(fake.objects[path("ConfigMap", "ns", "d-config")])
+    cr = fake.objects[path(names.KIND, "ns", "d")]
+    cr["metadata"]["generation"] = 2
+    cr["spec"] = {"branchParallelism": 2, "decoding": {"branches": 2}, "resources": {"limits": {"cpu": "x"}}}
+    fake.reject = (
+        "StatefulSet",
+        422,
+        'StatefulSet.apps "d-worker" is invalid: ' + "cpu: Invalid value " * 80,
+    )
+    for _ in range(2):  # the timer retries: one event, one status write
+        with pytest.raises(kopf.TemporaryError) as err:
+            run(fake, posted)
+        assert err.value.delay == reconcile.APPLY_FAILED_RETRY_SECONDS
+    assert fake.objects[path("ConfigMap", "ns", "d-config")] == config  # the dry run stopped everything
+    st = cr["status"]
+    assert st["observedGeneration"] == 1 and st["configHash"] == first["configHash"]
+    (cond,) = [c for c in st["conditions"] if c["type"] == "Reconciled"]
+    assert cond["status"] == "False" and cond["reason"] == "ApplyFailed" and cond["observedGeneration"] == 2
+    assert cond["message"].startswith('apply StatefulSet d-worker: StatefulSet.apps "d-worker" is invalid')
+    assert len(cond["message"]) <= 1000 and cond["message"].endswith("...")
+    assert [r for r, _ in posted].count("ApplyFailed") == 1
+
+    # A 5xx is no spec error: it propagates for kopf's ordinary retry, without the condition.
+    fake.reject = ("StatefulSet", 500, "etcd timeout")
+    with pytest.raises(KubeError):
+        run(fake, posted)
+
+    fake.reject = None  # the spec is fixed
+    st = run(fake, posted)
+    (cond,) = [c for c in st["conditions"] if c["type"] == "Reconciled"]
+    assert cond["status"] == "True" and st["observedGeneration"] == 2

@@ -1,0 +1,87 @@
+"""A spec the CRD admits but the API server rejects once rendered (against a real kube-apiserver).
+
+spec.resources is preserve-unknown-fields, so `limits.cpu: banana` reaches the StatefulSet, whose
+apply the API server refuses. The reconcile (called in-process, no operator) must leave every
+child as it was (dry-run first), report the API's message in the condition Reconciled=False and
+a Warning event, and not claim the new generation as observed.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+import kopf
+import pytest
+from kubernetes import client as k8s_client
+from kubernetes import config as k8s_config
+from lopa_op_helpers import condition, ensure_chart
+
+from kube.cluster import KubeCluster
+from lopa_operator import names, reconcile
+from lopa_operator.kube import Kube
+
+
+def _kube(cluster: KubeCluster) -> Kube:
+    cfg = k8s_client.Configuration()
+    k8s_config.load_kube_config(config_file=str(cluster.kubeconfig), client_configuration=cfg)
+    return Kube(cfg)
+
+
+def test_rejected_resources_leave_children_and_report_the_api_message(
+    kube: KubeCluster, namespace: str
+) -> None:
+    ensure_chart(kube)
+    client = _kube(kube)
+    cr: dict[str, Any] = {
+        "apiVersion": names.API_VERSION,
+        "kind": names.KIND,
+        "metadata": {"name": "bad", "namespace": namespace},
+        "spec": {"branchParallelism": 1},
+    }
+    kube.apply(cr)
+    posted: list[tuple[str, str, str]] = []
+
+    def post(obj: dict[str, Any], kind: str, reason: str, message: str) -> None:
+        posted.append((kind, reason, message))
+
+    def run() -> dict[str, Any] | None:
+        return reconcile.reconcile(client, namespace, "bad", "test", post, logging.getLogger("test"))
+
+    first = run()
+    assert first is not None and first["observedGeneration"] == 1
+    config = kube.get_json("configmap", "bad-config", "-n", namespace)
+
+    patch = '{"spec": {"decoding": {"branches": 2}, "resources": {"limits": {"cpu": "banana"}}}}'
+    kube.kubectl("patch", names.PLURAL, "bad", "-n", namespace, "--type=merge", "-p", patch)
+    with pytest.raises(kopf.TemporaryError) as err:
+        run()
+    assert err.value.delay == reconcile.APPLY_FAILED_RETRY_SECONDS
+
+    obj = kube.get_json(names.PLURAL, "bad", "-n", namespace)
+    assert obj["metadata"]["generation"] == 2
+    assert obj["status"]["observedGeneration"] == 1  # generation 2 is not deployed
+    cond = condition(obj, "Reconciled")
+    assert cond["status"] == "False" and cond["reason"] == "ApplyFailed", cond
+    # The API server names the object and the rule, not the value (answered as a 500).
+    assert "StatefulSet" in cond["message"] and "quantities must match" in cond["message"], cond
+    assert [(k, r) for k, r, _ in posted] == [("Warning", "ApplyFailed")]
+    after = kube.get_json("configmap", "bad-config", "-n", namespace)
+    assert after["data"] == config["data"]  # the dry run kept the new config from the old pods
+    assert after["metadata"]["resourceVersion"] == config["metadata"]["resourceVersion"]
+
+    # The spec is fixed: everything is applied and generation 3 is observed.
+    kube.kubectl(
+        "patch",
+        names.PLURAL,
+        "bad",
+        "-n",
+        namespace,
+        "--type=json",
+        "-p",
+        '[{"op": "remove", "path": "/spec/resources"}]',
+    )
+    st = run()
+    assert st is not None and st["observedGeneration"] == 3
+    assert condition(kube.get_json(names.PLURAL, "bad", "-n", namespace), "Reconciled")["status"] == "True"
+    assert kube.get_json("configmap", "bad-config", "-n", namespace)["data"] != config["data"]
