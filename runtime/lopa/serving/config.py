@@ -60,6 +60,7 @@ class Limits:
 class MasterConfig:
     listen: str = "0.0.0.0:50051"
     metrics_port: int = 9090  # 0 = no metrics endpoint
+    health_port: int = 0  # plaintext grpc.health.v1 only (for the kubelet's probe under TLS); 0 = off
 
 
 @dataclass(frozen=True)
@@ -217,6 +218,7 @@ def _check_decoding(decoding: DecodingParams, limits: Limits) -> None:
 def _check_master(master: MasterConfig) -> None:
     _address("master.listen", master.listen)
     _port("master.metrics_port", master.metrics_port)  # 0 = no metrics endpoint
+    _port("master.health_port", master.health_port)  # 0 = no separate health endpoint
 
 
 def _check_workers(workers: WorkersConfig) -> None:

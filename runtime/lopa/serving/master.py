@@ -201,7 +201,16 @@ async def serve_master(config: ServingConfig, started: asyncio.Event | None = No
     listen = config.master.listen
     credentials = server_credentials(config.tls)
     add_port(server, listen, "master.listen", credentials)
+    health_server = None
+    if config.master.health_port:
+        # grpc.health.v1 alone, plaintext, with the same servicer: the kubelet's gRPC probe speaks no
+        # TLS, and a TCP check of master.listen passes before the group has formed.
+        health_server = grpc.aio.server(options=[NO_REUSEPORT])
+        health_pb2_grpc.add_HealthServicer_to_server(health, health_server)
+        add_port(health_server, f"0.0.0.0:{config.master.health_port}", "master.health_port")
     await server.start()
+    if health_server is not None:
+        await health_server.start()
     group.listeners.append(on_group)
     group.start()
     service.runner.start()
@@ -214,4 +223,6 @@ async def serve_master(config: ServingConfig, started: asyncio.Event | None = No
     finally:
         service.runner.stop()
         group.stop()
+        if health_server is not None:
+            await health_server.stop(grace=None)
         await server.stop(grace=2.0)
