@@ -18,6 +18,8 @@ CLIENT_PORT = 50051
 WORKER_PORT = 50052
 RENDEZVOUS_PORT = 29500
 METRICS_PORT = 9090
+# With spec.tls: the master's plaintext grpc.health.v1 (master.health_port), for the kubelet's probe.
+HEALTH_PORT = 50053
 
 CONFIG_HASH_ANNOTATION = f"{GROUP}/config-hash"
 POD_INDEX_LABEL = "apps.kubernetes.io/pod-index"
@@ -44,6 +46,10 @@ def master(name: str) -> str:
 
 def client_service(name: str) -> str:
     return name
+
+
+def master_metrics_service(name: str) -> str:
+    return f"{master(name)}-metrics"
 
 
 def worker_pod(name: str, rank: int) -> str:

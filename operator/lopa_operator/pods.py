@@ -39,6 +39,27 @@ def _model_volumes(spec: dict[str, Any]) -> tuple[list[dict[str, Any]], list[dic
     return [volume], [mount]
 
 
+def _merge_env(ours: list[dict[str, Any]], user: list[dict[str, Any]] | None) -> list[dict[str, Any]]:
+    """The operator's env with spec.env merged in by name (one entry per name: server-side apply
+    refuses duplicate keys). A user entry replaces the operator's default in place, or is appended;
+    of duplicate user entries the last wins. The LOPA_* variables the operator sets here (rank, world
+    size, pod identity) are not the user's to change: a user entry of that name is dropped.
+    (The CRD could refuse those names up front with a CEL rule.)"""
+    out = copy.deepcopy(ours)
+    owned = {e["name"] for e in ours if e["name"].startswith("LOPA_")}
+    index = {e["name"]: i for i, e in enumerate(out)}
+    for entry in user or []:
+        name = entry["name"]
+        if name in owned:
+            continue
+        if name in index:
+            out[index[name]] = copy.deepcopy(entry)
+        else:
+            index[name] = len(out)
+            out.append(copy.deepcopy(entry))
+    return out
+
+
 def _resources(base: dict[str, Any] | None, limits: dict[str, str]) -> dict[str, Any]:
     """User resources plus accelerator limits (extended resources need requests == limits)."""
     out = copy.deepcopy(base or {})
@@ -77,15 +98,17 @@ def _template(name: str, role: str, config_hash: str, pod: dict[str, Any]) -> di
 def worker_template(name: str, spec: dict[str, Any], config_hash: str) -> dict[str, Any]:
     wiring = accelerators.wiring(spec)
     model_volumes, model_mounts = _model_volumes(spec)
-    env = [
-        # Rank = StatefulSet pod index; kubelet expands $(LOPA_RANK) in the command below.
-        _field_env("LOPA_RANK", f"metadata.labels['{names.POD_INDEX_LABEL}']"),
-        {"name": "LOPA_WORLD_SIZE", "value": str(spec["branchParallelism"])},
-        _field_env("LOPA_POD_NAME", "metadata.name"),
-        _field_env("LOPA_NAMESPACE", "metadata.namespace"),
-        *wiring.env,
-        *copy.deepcopy(spec.get("env") or []),
-    ]
+    env = _merge_env(
+        [
+            # Rank = StatefulSet pod index; kubelet expands $(LOPA_RANK) in the command below.
+            _field_env("LOPA_RANK", f"metadata.labels['{names.POD_INDEX_LABEL}']"),
+            {"name": "LOPA_WORLD_SIZE", "value": str(spec["branchParallelism"])},
+            _field_env("LOPA_POD_NAME", "metadata.name"),
+            _field_env("LOPA_NAMESPACE", "metadata.namespace"),
+            *wiring.env,
+        ],
+        spec.get("env"),
+    )
     container = {
         "name": names.ROLE_WORKER,
         "image": specs.image(spec),
@@ -121,18 +144,24 @@ def worker_template(name: str, spec: dict[str, Any], config_hash: str) -> dict[s
 
 
 def _master_probe(tls: bool) -> dict[str, Any]:
-    # grpc.health.v1 reports SERVING only once every worker joined the group. The kubelet's
-    # gRPC probe speaks no TLS, so a TLS client API falls back to "port open".
-    check: dict[str, Any] = {"tcpSocket": {"port": "grpc"}} if tls else {"grpc": {"port": names.CLIENT_PORT}}
-    return {**check, "periodSeconds": 5, "failureThreshold": 3}
+    # grpc.health.v1 reports SERVING only once every worker joined the group (and NOT_SERVING again
+    # when one is lost). The kubelet's gRPC probe speaks no TLS: with TLS the master also serves the
+    # same health status alone, in plaintext, on master.health_port (rendered by render.config_doc).
+    port = names.HEALTH_PORT if tls else names.CLIENT_PORT
+    return {"grpc": {"port": port}, "periodSeconds": 5, "failureThreshold": 3}
 
 
 def master_template(name: str, spec: dict[str, Any], config_hash: str) -> dict[str, Any]:
     model_volumes, model_mounts = _model_volumes(spec)  # the master needs the tokenizer files
     mounts = [{"name": CONFIG_VOLUME, "mountPath": names.CONFIG_DIR, "readOnly": True}, *model_mounts]
     volumes = [_config_volume(name), *model_volumes]
+    ports = [
+        {"name": "grpc", "containerPort": names.CLIENT_PORT, "protocol": "TCP"},
+        {"name": "metrics", "containerPort": names.METRICS_PORT, "protocol": "TCP"},
+    ]
     tls = spec.get("tls")
     if tls:
+        ports.append({"name": "health", "containerPort": names.HEALTH_PORT, "protocol": "TCP"})
         mounts.append({"name": TLS_VOLUME, "mountPath": names.TLS_DIR, "readOnly": True})
         volumes.append({"name": TLS_VOLUME, "secret": {"secretName": tls["secretName"]}})
     container = {
@@ -140,20 +169,22 @@ def master_template(name: str, spec: dict[str, Any], config_hash: str) -> dict[s
         "image": specs.image(spec),
         "imagePullPolicy": spec["imagePullPolicy"],
         "command": ["lopa", "master", "--config", f"{names.CONFIG_DIR}/{names.CONFIG_FILE}"],
-        "env": [
-            _field_env("LOPA_POD_NAME", "metadata.name"),
-            _field_env("LOPA_NAMESPACE", "metadata.namespace"),
-            *copy.deepcopy(spec.get("env") or []),
-        ],
-        "ports": [
-            {"name": "grpc", "containerPort": names.CLIENT_PORT, "protocol": "TCP"},
-            {"name": "metrics", "containerPort": names.METRICS_PORT, "protocol": "TCP"},
-        ],
+        "env": _merge_env(
+            [
+                _field_env("LOPA_POD_NAME", "metadata.name"),
+                _field_env("LOPA_NAMESPACE", "metadata.namespace"),
+            ],
+            spec.get("env"),
+        ),
+        "ports": ports,
         "resources": copy.deepcopy((spec.get("master") or {}).get("resources") or {}),
         "volumeMounts": mounts,
         "readinessProbe": _master_probe(bool(tls)),
     }
-    pod = _common_pod_spec(spec, [])
+    # The workers' tolerations (the automatic device one included) but not their device requests:
+    # with spec.nodeSelector picking tainted accelerator nodes the master must tolerate the taint
+    # too, and sharing the workers' nodes keeps the per-step round trips short.
+    pod = _common_pod_spec(spec, accelerators.wiring(spec).tolerations)
     pod["containers"] = [container]
     pod["volumes"] = volumes
     return _template(name, names.ROLE_MASTER, config_hash, pod)

@@ -60,10 +60,29 @@ def client_service(name: str, namespace: str, spec: dict[str, Any]) -> dict[str,
         "spec": {
             "type": service["type"],
             "selector": names.labels(name, names.ROLE_MASTER),
+            # The client API only: spec.service.type may be LoadBalancer, and /metrics is not for
+            # the outside (master_metrics_service has it, in-cluster).
             "ports": [
                 {"name": "grpc", "port": service["port"], "targetPort": "grpc", "appProtocol": "grpc"},
-                {"name": "metrics", "port": names.METRICS_PORT, "targetPort": "metrics"},
             ],
+        },
+    }
+
+
+def master_metrics_service(name: str, namespace: str) -> dict[str, Any]:
+    """The master's /metrics, cluster-internal (the workers' are on their headless Service)."""
+    return {
+        "apiVersion": "v1",
+        "kind": "Service",
+        "metadata": {
+            "name": names.master_metrics_service(name),
+            "namespace": namespace,
+            "labels": names.labels(name, names.ROLE_MASTER),
+        },
+        "spec": {
+            "type": "ClusterIP",
+            "selector": names.labels(name, names.ROLE_MASTER),
+            "ports": [{"name": "metrics", "port": names.METRICS_PORT, "targetPort": "metrics"}],
         },
     }
 
@@ -109,9 +128,18 @@ def master_deployment(name: str, namespace: str, spec: dict[str, Any], config_ha
     }
 
 
+def config_doc(name: str, namespace: str, spec: dict[str, Any]) -> dict[str, Any]:
+    """config.render's document plus, with spec.tls, master.health_port: the plaintext health
+    endpoint the master's gRPC readiness probe checks (pods._master_probe)."""
+    doc = config.render(name, namespace, spec)
+    if spec.get("tls"):
+        doc["master"]["health_port"] = names.HEALTH_PORT
+    return doc
+
+
 def group_hash(name: str, namespace: str, spec: dict[str, Any]) -> str:
     """Hash of everything the pods run with: a change means the whole group must restart."""
-    text = config.dump(config.render(name, namespace, spec))
+    text = config.dump(config_doc(name, namespace, spec))
     worker = pods.worker_template(name, spec, "")
     master = pods.master_template(name, spec, "")
     return config.digest(text, worker, master)
@@ -120,7 +148,7 @@ def group_hash(name: str, namespace: str, spec: dict[str, Any]) -> str:
 def children(name: str, namespace: str, raw_spec: dict[str, Any]) -> list[dict[str, Any]]:
     """Every child object of LoPADeployment `name`, in apply order (config before its readers)."""
     spec = specs.with_defaults(raw_spec)
-    text = config.dump(config.render(name, namespace, spec))
+    text = config.dump(config_doc(name, namespace, spec))
     digest = group_hash(name, namespace, spec)
     objs = [
         config_map(name, namespace, text),
@@ -128,5 +156,6 @@ def children(name: str, namespace: str, raw_spec: dict[str, Any]) -> list[dict[s
         worker_statefulset(name, namespace, spec, digest),
         master_deployment(name, namespace, spec, digest),
         client_service(name, namespace, spec),
+        master_metrics_service(name, namespace),
     ]
     return [copy.deepcopy(obj) for obj in objs]

@@ -40,6 +40,7 @@ def test_children_names_and_contract() -> None:
         "StatefulSet/demo-worker",
         "Deployment/demo-master",
         "Service/demo",
+        "Service/demo-master-metrics",
     ]
     kinds = by_kind(objs)
     headless = kinds["Service/demo-workers"]["spec"]
@@ -69,12 +70,12 @@ def test_children_names_and_contract() -> None:
     client = kinds["Service/demo"]["spec"]
     grpc = next(p for p in client["ports"] if p["name"] == "grpc")
     assert grpc == {"name": "grpc", "port": 50051, "targetPort": "grpc", "appProtocol": "grpc"}
-    assert any(p["port"] == names.METRICS_PORT for p in client["ports"])
+    assert [p["name"] for p in client["ports"]] == ["grpc"]  # /metrics is on demo-master-metrics
 
 
 def test_config_matches_docs_shape() -> None:
     reference = yaml.safe_load((REPO / "docs" / "lopa.yaml").read_text())
-    doc = config.render(
+    doc = render.config_doc(
         "demo",
         "default",
         specs.with_defaults(
@@ -182,8 +183,8 @@ def test_user_settings_pass_through() -> None:
     assert {"name": "tls", "secret": {"secretName": "lopa-tls"}} in master["volumes"]
     doc = yaml.safe_load(objs["ConfigMap/u-config"]["data"]["lopa.yaml"])
     assert doc["tls"]["client_ca"] == "/etc/lopa/tls/ca.crt"
-    # kubelet gRPC probes speak no TLS: a TLS master is probed by TCP.
-    assert "tcpSocket" in master["containers"][0]["readinessProbe"]
+    # kubelet gRPC probes speak no TLS: a TLS master is probed on its plaintext health port.
+    assert master["containers"][0]["readinessProbe"]["grpc"] == {"port": names.HEALTH_PORT}
     plain = by_kind(render.children("p", "ns", {}))["Deployment/p-master"]["spec"]["template"]["spec"]
     assert plain["containers"][0]["readinessProbe"]["grpc"] == {"port": 50051}
 
@@ -228,7 +229,9 @@ def test_cli_render_prints_children_without_a_cluster() -> None:
         timeout=60,
     ).stdout
     docs = list(yaml.safe_load_all(out))
-    assert [d["kind"] for d in docs] == ["ConfigMap", "Service", "StatefulSet", "Deployment", "Service"]
+    assert [d["kind"] for d in docs] == [
+        "ConfigMap", "Service", "StatefulSet", "Deployment", "Service", "Service"
+    ]
     assert docs[0]["metadata"] == {**docs[0]["metadata"], "name": "d2f-dream-config", "namespace": "default"}
 
 

@@ -1,0 +1,138 @@
+"""Pure tests of the pod templates: env merging, master placement, master probe, metrics Service."""
+
+from __future__ import annotations
+
+import yaml
+
+from lopa.serving.config import parse_config, validate
+from lopa_operator import names, render
+from lopa_operator import spec as specs
+
+NVIDIA_TAINT = {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}
+
+
+def by_kind(objs: list[dict]) -> dict[str, dict]:
+    return {f"{o['kind']}/{o['metadata']['name']}": o for o in objs}
+
+
+def pod_specs(name: str, spec: dict) -> tuple[dict, dict]:
+    objs = by_kind(render.children(name, "ns", spec))
+    worker = objs[f"StatefulSet/{names.worker_set(name)}"]["spec"]["template"]["spec"]
+    master = objs[f"Deployment/{names.master(name)}"]["spec"]["template"]["spec"]
+    return worker, master
+
+
+def env_names(container: dict) -> list[str]:
+    return [e["name"] for e in container["env"]]
+
+
+def env_of(container: dict) -> dict[str, dict]:
+    return {e["name"]: e for e in container["env"]}
+
+
+def test_user_env_overrides_operator_defaults_in_place() -> None:
+    base = {"accelerator": {"type": "nvidia"}}
+    default_worker, _ = pod_specs("d", base)
+    spec = {
+        **base,
+        "env": [
+            {"name": "NCCL_DEBUG", "value": "INFO"},
+            {"name": "HF_HOME", "value": "/cache"},
+            {"name": "HF_HOME", "value": "/cache2"},  # duplicates would fail server-side apply too
+        ],
+    }
+    worker, master = pod_specs("d", spec)
+    container = worker["containers"][0]
+    names_ = env_names(container)
+    assert len(names_) == len(set(names_))  # server-side apply refuses duplicate keys
+    # Order stable: the operator's entries where they were, the user's new ones after them.
+    assert names_ == [*env_names(default_worker["containers"][0]), "HF_HOME"]
+    assert env_of(container)["NCCL_DEBUG"] == {"name": "NCCL_DEBUG", "value": "INFO"}
+    assert env_of(container)["HF_HOME"]["value"] == "/cache2"
+    assert env_of(master["containers"][0])["HF_HOME"]["value"] == "/cache2"
+    assert len(env_names(master["containers"][0])) == len(set(env_names(master["containers"][0])))
+
+
+def test_operator_owned_lopa_variables_ignore_user_entries() -> None:
+    spec = {
+        "branchParallelism": 2,
+        "env": [
+            {"name": "LOPA_RANK", "value": "7"},
+            {"name": "LOPA_WORLD_SIZE", "value": "9"},
+            {"name": "LOPA_POD_NAME", "value": "x"},
+            {"name": "LOPA_EXTRA", "value": "kept"},  # a LOPA_ name the operator does not set
+        ],
+    }
+    worker, master = pod_specs("d", spec)
+    env = env_of(worker["containers"][0])
+    rank = env["LOPA_RANK"]["valueFrom"]["fieldRef"]["fieldPath"]
+    assert rank == f"metadata.labels['{names.POD_INDEX_LABEL}']"
+    assert env["LOPA_WORLD_SIZE"] == {"name": "LOPA_WORLD_SIZE", "value": "2"}
+    assert env["LOPA_POD_NAME"]["valueFrom"]["fieldRef"]["fieldPath"] == "metadata.name"
+    assert env["LOPA_EXTRA"]["value"] == "kept"
+    assert len(env_names(worker["containers"][0])) == len(env)
+    menv = env_of(master["containers"][0])
+    assert menv["LOPA_POD_NAME"]["valueFrom"]["fieldRef"]["fieldPath"] == "metadata.name"
+    assert menv["LOPA_EXTRA"]["value"] == "kept"
+
+
+def test_master_tolerates_the_device_taint_without_requesting_devices() -> None:
+    spec = {
+        "accelerator": {"type": "nvidia"},
+        "nodeSelector": {"nvidia.com/gpu.present": "true"},
+        "tolerations": [{"key": "pool", "operator": "Exists"}],
+    }
+    worker, master = pod_specs("g", spec)
+    assert NVIDIA_TAINT in worker["tolerations"]
+    assert master["tolerations"] == worker["tolerations"]
+    assert master["nodeSelector"] == worker["nodeSelector"]
+    resources = master["containers"][0]["resources"]
+    assert not any("/" in k for part in resources.values() for k in part)  # no nvidia.com/gpu
+    assert "dshm" not in [v["name"] for v in master["volumes"]]
+
+
+def test_master_tolerates_ascend_taint_and_cpu_has_none() -> None:
+    _, master = pod_specs("a", {"accelerator": {"type": "ascend"}})
+    resource = specs.RESOURCE_NAMES["ascend"]
+    assert {"key": resource, "operator": "Exists", "effect": "NoSchedule"} in master["tolerations"]
+    _, master = pod_specs("c", {"accelerator": {"type": "cpu"}})
+    assert "tolerations" not in master
+
+
+def test_tls_master_probe_checks_the_plaintext_health_port() -> None:
+    spec = {"tls": {"secretName": "lopa-tls"}}
+    objs = by_kind(render.children("t", "ns", spec))
+    master = objs["Deployment/t-master"]["spec"]["template"]["spec"]["containers"][0]
+    assert master["readinessProbe"] == {"grpc": {"port": names.HEALTH_PORT}, "periodSeconds": 5,
+                                        "failureThreshold": 3}
+    assert {"name": "health", "containerPort": names.HEALTH_PORT, "protocol": "TCP"} in master["ports"]
+    doc = yaml.safe_load(objs["ConfigMap/t-config"]["data"][names.CONFIG_FILE])
+    assert doc["master"]["health_port"] == names.HEALTH_PORT
+    config = parse_config(doc)
+    validate(config)
+    assert config.master.health_port == names.HEALTH_PORT
+    assert names.HEALTH_PORT not in (names.CLIENT_PORT, names.METRICS_PORT, names.WORKER_PORT)
+
+
+def test_plaintext_master_has_no_health_port() -> None:
+    objs = by_kind(render.children("p", "ns", {}))
+    master = objs["Deployment/p-master"]["spec"]["template"]["spec"]["containers"][0]
+    assert master["readinessProbe"]["grpc"] == {"port": names.CLIENT_PORT}
+    assert "health" not in [p["name"] for p in master["ports"]]
+    doc = yaml.safe_load(objs["ConfigMap/p-config"]["data"][names.CONFIG_FILE])
+    assert "health_port" not in doc["master"]
+
+
+def test_metrics_are_not_on_the_client_service() -> None:
+    spec = {"service": {"type": "LoadBalancer", "port": 443}}
+    objs = by_kind(render.children("m", "ns", spec))
+    client = objs["Service/m"]["spec"]
+    assert client["type"] == "LoadBalancer"
+    assert [p["name"] for p in client["ports"]] == ["grpc"]
+    metrics = objs[f"Service/{names.master_metrics_service('m')}"]
+    assert metrics["spec"]["type"] == "ClusterIP"
+    assert metrics["spec"]["selector"] == names.labels("m", names.ROLE_MASTER)
+    port = {"name": "metrics", "port": names.METRICS_PORT, "targetPort": "metrics"}
+    assert metrics["spec"]["ports"] == [port]
+    master = objs["Deployment/m-master"]["spec"]["template"]["spec"]["containers"][0]
+    assert {"name": "metrics", "containerPort": names.METRICS_PORT, "protocol": "TCP"} in master["ports"]
