@@ -184,7 +184,7 @@ def bind_model_volume(kube: KubeCluster, namespace: str, claim: str = "d2f-model
             "metadata": {"name": pv, "labels": {"lopa.dev/test": "true"}},
             "spec": {
                 "capacity": {"storage": "40Gi"},
-                "accessModes": ["ReadOnlyMany"],
+                "accessModes": ["ReadWriteMany", "ReadOnlyMany"],  # the sample claim is ReadWriteMany
                 "persistentVolumeReclaimPolicy": "Retain",
                 "storageClassName": "",
                 "hostPath": {"path": f"/tmp/{pv}"},
