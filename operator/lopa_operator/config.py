@@ -82,6 +82,8 @@ def render(name: str, namespace: str, spec: dict[str, Any]) -> dict[str, Any]:
             "key": f"{names.TLS_DIR}/tls.key",
             "client_ca": f"{names.TLS_DIR}/ca.crt" if tls.get("requireClientCert") else "",
         }
+        # The kubelet's gRPC readiness probe speaks plaintext: the master repeats its health there.
+        doc["master"]["health_port"] = names.HEALTH_PORT
     return doc
 
 

@@ -146,7 +146,7 @@ def worker_template(name: str, spec: dict[str, Any], config_hash: str) -> dict[s
 def _master_probe(tls: bool) -> dict[str, Any]:
     # grpc.health.v1 reports SERVING only once every worker joined the group (and NOT_SERVING again
     # when one is lost). The kubelet's gRPC probe speaks no TLS: with TLS the master also serves the
-    # same health status alone, in plaintext, on master.health_port (rendered by render.config_doc).
+    # same health status alone, in plaintext, on master.health_port (rendered by config.render).
     port = names.HEALTH_PORT if tls else names.CLIENT_PORT
     return {"grpc": {"port": port}, "periodSeconds": 5, "failureThreshold": 3}
 

@@ -128,18 +128,9 @@ def master_deployment(name: str, namespace: str, spec: dict[str, Any], config_ha
     }
 
 
-def config_doc(name: str, namespace: str, spec: dict[str, Any]) -> dict[str, Any]:
-    """config.render's document plus, with spec.tls, master.health_port: the plaintext health
-    endpoint the master's gRPC readiness probe checks (pods._master_probe)."""
-    doc = config.render(name, namespace, spec)
-    if spec.get("tls"):
-        doc["master"]["health_port"] = names.HEALTH_PORT
-    return doc
-
-
 def group_hash(name: str, namespace: str, spec: dict[str, Any]) -> str:
     """Hash of everything the pods run with: a change means the whole group must restart."""
-    text = config.dump(config_doc(name, namespace, spec))
+    text = config.dump(config.render(name, namespace, spec))
     worker = pods.worker_template(name, spec, "")
     master = pods.master_template(name, spec, "")
     return config.digest(text, worker, master)
@@ -148,7 +139,7 @@ def group_hash(name: str, namespace: str, spec: dict[str, Any]) -> str:
 def children(name: str, namespace: str, raw_spec: dict[str, Any]) -> list[dict[str, Any]]:
     """Every child object of LoPADeployment `name`, in apply order (config before its readers)."""
     spec = specs.with_defaults(raw_spec)
-    text = config.dump(config_doc(name, namespace, spec))
+    text = config.dump(config.render(name, namespace, spec))
     digest = group_hash(name, namespace, spec)
     objs = [
         config_map(name, namespace, text),

@@ -75,7 +75,7 @@ def test_children_names_and_contract() -> None:
 
 def test_config_matches_docs_shape() -> None:
     reference = yaml.safe_load((REPO / "docs" / "lopa.yaml").read_text())
-    doc = render.config_doc(
+    doc = config.render(
         "demo",
         "default",
         specs.with_defaults(

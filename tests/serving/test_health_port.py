@@ -4,7 +4,6 @@ has formed, SERVING once it has, NOT_SERVING again when a worker is lost."""
 
 from __future__ import annotations
 
-import dataclasses
 import time
 from pathlib import Path
 
@@ -14,8 +13,7 @@ import pytest
 from lopa.serving.client import LopaClient
 from lopa.serving.config import ConfigError, parse_config, validate
 from lopa.serving.launcher import LocalCluster, free_ports, loopback_config
-
-certs = pytest.importorskip("tests.kube.certs")
+from tests.kube import certs
 
 
 def _wait_status(client: LopaClient, want: str, timeout: float) -> str:
@@ -51,8 +49,7 @@ def test_plaintext_health_port_beside_tls(checkpoint: Path, tmp_path: Path) -> N
         "tls": {"cert": str(pki.apiserver.cert), "key": str(pki.apiserver.key)},
     }
     config = loopback_config(parse_config(raw), workers=1)
-    # loopback_config rebuilds the master section from listen and metrics_port alone.
-    config = dataclasses.replace(config, master=dataclasses.replace(config.master, health_port=health_port))
+    assert config.master.health_port == health_port  # the launcher keeps the master's settings
     cluster = LocalCluster(config, tmp_path, log_dir=tmp_path)
     try:
         cluster.master = cluster._spawn("master")  # no workers yet: the group has not formed

@@ -12,8 +12,7 @@ import pytest
 from lopa.serving.client import LopaClient
 from lopa.serving.config import parse_config
 from lopa.serving.launcher import LocalCluster, free_ports, loopback_config
-
-certs = pytest.importorskip("tests.kube.certs")
+from tests.kube import certs
 
 
 def test_mutual_tls_and_metrics(checkpoint: Path, tmp_path: Path) -> None:

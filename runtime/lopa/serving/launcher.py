@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import IO
 
 from lopa.serving.client import LopaClient
-from lopa.serving.config import MasterConfig, ServingConfig, WorkersConfig, dump_config
+from lopa.serving.config import ServingConfig, WorkersConfig, dump_config
 
 log = logging.getLogger("lopa.serve")
 
@@ -42,7 +42,7 @@ def loopback_config(base: ServingConfig, workers: int, listen: str | None = None
     listen = listen or f"127.0.0.1:{ports[-1]}"
     return dataclasses.replace(
         base,
-        master=MasterConfig(listen=listen, metrics_port=base.master.metrics_port),
+        master=dataclasses.replace(base.master, listen=listen),
         workers=WorkersConfig(
             count=workers,
             addresses=tuple(f"127.0.0.1:{p}" for p in ports[1 : workers + 1]),
