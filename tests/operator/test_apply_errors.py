@@ -32,7 +32,6 @@ def test_rejected_resources_leave_children_and_report_the_api_message(
     kube: KubeCluster, namespace: str
 ) -> None:
     ensure_chart(kube)
-    client = _kube(kube)
     cr: dict[str, Any] = {
         "apiVersion": names.API_VERSION,
         "kind": names.KIND,
@@ -40,6 +39,16 @@ def test_rejected_resources_leave_children_and_report_the_api_message(
         "spec": {"branchParallelism": 1},
     }
     kube.apply(cr)
+    try:
+        _rejected_then_fixed(kube, namespace)
+    finally:
+        # Gone before the namespace starts terminating: an operator started by a later module would
+        # otherwise find the CR there and fail to post events into the terminating namespace.
+        kube.kubectl("delete", names.PLURAL, "bad", "-n", namespace, "--wait=true", check=False)
+
+
+def _rejected_then_fixed(kube: KubeCluster, namespace: str) -> None:
+    client = _kube(kube)
     posted: list[tuple[str, str, str]] = []
 
     def post(obj: dict[str, Any], kind: str, reason: str, message: str) -> None:
