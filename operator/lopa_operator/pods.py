@@ -43,8 +43,8 @@ def _merge_env(ours: list[dict[str, Any]], user: list[dict[str, Any]] | None) ->
     """The operator's env with spec.env merged in by name (one entry per name: server-side apply
     refuses duplicate keys). A user entry replaces the operator's default in place, or is appended;
     of duplicate user entries the last wins. The LOPA_* variables the operator sets here (rank, world
-    size, pod identity) are not the user's to change: a user entry of that name is dropped.
-    (The CRD could refuse those names up front with a CEL rule.)"""
+    size, pod identity) are not the user's to change: the CRD refuses them (a CEL rule on spec.env),
+    and an entry that got past it is dropped here."""
     out = copy.deepcopy(ours)
     owned = {e["name"] for e in ours if e["name"].startswith("LOPA_")}
     index = {e["name"]: i for i, e in enumerate(out)}

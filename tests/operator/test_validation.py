@@ -48,6 +48,11 @@ CASES = [
         "spec.accelerator.devicesPerWorker",
     ),
     (
+        "operator-owned-env",
+        {"env": [{"name": "NCCL_DEBUG", "value": "INFO"}, {"name": "LOPA_RANK", "value": "3"}]},
+        "LOPA_RANK, LOPA_WORLD_SIZE, LOPA_POD_NAME and LOPA_NAMESPACE are set by the",
+    ),
+    (
         "block-over-max-new-tokens",
         {"decoding": {"blockSize": 64, "maxNewTokens": 56}},
         "spec.decoding.blockSize must not exceed spec.decoding.maxNewTokens",
@@ -117,6 +122,16 @@ def test_block_size_alone_or_equal_is_accepted(
             "-",
             input=manifest({"decoding": decoding}, name),
         )
+
+
+def test_user_env_other_than_the_wiring_is_accepted(
+    kube: KubeCluster, crd_installed: None, shared_namespace: str
+) -> None:
+    env = [{"name": "NCCL_DEBUG", "value": "INFO"}, {"name": "LOPA_EXTRA", "value": "1"}]
+    spec = {"accelerator": {"type": "nvidia"}, "env": env}
+    kube.kubectl(
+        "create", "--dry-run=server", "-n", shared_namespace, "-f", "-", input=manifest(spec, "env-ok")
+    )
 
 
 def test_minimal_spec_gets_defaults(kube: KubeCluster, crd_installed: None, namespace: str) -> None:
