@@ -16,7 +16,7 @@ from typing import Any
 
 import kopf
 
-from . import group, metrics, names, render
+from . import config, group, metrics, names, render
 from . import spec as specs
 from . import status as statuses
 from .kube import Kube, KubeError, path
@@ -36,6 +36,9 @@ def _spec_error(error: KubeError) -> bool:
 EventFn = Callable[[dict[str, Any], str, str, str], None]  # (object, type, reason, message)
 
 _locks: dict[tuple[str, str], threading.Lock] = {}
+# Per object, the digest of the children that last passed the dry run: the timer re-applies every
+# 10 s to repair drift, but only a rendering it has not validated yet needs the dry run first.
+_validated: dict[tuple[str, str], str] = {}
 _locks_guard = threading.Lock()
 
 
@@ -48,17 +51,21 @@ def _lock(namespace: str, name: str) -> threading.Lock:
 def forget(namespace: str, name: str) -> None:
     with _locks_guard:
         _locks.pop((namespace, name), None)
+    _validated.pop((namespace, name), None)
     metrics.forget(namespace, name)
 
 
 def _ensure(kube: Kube, children: list[dict[str, Any]], owner: dict[str, Any]) -> None:
     """Server-side applies every child: creates it, repairs drift, and is a no-op write when nothing
-    changed. All of them are first validated with a dry-run apply, so that a child the API server
-    rejects leaves every child as it was (no new ConfigMap beside old pods)."""
+    changed. A rendering not yet validated is first dry-run applied as a whole, so that a child the
+    API server rejects leaves every child as it was (no new ConfigMap beside old pods)."""
     for child in children:
         kopf.append_owner_reference(child, owner=owner)
-    for child in children:
-        kube.apply(child, dry_run=True)
+    key, rendered = (owner["metadata"]["namespace"], owner["metadata"]["name"]), config.digest(children)
+    if _validated.get(key) != rendered:
+        for child in children:
+            kube.apply(child, dry_run=True)
+        _validated[key] = rendered
     for child in children:
         kube.apply(child)
 
