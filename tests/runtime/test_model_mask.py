@@ -1,13 +1,21 @@
-"""build_window_mask: which keys each query of a verification forward may attend to."""
+"""window_mask / build_window_mask: which keys each query of a (row-folded) verification forward sees."""
 
 import torch
 
 from lopa.model import build_window_mask
+from lopa.model.mask import additive, window_mask
 from lopa.params import AttentionMode
 
 
 def _ids(*rows: list[int]) -> torch.Tensor:
     return torch.tensor(rows, dtype=torch.long)
+
+
+def _row_view(mask: torch.Tensor, rows: int, cache: int) -> torch.Tensor:
+    """[R, query, R', key] view of the window part of a folded mask."""
+    window = mask[0, 0, :, cache:]
+    length = window.shape[0] // rows
+    return window.reshape(rows, length, rows, length)
 
 
 def test_full_mode_sees_cache_and_whole_window() -> None:
@@ -33,21 +41,32 @@ def test_block_causal_sees_earlier_and_own_blocks_only() -> None:
     assert torch.equal(mask[:, 2:], expected_window)
 
 
+def test_rows_see_the_cache_and_only_their_own_window() -> None:
+    mask = build_window_mask([3, 3], _ids([1, 1, 1], [1, 1, 1]), cache_length=2, mode="full")
+    assert mask.shape == (1, 1, 6, 8)
+    assert mask[0, 0, :, :2].all()
+    rows = _row_view(mask, 2, 2)
+    assert rows[0, :, 0].all() and rows[1, :, 1].all()
+    assert not rows[0, :, 1].any() and not rows[1, :, 0].any()
+
+
 def test_padding_keys_are_masked_per_row() -> None:
     mask = build_window_mask([4, 2], _ids([1, 1, 1, 1], [1, 1, 1, 1]), cache_length=1, mode="full")
-    assert mask[0, 0, :, 1:].all()
+    assert mask[0, 0, :, 0].all()
+    rows = _row_view(mask, 2, 1)
+    assert rows[0, :, 0].all()
     # row 1: valid queries see keys 0..1 only (plus the cache)
-    assert torch.equal(mask[1, 0, :2, 1:], torch.tensor([[1, 1, 0, 0]] * 2, dtype=torch.bool))
-    assert mask[1, 0, :, 0].all()
+    assert torch.equal(rows[1, :2, 1], torch.tensor([[1, 1, 0, 0]] * 2, dtype=torch.bool))
 
 
 def test_padded_queries_see_themselves() -> None:
     # Row 1 has one valid token; its padded queries keep the diagonal so no softmax row is empty.
     for mode in AttentionMode:
-        mask = build_window_mask([3, 1], _ids([1, 1, 2], [1, 9, 9]), cache_length=0, mode=mode)[1, 0]
-        assert torch.equal(mask.diagonal(), torch.ones(3, dtype=torch.bool))
+        mask = build_window_mask([3, 1], _ids([1, 1, 2], [1, 9, 9]), cache_length=0, mode=mode)
+        assert torch.equal(mask[0, 0].diagonal(), torch.ones(6, dtype=torch.bool))
         assert mask.any(dim=-1).all()
-        assert not mask[0, 1:].any()  # the valid query never sees padding
+        row1 = _row_view(mask, 2, 0)[1, :, 1]
+        assert not row1[0, 1:].any()  # the valid query never sees padding
 
 
 def test_block_causal_padding_and_blocks_combine() -> None:
@@ -57,3 +76,29 @@ def test_block_causal_padding_and_blocks_combine() -> None:
         dtype=torch.bool,
     )
     assert torch.equal(mask, expected)
+
+
+def test_cache_width_past_the_length_is_masked() -> None:
+    # A captured graph reads a fixed cache width: positions past the cache length are invisible.
+    mask = build_window_mask([2], _ids([1, 1]), cache_length=3, mode="full", cache_width=5)
+    assert mask.shape == (1, 1, 2, 7)
+    assert mask[0, 0, :, :3].all() and not mask[0, 0, :, 3:5].any()
+    assert mask[0, 0, :, 5:].all()
+
+
+def test_tensor_inputs_give_the_same_mask() -> None:
+    lengths, ids = [3, 2], _ids([0, 1, 1], [1, 2, 0])
+    for mode in AttentionMode:
+        expected = build_window_mask(lengths, ids, cache_length=4, mode=mode, cache_width=6)
+        got = window_mask(
+            torch.tensor(lengths), ids, torch.tensor(4), 6, torch.tensor(mode is AttentionMode.BLOCK_CAUSAL)
+        )
+        assert torch.equal(got, expected)
+
+
+def test_additive_mask_is_zero_or_minus_infinity() -> None:
+    mask = build_window_mask([2, 1], _ids([1, 1], [1, 1]), cache_length=1, mode="full")
+    bias = additive(mask, torch.bfloat16)
+    assert bias.dtype == torch.bfloat16
+    assert torch.equal(bias == 0, mask)
+    assert torch.isinf(bias[~mask]).all()

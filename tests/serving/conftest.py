@@ -68,7 +68,8 @@ def write_config(directory: Path, checkpoint: Path, workers: int, **sections: di
 
 def worker_env() -> dict[str, str]:
     env = dict(os.environ)
-    env["PYTHONPATH"] = str(REPO / "runtime")
+    inherited = env.get("PYTHONPATH")
+    env["PYTHONPATH"] = str(REPO / "runtime") + (os.pathsep + inherited if inherited else "")
     env.setdefault("OMP_NUM_THREADS", "1")  # the CI box has 2 cores shared by every process
     return env
 

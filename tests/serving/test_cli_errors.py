@@ -195,7 +195,7 @@ def test_serve_stops_the_workers_and_fails_when_its_master_dies(checkpoint: Path
     [
         ("model", {"dtype": "float8"}, "model.dtype"),
         ("model", {"device": "tpu"}, "model.device"),
-        ("model", {"device": "cuda"}, "workers.backend: 'gloo' does not match model.device 'cuda'"),
+        ("model", {"device": "npu"}, "workers.backend: 'gloo' does not match model.device 'npu'"),
         ("master", {"listen": "not-an-address"}, "master.listen"),
         ("master", {"metrics_port": 99999}, "master.metrics_port"),
     ],

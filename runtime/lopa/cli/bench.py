@@ -12,6 +12,7 @@ from lopa.bench.report import plot, table, write_json
 from lopa.bench.tpf import KS, MODES, run_sweep
 from lopa.bundled import tasks
 from lopa.bundled.defaults import model_defaults
+from lopa.cli import bench_step
 from lopa.engine import LocalEngine, bundled_model_dir
 from lopa.params import MAX_BRANCHES, AttentionMode, InvalidParameter
 from lopa.serving import bench as serving_bench
@@ -21,7 +22,7 @@ DEFAULT_EXAMPLES = 300  # the published held-out set size
 
 
 def add_parser(subparsers: argparse._SubParsersAction) -> None:
-    parser = subparsers.add_parser("bench", help="benchmarks: decoding (tpf), serving, transport")
+    parser = subparsers.add_parser("bench", help="benchmarks: decoding (tpf), step, serving, transport")
     kinds = parser.add_subparsers(dest="bench", required=True)
     tpf = kinds.add_parser(
         "tpf",
@@ -40,6 +41,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     tpf.add_argument("--block-size", type=int, default=None, help="override the model's default block size")
     tpf.add_argument("--conf", default=None, choices=["prob", "neg_entropy", "margin"], help="Conf kind")
     tpf.set_defaults(handler=run)
+    bench_step.add_parsers(kinds)
     serving_bench.add_parser(kinds)
     transport_bench.add_parser(kinds)
 

@@ -36,6 +36,8 @@ class WindowBatch:
                staging slot first_slot + r.
     mode:      attention mode.
     first_slot: staging slot of row 0 (non-zero when rows are forwarded one at a time).
+    outputs:   flat token indices (row * L + column) whose logits the caller needs; None = all.
+               With them the forward returns [N, vocab] (the lm_head runs on N tokens only).
     """
 
     tokens: torch.Tensor
@@ -45,10 +47,23 @@ class WindowBatch:
     n_stage: int
     mode: AttentionMode
     first_slot: int = 0
+    outputs: tuple[int, ...] | None = None
 
     @property
     def rows(self) -> int:
         return int(self.tokens.shape[0])
+
+    @property
+    def width(self) -> int:
+        return int(self.tokens.shape[1])
+
+
+def take_outputs(raw: torch.Tensor, batch: WindowBatch) -> torch.Tensor:
+    """Full logits [R, L, V] -> what batch.outputs asks for ([N, V], or all of it when None)."""
+    if batch.outputs is None:
+        return raw
+    index = torch.tensor(batch.outputs, dtype=torch.long, device=raw.device)
+    return raw.reshape(-1, raw.shape[-1]).index_select(0, index)
 
 
 class WindowModel(Protocol):
@@ -64,7 +79,7 @@ class WindowModel(Protocol):
         """Number of tokens whose K/V are in the shared cache."""
 
     def forward(self, batch: WindowBatch) -> torch.Tensor:
-        """Raw logits [R, L, vocab] (float).
+        """Raw logits [R, L, vocab] (float), or [N, vocab] for batch.outputs.
 
         Stages the K/V of row r's first n_stage tokens in slot first_slot + r.
         """

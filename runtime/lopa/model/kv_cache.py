@@ -6,6 +6,9 @@ head_dim] and receives the K/V of its row's first n_stage tokens during a forwar
 appends them to the cache. `pack_staged` / `append_packed` move the same bytes as ONE contiguous
 tensor so that a distributed commit is a single broadcast. A commit (either way) consumes the staging
 of every slot: pack before committing.
+
+A forward folds its rows into one sequence (see lopa.model.mask): `stage` receives the keys of
+all rows as [1, R * L, ...] and splits them per row.
 """
 
 from __future__ import annotations
@@ -40,6 +43,7 @@ class KVCache:
         self._staged: list[int] = []  # tokens staged in each slot by the latest forward
         self._stage_n = 0  # tokens per row that the forward in progress stages
         self._stage_first = 0  # slot of its row 0
+        self._stage_rows = 0  # rows of the forward in progress
         self.ensure_staging(num_slots, 0)
 
     def _shape(self, length: int) -> tuple[int, ...]:
@@ -81,9 +85,11 @@ class KVCache:
 
     # ---- reads -------------------------------------------------------------------------------
 
-    def cached(self, layer: int) -> tuple[torch.Tensor, torch.Tensor]:
-        """Views of the committed keys and values of `layer`, each [length, kv_heads, head_dim]."""
-        return self.cache[layer, 0, : self._length], self.cache[layer, 1, : self._length]
+    def cached(self, layer: int, width: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+        """Views of the first `width` (default: the committed length) cache positions of `layer`,
+        each [width, kv_heads, head_dim]; positions past the length must be masked by the reader."""
+        end = self._length if width is None else width
+        return self.cache[layer, 0, :end], self.cache[layer, 1, :end]
 
     def staged(self, slot: int, layer: int) -> tuple[torch.Tensor, torch.Tensor]:
         """Views of the K/V staged in `slot` for `layer`, each [n_staged, kv_heads, head_dim]."""
@@ -100,15 +106,31 @@ class KVCache:
         if self._length + n > self.max_length:
             raise ValueError(f"staging {n} tokens after {self._length} exceeds max_length {self.max_length}")
         self.ensure_staging(first_slot + rows, n)
-        self._stage_n, self._stage_first = n, first_slot
+        self._stage_n, self._stage_first, self._stage_rows = n, first_slot, rows
+        self.mark_staged(rows, n, first_slot)
+
+    def stage_rows(self, rows: int, n: int) -> None:
+        """Make `stage` write the first n tokens of rows 0..rows-1 without recording them as staged
+        (a CUDA graph stages whole padded rows; mark_staged records the real count afterwards)."""
+        self._stage_n, self._stage_first, self._stage_rows = n, 0, rows
+
+    def staging_ptr(self) -> int:
+        """Address of the staging area (captured CUDA graphs write there)."""
+        return int(self._staging.data_ptr())
+
+    def mark_staged(self, rows: int, n: int, first_slot: int = 0) -> None:
+        """Record that slots first_slot.. hold n staged tokens (after a CUDA graph staged them)."""
         for slot in range(first_slot, first_slot + rows):
             self._staged[slot] = n
 
     def stage(self, layer: int, keys: torch.Tensor, values: torch.Tensor) -> None:
-        """keys/values [R, L, kv_heads, head_dim] of one layer; row r's first n go to its slot."""
-        rows, n, first = keys.shape[0], self._stage_n, self._stage_first
+        """keys/values [1, R * L, kv_heads, head_dim] of one layer (rows folded, see the module
+        docstring) or [R, L, ...]; the first n tokens of row r go to its slot."""
+        rows, n, first = self._stage_rows, self._stage_n, self._stage_first
         if n == 0:
             return
+        keys = keys.reshape(rows, -1, self.kv_heads, self.head_dim)
+        values = values.reshape(rows, -1, self.kv_heads, self.head_dim)
         self._staging[first : first + rows, layer, 0, :n] = keys[:, :n]
         self._staging[first : first + rows, layer, 1, :n] = values[:, :n]
 
@@ -142,6 +164,12 @@ class KVCache:
         end = self._length + n
         self.cache[:, :, self._length : end] = packed.to(device=self.device, dtype=self.dtype)
         self._advance(end)
+
+    def truncate(self, length: int) -> None:
+        """Forget the committed positions from `length` on (benchmarks repeat one step this way)."""
+        if not 0 <= length <= self._length:
+            raise ValueError(f"cannot truncate to {length}: the cache holds {self._length}")
+        self._advance(length)
 
     def _advance(self, end: int) -> None:
         # Staged K/V belong to the window before this commit: consumed, so none can be committed twice.

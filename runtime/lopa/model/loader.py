@@ -68,9 +68,12 @@ class LoadedModel:
     def eos_token_ids(self) -> tuple[int, ...]:
         return self.special.eos
 
-    def window_model(self, max_length: int, num_slots: int = 1) -> DreamWindowModel:
-        """A WindowModel over this model with a KV cache of max_length tokens."""
-        return DreamWindowModel(self.model, max_length, num_slots)
+    def window_model(
+        self, max_length: int, num_slots: int = 1, cuda_graphs: bool | None = None
+    ) -> DreamWindowModel:
+        """A WindowModel over this model with a KV cache of max_length tokens (CUDA graphs on CUDA
+        unless cuda_graphs is False or LOPA_CUDA_GRAPHS=0)."""
+        return DreamWindowModel(self.model, max_length, num_slots, cuda_graphs)
 
 
 def load_model(
@@ -98,7 +101,8 @@ def load_model(
     if _LM_HEAD not in weights:
         weights[_LM_HEAD] = weights[_EMBED]  # tied embeddings
     model.load_state_dict(weights, strict=True, assign=True)
-    model.eval().requires_grad_(False)
+    del weights  # the fused projections below replace these storages: let them go
+    model.eval().requires_grad_(False).fuse_projections()
     tokenizer = load_tokenizer(tokenizer_dir or model_dir)
     return LoadedModel(model, tokenizer, config, resolve_special_ids(config, tokenizer, model_dir))
 

@@ -1,19 +1,43 @@
-"""DreamWindowModel: the `WindowModel` protocol over a DreamModel and a static KV cache."""
+"""DreamWindowModel: the `WindowModel` protocol over a DreamModel and a static KV cache.
+
+A forward folds its rows into one sequence (lopa.model.mask): every row reads the shared cache
+once. On CUDA the forward is replayed from a captured graph (lopa.model.cuda_graphs) whenever the
+caller names the outputs it needs (the executors always do); otherwise it runs eagerly.
+"""
 
 from __future__ import annotations
+
+import logging
+import os
 
 import torch
 
 from lopa.execution.protocol import WindowBatch
 from lopa.model.dream import DreamModel
 from lopa.model.kv_cache import KVCache
-from lopa.model.mask import build_window_mask
+from lopa.model.mask import additive, build_window_mask
+from lopa.params import AttentionMode
+
+log = logging.getLogger("lopa.model")
+
+GRAPHS_ENV = "LOPA_CUDA_GRAPHS"  # "0" turns CUDA graphs off (eager forwards on CUDA)
+_GRAPH_STAGING = (16, 256)  # staging reserved up front when graphs are on: slots x tokens
+
+
+def graphs_wanted(device: torch.device, requested: bool | None) -> bool:
+    if device.type != "cuda":
+        return False
+    if requested is not None:
+        return requested
+    return os.environ.get(GRAPHS_ENV, "1") != "0"
 
 
 class DreamWindowModel:
     """Runs verification forwards (see lopa.execution.protocol) on a real Dream model."""
 
-    def __init__(self, model: DreamModel, max_length: int, num_slots: int = 1) -> None:
+    def __init__(
+        self, model: DreamModel, max_length: int, num_slots: int = 1, cuda_graphs: bool | None = None
+    ) -> None:
         config = model.config
         if max_length > config.max_position_embeddings:
             raise ValueError(
@@ -32,6 +56,13 @@ class DreamWindowModel:
             device=model.device,
             num_slots=num_slots,
         )
+        self.graphs = None
+        if graphs_wanted(self.device, cuda_graphs):
+            from lopa.model.cuda_graphs import WindowGraphs
+
+            slots, tokens = _GRAPH_STAGING
+            self.kv.ensure_staging(max(slots, num_slots), min(tokens, max_length))
+            self.graphs = WindowGraphs(model, self.kv)
 
     @property
     def device(self) -> torch.device:
@@ -46,17 +77,69 @@ class DreamWindowModel:
     @torch.no_grad()
     def forward(self, batch: WindowBatch) -> torch.Tensor:
         self._check(batch)
-        device = self.device
-        tokens = batch.tokens.to(device)
-        rows, length = tokens.shape
-        mask = build_window_mask(batch.lengths, batch.block_ids.to(device), self.kv.length, batch.mode)
-        positions = batch.start + torch.arange(length, device=device)
-        self.kv.begin_stage(rows, batch.n_stage, batch.first_slot)
-        logits = self.model(tokens, positions, mask, past=self.kv, on_kv=self.kv.stage)
-        return logits.float()
+        if self.graphs is not None and batch.outputs is not None and batch.first_slot == 0:
+            logits = self._replay(batch)
+            if logits is not None:
+                return logits
+        return self._eager(batch)
 
     def commit(self, slot: int, n: int) -> None:
         self.kv.commit(slot, n)
+
+    def _eager(self, batch: WindowBatch) -> torch.Tensor:
+        device = self.device
+        rows, width = batch.rows, batch.width
+        block_ids = batch.block_ids.to(device)
+        mask = build_window_mask(batch.lengths, block_ids, self.kv.length, batch.mode)
+        positions = batch.start + torch.arange(width, device=device).repeat(rows)
+        outputs = None
+        if batch.outputs is not None:
+            outputs = torch.tensor(batch.outputs, dtype=torch.long, device=device)
+        self.kv.begin_stage(rows, batch.n_stage, batch.first_slot)
+        logits = self.model(
+            batch.tokens.to(device).reshape(1, rows * width),
+            positions,
+            additive(mask, self.model.dtype),
+            past=self.kv,
+            on_kv=self.kv.stage,
+            output_index=outputs,
+        )
+        if outputs is None:
+            logits = logits.view(rows, width, -1)
+        return logits.float()
+
+    def _replay(self, batch: WindowBatch) -> torch.Tensor | None:
+        from lopa.model.cuda_graphs import bucket_for
+
+        assert self.graphs is not None and batch.outputs is not None
+        rows, width = batch.rows, batch.width
+        bucket = bucket_for(rows, width, self.kv.length, self.max_length)
+        if bucket is None:
+            return None
+        captured = self.graphs.get(bucket)
+        if captured is None:
+            return None
+        layout, host = captured.layout, captured.host_inputs()
+        host.zero_()
+        tokens = host[layout.tokens].view(bucket.rows, bucket.width)
+        tokens[:rows, :width] = batch.tokens
+        host[layout.block_ids].view(bucket.rows, bucket.width)[:rows, :width] = batch.block_ids
+        lengths = host[layout.lengths]
+        lengths.fill_(1)  # padding rows: one token that sees itself
+        lengths[:rows] = torch.tensor(batch.lengths)
+        host[layout.scalars] = batch.start
+        host[layout.scalars + 1] = self.kv.length
+        host[layout.scalars + 2] = int(AttentionMode(batch.mode) is AttentionMode.BLOCK_CAUSAL)
+        # Output indices are flat in the caller's [rows, width] layout: re-base them on the bucket's.
+        flat = torch.tensor(batch.outputs, dtype=torch.long)
+        n_out = int(flat.numel())
+        host[layout.outputs : layout.outputs + n_out] = flat // width * bucket.width + flat % width
+        captured.write_inputs()
+        captured.graph.replay()
+        self.kv.mark_staged(rows, batch.n_stage)
+        assert captured.hidden is not None
+        index = captured.inputs[layout.outputs : layout.outputs + n_out]
+        return self.model.lm_head(captured.hidden.index_select(0, index)).float()
 
     def _check(self, batch: WindowBatch) -> None:
         rows, length = batch.tokens.shape
@@ -69,3 +152,5 @@ class DreamWindowModel:
         for row, n in enumerate(batch.lengths):
             if not max(1, batch.n_stage) <= n <= length:
                 raise ValueError(f"row {row}: length {n} outside [max(1, n_stage={batch.n_stage}), {length}]")
+        if batch.outputs is not None and any(not 0 <= i < rows * length for i in batch.outputs):
+            raise ValueError(f"outputs must be flat indices in [0, {rows * length})")

@@ -12,9 +12,9 @@ from datetime import timedelta
 import torch
 import torch.distributed as dist
 
-log = logging.getLogger("lopa.worker")
+from lopa.serving.config import BACKENDS_OF_DEVICE, backend_mismatch
 
-_BACKEND_OF_DEVICE = {"cpu": "gloo", "cuda": "nccl", "npu": "hccl"}
+log = logging.getLogger("lopa.worker")
 
 
 class JoinError(RuntimeError):
@@ -24,13 +24,10 @@ class JoinError(RuntimeError):
 def check_backend(backend: str, device: str) -> None:
     """The backend must match the device kind (gloo/cpu, nccl/cuda, hccl/npu)."""
     kind = torch.device(device).type
-    expected = _BACKEND_OF_DEVICE.get(kind)
-    if expected is None:
+    if kind not in BACKENDS_OF_DEVICE:
         raise ValueError(f"model.device: unsupported device {device!r} (cpu, cuda or npu)")
-    if backend != expected:
-        raise ValueError(
-            f"workers.backend: {backend!r} does not match model.device {device!r} (use {expected})"
-        )
+    if backend not in BACKENDS_OF_DEVICE[kind]:
+        raise ValueError(backend_mismatch(backend, device, kind))
 
 
 def prepare_device(device: str) -> None:

@@ -13,6 +13,9 @@ from lopa.params import MAX_BRANCHES, DecodingParams, InvalidParameter
 
 DTYPES = ("float32", "bfloat16", "float16")
 BACKEND_OF_DEVICE = {"cpu": "gloo", "cuda": "nccl", "npu": "hccl"}  # device kind -> collective backend
+# Backends that work with each device kind: gloo also broadcasts CUDA tensors (slower than nccl, but
+# it lets several ranks share one GPU, which nccl refuses).
+BACKENDS_OF_DEVICE = {"cpu": ("gloo",), "cuda": ("nccl", "gloo"), "npu": ("hccl",)}
 MAX_PORT = 65535
 DECODING_KEYS = frozenset(f.name for f in fields(DecodingParams))
 
@@ -27,6 +30,14 @@ def device_kind(device: str) -> str:
     if kind not in BACKEND_OF_DEVICE or (colon and not index.isdigit()):
         raise ValueError(f"must be cpu, cuda[:N] or npu[:N], got {device!r}")
     return kind
+
+
+def backend_mismatch(backend: str, device: str, kind: str) -> str:
+    allowed = BACKENDS_OF_DEVICE[kind]
+    hint = f"use {allowed[0]}"
+    if len(allowed) > 1:
+        hint += f", or {allowed[1]} for several ranks on one device"
+    return f"workers.backend: {backend!r} does not match model.device {device!r} ({hint})"
 
 
 def split_address(address: str) -> tuple[str, int]:
@@ -190,11 +201,8 @@ def _check_model(model: ModelConfig, backend: str) -> None:
     except ValueError as error:
         raise ConfigError(f"model.device: {error}") from None
     # Checked here, not only in the worker: the master refuses the same file.
-    if backend in BACKEND_OF_DEVICE.values() and backend != BACKEND_OF_DEVICE[kind]:
-        raise ConfigError(
-            f"workers.backend: {backend!r} does not match model.device {model.device!r} "
-            f"(use {BACKEND_OF_DEVICE[kind]})"
-        )
+    if backend in BACKEND_OF_DEVICE.values() and backend not in BACKENDS_OF_DEVICE[kind]:
+        raise ConfigError(backend_mismatch(backend, model.device, kind))
 
 
 def _check_limits(limits: Limits) -> None:

@@ -13,7 +13,7 @@ from collections.abc import Callable, Sequence
 
 import torch
 
-from lopa.execution.protocol import WindowBatch
+from lopa.execution.protocol import WindowBatch, take_outputs
 
 Rule = Callable[[Sequence[int], int], torch.Tensor]
 
@@ -46,7 +46,7 @@ class SyntheticModel:
             for i in range(length):
                 out[row, i] = self.rule(sequence, batch.start + i + 1)
             self.staged[batch.first_slot + row] = window[: batch.n_stage]
-        return out
+        return take_outputs(out, batch)
 
     def commit(self, slot: int, n: int) -> None:
         self.cache.extend(self.staged[slot][:n])

@@ -1,0 +1,193 @@
+"""`lopa bench step`: one decoding step on one device, against the memory floor of its weights.
+
+A verification forward of a few hundred tokens must read every weight once (the embedding table
+aside: only the input tokens' rows are read) plus the cache; at the device's copy bandwidth that
+is the floor no implementation beats. The benchmark measures, side by side in one run:
+
+- the forward grid: rows x window x cache length, replayed from a CUDA graph and eagerly;
+- the D2F step (1 row) and LoPA steps (k + 1 rows): a whole executor round (the forward, the
+  statistics of the masked positions copied to the host once, the winner's commit);
+- optionally the matrix products of one layer alone (what bounds the forward) and a
+  torch.profiler table of the steps.
+
+Ratios are against the floor measured on the same device in the same run.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+from lopa.decoding.executor import BranchWindow
+from lopa.execution.local import LocalExecutor, OutputPlan
+from lopa.model.dream import DreamModel
+from lopa.model.window import DreamWindowModel
+from lopa.params import DecodingParams
+
+MASKED_FRACTION = 0.625  # of a window: one block partly decoded, the next still masked (D2F's usual state)
+COPY_BYTES = 2 * 1024**3
+
+
+@dataclass(frozen=True)
+class Floor:
+    bandwidth_tbps: float  # a plain device-to-device copy, bytes read + written
+    weight_bytes: int  # every parameter a forward reads (the embedding table excluded)
+    kv_bytes_per_token: int
+
+    def ms(self, cache_length: int = 0) -> float:
+        nbytes = self.weight_bytes + cache_length * self.kv_bytes_per_token
+        return 1e3 * nbytes / (self.bandwidth_tbps * 1e12)
+
+
+def synchronize(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def median_ms(fn: Callable[[], object], device: torch.device, repeat: int, warmup: int = 3) -> float:
+    """Median wall time of fn, the device synchronised around each call."""
+    for _ in range(warmup):
+        fn()
+    times = []
+    for _ in range(repeat):
+        synchronize(device)
+        began = time.perf_counter()
+        fn()
+        synchronize(device)
+        times.append(1e3 * (time.perf_counter() - began))
+    return statistics.median(times)
+
+
+def copy_bandwidth(device: torch.device, nbytes: int = COPY_BYTES) -> float:
+    """TB/s of a device-to-device copy, counting the bytes read and the bytes written."""
+    source = torch.randint(0, 255, (nbytes,), dtype=torch.uint8, device=device)
+    target = torch.empty_like(source)
+    ms = median_ms(lambda: target.copy_(source), device, repeat=20)
+    return 2 * nbytes / (ms / 1e3) / 1e12
+
+
+def memory_floor(model: DreamModel, device: torch.device) -> Floor:
+    config = model.config
+    weights = sum(p.numel() * p.element_size() for p in model.parameters())
+    embed = model.model.embed_tokens.weight
+    element = embed.element_size()
+    kv_per_token = config.num_hidden_layers * 2 * config.num_key_value_heads * config.head_dim * element
+    return Floor(copy_bandwidth(device), weights - embed.numel() * element, kv_per_token)
+
+
+def windows_for(
+    rows: int, width: int, start: int, n_stage: int, vocab: int, mask_id: int
+) -> list[BranchWindow]:
+    """`rows` branches of one window: the first n_stage tokens decoded, the last MASKED_FRACTION
+    masked, two blocks (a block boundary in the middle)."""
+    generator = torch.Generator().manual_seed(rows * 1000 + width)
+    masked_from = max(n_stage, width - int(width * MASKED_FRACTION))
+    out = []
+    for _ in range(rows):
+        tokens = torch.randint(0, vocab, (width,), generator=generator).tolist()
+        for i in range(masked_from, width):
+            tokens[i] = mask_id
+        block_ids = [1] * (width // 2) + [2] * (width - width // 2)
+        out.append(BranchWindow(tokens, block_ids, [start + i for i in range(masked_from, width)]))
+    return out
+
+
+class StepBench:
+    """One window model with its cache filled to a given length; forwards and steps repeatable."""
+
+    def __init__(self, model: DreamModel, max_length: int, mask_id: int, repeat: int, graphs: bool) -> None:
+        self.device = model.device
+        self.window = DreamWindowModel(model, max_length, num_slots=1, cuda_graphs=graphs)
+        self.executor = LocalExecutor(self.window, device=self.device)
+        self.executor.begin(DecodingParams(), 1)
+        self.mask_id, self.repeat = mask_id, repeat
+        self.vocab = model.config.vocab_size
+
+    def fill_cache(self, length: int) -> None:
+        """Prefill `length` tokens (one eager forward), so later windows attend to a real cache."""
+        kv = self.window.kv
+        if kv.length > length:
+            kv.truncate(length)
+        while kv.length < length:
+            n = min(1024, length - kv.length)
+            windows = windows_for(1, n, kv.length, n, self.vocab, self.mask_id)
+            windows = [BranchWindow(w.tokens[:n], w.block_ids[:n], []) for w in windows]
+            self.executor.verify(kv.length, n, windows)
+            self.executor.commit(0)
+
+    def forward_ms(self, rows: int, width: int, n_stage: int) -> float:
+        start = self.window.kv.length
+        windows = windows_for(rows, width, start, n_stage, self.vocab, self.mask_id)
+        batch = self.executor.batch(start, n_stage, windows, OutputPlan(start, n_stage, windows).outputs)
+        return median_ms(lambda: self.window.forward(batch), self.device, self.repeat)
+
+    def step_ms(self, rows: int, width: int, n_stage: int) -> float:
+        start = self.window.kv.length
+        windows = windows_for(rows, width, start, n_stage, self.vocab, self.mask_id)
+
+        return median_ms(lambda: _one_step(self, rows, width, n_stage, windows), self.device, self.repeat)
+
+
+def gemm_rows(model: DreamModel, tokens: list[int], repeat: int) -> list[dict]:
+    """The matrix products of layer 0 (fused as the forward runs them) and the lm_head alone."""
+    layer = model.model.layers[0]
+    weights = {
+        "qkv": layer.self_attn.fused_qkv[0] if layer.self_attn.fused_qkv else layer.self_attn.q_proj.weight,
+        "o": layer.self_attn.o_proj.weight,
+        "gate_up": layer.mlp.fused_gate_up[0] if layer.mlp.fused_gate_up else layer.mlp.gate_proj.weight,
+        "down": layer.mlp.down_proj.weight,
+        "lm_head": model.lm_head.weight,
+    }
+    rows = []
+    for n in tokens:
+        for name, weight in weights.items():
+            x = torch.randn(n, weight.shape[1], device=weight.device, dtype=weight.dtype)
+            ms = median_ms(lambda x=x, weight=weight: F.linear(x, weight), weight.device, repeat)
+            # The same product with the operands swapped (W @ x^T): the BLAS may tile it differently.
+            swapped = median_ms(lambda x=x, weight=weight: torch.mm(weight, x.t()), weight.device, repeat)
+            nbytes = weight.numel() * weight.element_size()
+            rows.append({
+                "kind": "gemm", "weight": name, "shape": "x".join(map(str, weight.shape)), "tokens": n,
+                "ms": round(ms, 4), "weight_TBps": round(nbytes / (ms / 1e3) / 1e12, 3),
+                "TFLOPs": round(2 * n * weight.numel() / (ms / 1e3) / 1e12, 1),
+                "swapped_ms": round(swapped, 4),
+            })
+    return rows
+
+
+def profile_steps(bench: StepBench, cases: list[tuple[str, int, int, int]], out: Path) -> Path:
+    """A torch.profiler table (kernels by total device time) per case: (name, rows, width, n_stage)."""
+    from torch.profiler import ProfilerActivity, profile
+
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if bench.device.type == "cuda" else [])
+    sort = "cuda_time_total" if bench.device.type == "cuda" else "cpu_time_total"
+    out.mkdir(parents=True, exist_ok=True)
+    path = out / "step_profile.txt"
+    with path.open("w") as handle:
+        for name, rows, width, n_stage in cases:
+            bench.step_ms(rows, width, n_stage)  # warm: graphs captured outside the profile
+            with profile(activities=activities) as prof:
+                for _ in range(5):
+                    _one_step(bench, rows, width, n_stage)
+                synchronize(bench.device)
+            handle.write(f"== {name}: rows {rows}, window {width}, n_stage {n_stage}, 5 steps\n")
+            handle.write(prof.key_averages().table(sort_by=sort, row_limit=30) + "\n\n")
+    return path
+
+
+def _one_step(
+    bench: StepBench, rows: int, width: int, n_stage: int, windows: list[BranchWindow] | None = None
+) -> None:
+    """verify + commit (the anchor row wins), then the cache is cut back so the step repeats."""
+    kv = bench.window.kv
+    start = kv.length
+    windows = windows or windows_for(rows, width, start, n_stage, bench.vocab, bench.mask_id)
+    bench.executor.verify(start, n_stage, windows)
+    bench.executor.commit(rows - 1)
+    kv.truncate(start)

@@ -1,0 +1,191 @@
+"""`lopa bench step` (one step against the memory floor) and `lopa bench write-checkpoint`."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+from lopa.bench import step
+from lopa.bench.rows import markdown_table, show_row
+from lopa.cli.preflight import device_problem
+from lopa.model.loader import load_model, parse_dtype
+from lopa.params import MAX_BRANCHES, InvalidParameter
+from lopa.testing.checkpoint import PRESETS, random_model, write_random_lora_adapter, write_sharded_checkpoint
+
+PAPER_TPF = 10.1  # D2F-Dream-7B with LoPA on GSM8K (the LoPA paper)
+
+
+def add_parsers(kinds: argparse._SubParsersAction) -> None:
+    bench = kinds.add_parser(
+        "step",
+        help="one decoding step on one device (CUDA graphs vs eager) against the weights' memory floor",
+        description="Time verification forwards (rows x window x cache) and whole D2F / LoPA steps; "
+        "print tables and write JSON. Ratios are against the floor measured in the same run.",
+    )
+    source = bench.add_mutually_exclusive_group(required=True)
+    source.add_argument("--model", help="checkpoint directory")
+    source.add_argument(
+        "--preset", choices=sorted(PRESETS), help="random weights of this shape, made on the device"
+    )
+    bench.add_argument("--adapter", default=None, help="PEFT LoRA adapter directory (merged at load)")
+    bench.add_argument("--device", default="cuda", help="cuda, cuda:N or cpu (default cuda)")
+    bench.add_argument("--dtype", default="bfloat16", help="weights dtype (default bfloat16)")
+    bench.add_argument("--rows", default="1,2,4,8,16", help="forward grid: rows (branches) per forward")
+    bench.add_argument("--widths", default="32,64,128", help="forward grid: window tokens per row")
+    bench.add_argument("--caches", default="512,2048", help="forward grid: cache lengths")
+    bench.add_argument("--ks", default="0,1,3,7,15", help="steps: lookahead branches (0 = the D2F step)")
+    bench.add_argument("--step-widths", default="32,64", help="steps: window tokens per row (default 32,64)")
+    bench.add_argument("--step-cache", type=int, default=512, help="steps: cache length (default 512)")
+    bench.add_argument("--repeat", type=int, default=20, help="timed repetitions per point (median)")
+    bench.add_argument("--no-eager", action="store_true", help="skip the eager (no CUDA graph) comparison")
+    bench.add_argument("--gemm", action="store_true", help="also time layer 0's matrix products alone")
+    bench.add_argument("--tpf", type=float, default=PAPER_TPF, help=f"TPF for tokens/s (default {PAPER_TPF})")
+    bench.add_argument("--profile", default=None, help="directory for a torch.profiler table of the steps")
+    bench.add_argument("--json", default=None, help="write every row and the setup here")
+    bench.set_defaults(handler=run)
+
+    write = kinds.add_parser(
+        "write-checkpoint",
+        help="write a random checkpoint of a preset shape (sharded safetensors + index, tokenizer) "
+        "and optionally a LoRA adapter, for benchmarks",
+    )
+    write.add_argument("--preset", choices=sorted(PRESETS), default="dream-7b")
+    write.add_argument("--out", required=True, help="checkpoint directory")
+    write.add_argument("--adapter-out", default=None, help="also write a D2F-shaped LoRA adapter here")
+    write.add_argument("--lora-rank", type=int, default=32, help="LoRA rank (default 32)")
+    write.add_argument("--dtype", default="bfloat16")
+    write.add_argument("--device", default="cpu", help="where the random tensors are drawn (cuda is faster)")
+    write.add_argument("--shard-gb", type=float, default=5.0, help="shard size in GB (default 5)")
+    write.set_defaults(handler=run_write)
+
+
+def _ints(text: str, name: str, low: int, high: int | None = None) -> list[int]:
+    values = []
+    for item in (i.strip() for i in text.split(",")):
+        if not item.isdigit() or int(item) < low or (high is not None and int(item) > high):
+            bound = f"[{low}, {high}]" if high is not None else f">= {low}"
+            raise InvalidParameter(name, f"each value must be an integer {bound}, got {item!r}")
+        values.append(int(item))
+    return values
+
+
+def run(args: argparse.Namespace) -> int:
+    rows = _ints(args.rows, "rows", 1, 64)
+    widths = _ints(args.widths, "widths", 2)
+    caches = _ints(args.caches, "caches", 0)
+    ks = _ints(args.ks, "ks", 0, MAX_BRANCHES)
+    step_widths = _ints(args.step_widths, "step_widths", 4)
+    if args.repeat < 2:
+        raise InvalidParameter("repeat", f"must be >= 2, got {args.repeat}")
+    problem = device_problem(args.device)
+    if problem:
+        raise InvalidParameter("device", problem)
+    device, dtype = torch.device(args.device), parse_dtype(args.dtype)
+    if device.type == "cuda":
+        torch.cuda.set_device(device)
+    began = time.perf_counter()
+    if args.preset:
+        model = random_model(PRESETS[args.preset](), dtype, device)
+        mask_id = model.config.mask_token_id or 0
+    else:
+        loaded = load_model(args.model, args.adapter, dtype, device)
+        model, mask_id = loaded.model, loaded.special.mask
+    step.synchronize(device)
+    setup = {
+        "device": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
+        "torch": torch.__version__,
+        "dtype": str(dtype).removeprefix("torch."),
+        "model": args.model or f"preset {args.preset} (random weights)",
+        "adapter": args.adapter,
+        "load_s": round(time.perf_counter() - began, 1),
+        "memory_after_load_GB": (
+            round(torch.cuda.memory_allocated(device) / 1e9, 2) if device.type == "cuda" else None
+        ),
+    }
+    floor = step.memory_floor(model, device)
+    setup.update(
+        copy_TBps=round(floor.bandwidth_tbps, 3),
+        weight_GB=round(floor.weight_bytes / 1e9, 3),
+        floor_ms=round(floor.ms(), 3),
+    )
+    print(json.dumps(setup), flush=True)
+    out: list[dict] = []
+    eager = device.type == "cuda" and not args.no_eager
+    max_length = max([*caches, args.step_cache]) + max([*widths, *step_widths]) + 64
+    graphs = step.StepBench(model, max_length, mask_id, args.repeat, graphs=device.type == "cuda")
+    plain = step.StepBench(model, max_length, mask_id, args.repeat, graphs=False) if eager else None
+    benches = [b for b in (graphs, plain) if b is not None]
+    for cache in caches:
+        for b in benches:
+            b.fill_cache(cache)
+        for r in rows:
+            for w in widths:
+                ms = graphs.forward_ms(r, w, w // 4)
+                row = {"kind": "forward", "rows": r, "window": w, "tokens": r * w, "cache": cache,
+                       "ms": round(ms, 3)}
+                if plain is not None:
+                    row["eager_ms"] = round(plain.forward_ms(r, w, w // 4), 3)
+                row["x_floor"] = round(ms / floor.ms(cache), 3)
+                show_row(row)
+                out.append(row)
+    for b in benches:
+        b.fill_cache(args.step_cache)
+    for width in step_widths:
+        d2f_ms = graphs.step_ms(1, width, width // 4)
+        for k in ks:
+            ms = d2f_ms if k == 0 else graphs.step_ms(k + 1, width, width // 4)
+            row = {"kind": "step", "k": k, "rows": k + 1, "window": width, "cache": args.step_cache,
+                   "tokens": (k + 1) * width, "ms": round(ms, 3)}
+            if plain is not None:
+                row["eager_ms"] = round(plain.step_ms(k + 1, width, width // 4), 3)
+            row["x_floor"] = round(ms / floor.ms(args.step_cache), 3)
+            row["x_d2f"] = round(ms / d2f_ms, 3)
+            row[f"tok_s_at_tpf_{args.tpf}"] = round(args.tpf * 1e3 / ms, 1)
+            show_row(row)
+            out.append(row)
+    if args.gemm:
+        for row in step.gemm_rows(model, [64, 256], args.repeat):
+            show_row(row)
+            out.append(row)
+    if args.profile:
+        width = step_widths[-1]
+        n_stage = width // 4
+        cases = [("D2F", 1, width, n_stage), ("LoPA k=3", 4, width, n_stage)]
+        path = step.profile_steps(graphs, cases, Path(args.profile))
+        print(f"wrote {path}", file=sys.stderr)
+    for kind in ("forward", "step", "gemm"):
+        picked = [r for r in out if r["kind"] == kind]
+        if picked:
+            where = f"floor {floor.ms():.3f} ms at {floor.bandwidth_tbps:.3f} TB/s, {setup['device']}"
+            print(f"\n{kind} ({where})")
+            print(markdown_table([{k: v for k, v in r.items() if k != "kind"} for r in picked]))
+    if args.json:
+        Path(args.json).write_text(json.dumps({"setup": setup, "rows": out}, indent=2) + "\n")
+    return 0
+
+
+def run_write(args: argparse.Namespace) -> int:
+    if args.shard_gb <= 0:
+        raise InvalidParameter("shard_gb", f"must be > 0, got {args.shard_gb}")
+    if args.lora_rank < 1:
+        raise InvalidParameter("lora_rank", f"must be >= 1, got {args.lora_rank}")
+    problem = device_problem(args.device)
+    if problem:
+        raise InvalidParameter("device", problem)
+    config = PRESETS[args.preset]()
+    began = time.perf_counter()
+    total = write_sharded_checkpoint(
+        args.out, config, parse_dtype(args.dtype), args.device, int(args.shard_gb * 1e9), progress=print
+    )
+    print(f"checkpoint: {total / 1e9:.2f} GB in {args.out} ({time.perf_counter() - began:.1f} s)", flush=True)
+    if args.adapter_out:
+        targets = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
+        write_random_lora_adapter(args.adapter_out, config, r=args.lora_rank, alpha=float(args.lora_rank),
+                                  targets=targets)
+        print(f"adapter: rank {args.lora_rank} over {', '.join(targets)} in {args.adapter_out}", flush=True)
+    return 0

@@ -1,0 +1,128 @@
+"""The CUDA path: bf16 against fp32 on the CPU, graphs against eager, CUDA against the CPU token for token.
+
+Needs a GPU: every test here skips cleanly without one (CI has none); they run on the lent GPU
+machine (`pytest tests/runtime/test_cuda.py tests/serving/test_cuda_serving.py`).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+
+from lopa.bundled import tasks
+from lopa.bundled.defaults import model_defaults
+from lopa.decoding.decoder import Decoder
+from lopa.engine import LocalEngine, bundled_model_dir
+from lopa.execution.local import LocalExecutor, OutputPlan
+from lopa.model.loader import load_model
+from lopa.model.window import DreamWindowModel
+from lopa.params import DecodingParams
+
+pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+
+PROMPTS = 12
+# bf16 weights and activations against an fp32 reference: ||a - b|| / ||b|| of the logits. bf16 keeps
+# 8 mantissa bits (~4e-3 per rounding); 2 layers of a random model accumulate a few of them.
+BF16_REL_TOLERANCE = 3e-2
+
+
+def relative_error(got: torch.Tensor, want: torch.Tensor) -> float:
+    return float((got.double() - want.double()).norm() / want.double().norm())
+
+
+def greedy_outputs(executor: LocalExecutor, loaded, max_length: int, params_list) -> list[list[int]]:
+    decoder = Decoder(executor, loaded.special.mask, loaded.special.eos, max_length)
+    engine_ids = []
+    for prompt, params in params_list:
+        ids = list(loaded.tokenizer.encode(prompt, add_special_tokens=False))
+        engine_ids.append(decoder.generate(ids, params).generated_ids)
+    return engine_ids
+
+
+def test_bf16_cuda_forward_is_close_to_fp32_cpu(tiny_checkpoint: Path) -> None:
+    cpu = load_model(tiny_checkpoint, dtype="float32", device="cpu")
+    gpu = load_model(tiny_checkpoint, dtype="bfloat16", device="cuda")
+    tokens = torch.randint(0, cpu.config.vocab_size, (3, 20), generator=torch.Generator().manual_seed(1))
+    positions = torch.arange(20)
+    with torch.no_grad():
+        want = cpu.model(tokens, positions).float()
+        got = gpu.model(tokens.cuda(), positions.cuda()).float().cpu()
+    error = relative_error(got, want)
+    print(f"bf16 CUDA vs fp32 CPU logits: relative error {error:.2e}")
+    assert torch.isfinite(got).all()
+    assert error < BF16_REL_TOLERANCE
+
+
+def _ragged_batch(executor: LocalExecutor, start: int, vocab: int, mask: int):
+    from lopa.decoding.executor import BranchWindow
+
+    generator = torch.Generator().manual_seed(5)
+    windows = []
+    for length in (24, 17, 9):
+        tokens = torch.randint(0, vocab, (length,), generator=generator).tolist()
+        tokens[-4:] = [mask] * 4
+        blocks = [1] * (length // 2) + [2] * (length - length // 2)
+        windows.append(BranchWindow(tokens, blocks, [start + length - 4 + i for i in range(4)]))
+    plan = OutputPlan(start, 6, windows)
+    return executor.batch(start, 6, windows, plan.outputs)
+
+
+@pytest.mark.parametrize("mode", ["full", "block_causal"])
+def test_graph_replay_equals_eager_forward(tiny_checkpoint: Path, mode: str) -> None:
+    loaded = load_model(tiny_checkpoint, dtype="float32", device="cuda")
+    outputs = []
+    for graphs in (True, False):
+        window = DreamWindowModel(loaded.model, 128, cuda_graphs=graphs)
+        executor = LocalExecutor(window, device="cuda")
+        executor.begin(DecodingParams(attention=mode), 3)
+        prefill = _ragged_batch(executor, 0, loaded.config.vocab_size, loaded.special.mask)
+        window.forward(prefill)
+        window.commit(1, 6)  # a cache of 6 tokens from row 1
+        batch = _ragged_batch(executor, 6, loaded.config.vocab_size, loaded.special.mask)
+        logits = window.forward(batch)
+        staged = [window.kv.staged(slot, 1)[0].clone() for slot in range(3)]
+        outputs.append((logits.cpu(), [s.cpu() for s in staged], window.graphs is not None))
+    (graph_logits, graph_staged, used), (eager_logits, eager_staged, _) = outputs
+    assert used, "the graph path was not taken"
+    torch.testing.assert_close(graph_logits, eager_logits, rtol=1e-4, atol=1e-4)
+    for got, want in zip(graph_staged, eager_staged, strict=True):
+        torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-4)
+
+
+def _bundled_cases(limit: int):
+    defaults = model_defaults(bundled_model_dir())
+    examples = tasks.held_out(limit)
+    cases = []
+    for k in (0, 3):
+        for mode in ("full", "block_causal"):
+            params = defaults.with_overrides(branches=k, attention=mode)
+            cases.extend((example.prompt, params) for example in examples)
+    return cases
+
+
+def test_bundled_greedy_fp32_is_token_identical_on_cuda_and_cpu() -> None:
+    cases = _bundled_cases(PROMPTS)
+    outputs = {}
+    for device in ("cpu", "cuda"):
+        engine = LocalEngine.from_dirs(bundled_model_dir(), dtype="float32", device=device)
+        executor = engine.decoder.executor
+        assert isinstance(executor, LocalExecutor)
+        if device == "cuda":
+            assert engine.window_model.graphs is not None  # the graph path is what is checked
+        outputs[device] = greedy_outputs(executor, engine.loaded, engine.max_length, cases)
+    mismatches = [i for i, (a, b) in enumerate(zip(outputs["cpu"], outputs["cuda"], strict=True)) if a != b]
+    print(f"bundled model, fp32: {len(cases) - len(mismatches)}/{len(cases)} decodes token-identical")
+    assert not mismatches, [cases[i][1] for i in mismatches]
+
+
+def test_bundled_greedy_graphs_equal_eager_on_cuda() -> None:
+    cases = _bundled_cases(PROMPTS // 2)
+    outputs = []
+    for graphs in (True, False):
+        loaded = load_model(bundled_model_dir(), dtype="float32", device="cuda")
+        window = loaded.window_model(256, cuda_graphs=graphs)
+        outputs.append(greedy_outputs(LocalExecutor(window, device="cuda", pad_id=loaded.special.pad), loaded,
+                                      256, cases))
+    assert outputs[0] == outputs[1]
