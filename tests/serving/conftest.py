@@ -41,7 +41,9 @@ def checkpoint(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return directory
 
 
-def write_config(directory: Path, checkpoint: Path, workers: int, **sections: dict) -> Path:
+def write_config(
+    directory: Path, checkpoint: Path, workers: int, backend: str = "gloo", **sections: dict
+) -> Path:
     ports = free_ports(workers + 3)
     raw = {
         "model": {"path": str(checkpoint), "dtype": "float32", "device": "cpu"},
@@ -53,7 +55,7 @@ def write_config(directory: Path, checkpoint: Path, workers: int, **sections: di
             "addresses": [f"127.0.0.1:{p}" for p in ports[2 : 2 + workers]],
             "listen_port": 0,
             "metrics_port": 0,
-            "backend": "gloo",
+            "backend": backend,
             "rendezvous": f"127.0.0.1:{ports[1]}",
             "join_timeout_s": 60,
             "step_timeout_s": 20,

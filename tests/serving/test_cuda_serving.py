@@ -45,9 +45,7 @@ def local_cuda_outputs(checkpoint: Path) -> dict[tuple[int, str, int], list[int]
 def test_greedy_on_cuda_matches_local(
     backend: str, workers: int, checkpoint: Path, tmp_logs: Path, local_cuda_outputs: dict
 ) -> None:
-    config_path = write_config(
-        tmp_logs, checkpoint, workers, model={"device": "cuda"}, workers={"backend": backend}
-    )
+    config_path = write_config(tmp_logs, checkpoint, workers, backend=backend, model={"device": "cuda"})
     config = load_config(config_path)
     procs = start_workers(config_path, workers, tmp_logs)
     group = WorkerGroup(config.workers.addresses, probe_interval_s=0.2)

@@ -86,7 +86,7 @@ def run(args: argparse.Namespace) -> int:
     if problem:
         raise InvalidParameter("device", problem)
     device, dtype = torch.device(args.device), parse_dtype(args.dtype)
-    if device.type == "cuda":
+    if device.type == "cuda" and device.index is not None:
         torch.cuda.set_device(device)
     began = time.perf_counter()
     if args.preset:

@@ -31,13 +31,15 @@ def check_backend(backend: str, device: str) -> None:
 
 
 def prepare_device(device: str) -> None:
-    kind = torch.device(device).type
-    if kind == "npu":
+    """Make `device` current; a bare "cuda" / "npu" (no index) keeps the default one, index 0
+    (set_device refuses a device without an index)."""
+    target = torch.device(device)
+    if target.type == "npu":
         import torch_npu  # noqa: F401  (only on Ascend: registers the npu device and hccl)
 
-        torch.npu.set_device(torch.device(device))  # type: ignore[attr-defined]
-    elif kind == "cuda":
-        torch.cuda.set_device(torch.device(device))
+        torch.npu.set_device(target.index or 0)  # type: ignore[attr-defined]
+    elif target.type == "cuda":
+        torch.cuda.set_device(target.index or 0)
 
 
 def split_address(address: str) -> tuple[str, int]:
