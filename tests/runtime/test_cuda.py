@@ -126,3 +126,19 @@ def test_bundled_greedy_graphs_equal_eager_on_cuda() -> None:
         outputs.append(greedy_outputs(LocalExecutor(window, device="cuda", pad_id=loaded.special.pad), loaded,
                                       256, cases))
     assert outputs[0] == outputs[1]
+
+
+def test_graphs_survive_a_staging_reallocation(tiny_checkpoint: Path) -> None:
+    # Growing the staging area drops every graph (they hold its address) and releases their memory
+    # pool; the next forwards must capture into a new pool and still match.
+    loaded = load_model(tiny_checkpoint, dtype="float32", device="cuda")
+    window = DreamWindowModel(loaded.model, 512)
+    executor = LocalExecutor(window, device="cuda")
+    executor.begin(DecodingParams(), 3)
+    batch = _ragged_batch(executor, 0, loaded.config.vocab_size, loaded.special.mask)
+    before = window.forward(batch).cpu()
+    assert window.graphs is not None and len(window.graphs.graphs) == 1
+    window.kv.ensure_staging(40, 300)  # past the reservation: the staging area moves
+    after = window.forward(batch).cpu()
+    assert not window.graphs.disabled and len(window.graphs.graphs) == 1
+    torch.testing.assert_close(after, before)

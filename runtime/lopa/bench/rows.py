@@ -13,9 +13,9 @@ def show_row(row: dict) -> None:
 
 
 def markdown_table(rows: Sequence[dict]) -> str:
-    header = list(rows[0])
+    header = list(dict.fromkeys(key for row in rows for key in row))  # every key, first-seen order
     lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
-    lines += ["| " + " | ".join(str(row[h]) for h in header) + " |" for row in rows]
+    lines += ["| " + " | ".join(str(row.get(h, "")) for h in header) + " |" for row in rows]
     return "\n".join(lines)
 
 

@@ -134,8 +134,10 @@ class StepBench:
         return median_ms(lambda: _one_step(self, rows, width, n_stage, windows), self.device, self.repeat)
 
 
-def gemm_rows(model: DreamModel, tokens: list[int], repeat: int) -> list[dict]:
-    """The matrix products of layer 0 (fused as the forward runs them) and the lm_head alone."""
+def gemm_rows(model: DreamModel, tokens: list[int], repeat: int, autotune: bool = False) -> list[dict]:
+    """The matrix products of layer 0 (fused as the forward runs them) and the lm_head alone; with
+    autotune, also torch.compile's max-autotune choice (Triton templates against the BLAS) for the
+    first token count: how much the BLAS leaves on the table for these skinny shapes."""
     layer = model.model.layers[0]
     weights = {
         "qkv": layer.self_attn.fused_qkv[0] if layer.self_attn.fused_qkv else layer.self_attn.q_proj.weight,
@@ -158,7 +160,20 @@ def gemm_rows(model: DreamModel, tokens: list[int], repeat: int) -> list[dict]:
                 "TFLOPs": round(2 * n * weight.numel() / (ms / 1e3) / 1e12, 1),
                 "swapped_ms": round(swapped, 4),
             })
+            if autotune and n == tokens[0]:
+                rows[-1].update(_autotuned(x, weight, repeat))
     return rows
+
+
+def _autotuned(x: torch.Tensor, weight: torch.Tensor, repeat: int) -> dict:
+    began = time.perf_counter()
+    compiled = torch.compile(F.linear, mode="max-autotune-no-cudagraphs", dynamic=False)
+    compiled(x, weight)
+    tune_s = time.perf_counter() - began
+    ms = median_ms(lambda: compiled(x, weight), weight.device, repeat)
+    nbytes = weight.numel() * weight.element_size()
+    return {"autotuned_ms": round(ms, 4), "autotuned_TBps": round(nbytes / (ms / 1e3) / 1e12, 3),
+            "autotune_s": round(tune_s, 1)}
 
 
 def profile_steps(bench: StepBench, cases: list[tuple[str, int, int, int]], out: Path) -> Path:

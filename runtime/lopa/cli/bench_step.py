@@ -44,6 +44,8 @@ def add_parsers(kinds: argparse._SubParsersAction) -> None:
     bench.add_argument("--repeat", type=int, default=20, help="timed repetitions per point (median)")
     bench.add_argument("--no-eager", action="store_true", help="skip the eager (no CUDA graph) comparison")
     bench.add_argument("--gemm", action="store_true", help="also time layer 0's matrix products alone")
+    bench.add_argument("--gemm-autotune", action="store_true",
+                       help="with --gemm: also torch.compile max-autotune of each product (slow: minutes)")
     bench.add_argument("--tpf", type=float, default=PAPER_TPF, help=f"TPF for tokens/s (default {PAPER_TPF})")
     bench.add_argument("--profile", default=None, help="directory for a torch.profiler table of the steps")
     bench.add_argument("--json", default=None, help="write every row and the setup here")
@@ -149,7 +151,7 @@ def run(args: argparse.Namespace) -> int:
             show_row(row)
             out.append(row)
     if args.gemm:
-        for row in step.gemm_rows(model, [64, 256], args.repeat):
+        for row in step.gemm_rows(model, [64, 256], args.repeat, args.gemm_autotune):
             show_row(row)
             out.append(row)
     if args.profile:

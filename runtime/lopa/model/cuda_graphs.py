@@ -11,7 +11,9 @@ What a graph captures: the embedding, the mask (built on the device from the pac
 every layer, the staging of every row's K/V (all `width` tokens of each row: the caller records
 how many of them are the real TO_CACHE tokens) and the final norm. Graphs share one memory pool;
 the graph captured for a bucket is reused until the staging area is reallocated (then every
-graph is dropped and recaptured on demand, since they hold its address).
+graph is dropped and recaptured on demand, since they hold its address; the pool goes with the
+last graph, so a new one is opened). A capture that fails turns graphs off for the model: the
+failed capture may leave CUDA state behind, and eager forwards are always correct.
 """
 
 from __future__ import annotations
@@ -30,6 +32,7 @@ log = logging.getLogger("lopa.model")
 WIDTH_STEP = 16
 CACHE_STEP = 256
 MAX_ROWS = 64
+MAX_WIDTH = 256  # wider windows (a prefill) gain nothing from a graph: they run eagerly
 MAX_TOKENS = 2048  # rows * width of the largest captured forward; larger ones run eagerly
 
 
@@ -49,7 +52,8 @@ def bucket_for(rows: int, width: int, cache_length: int, max_length: int) -> Buc
     padded_rows = 1 << max(0, rows - 1).bit_length()
     padded_width = -(-width // WIDTH_STEP) * WIDTH_STEP
     cache_width = min(max_length, -(-cache_length // CACHE_STEP) * CACHE_STEP)
-    if padded_rows > MAX_ROWS or padded_rows * padded_width > MAX_TOKENS or padded_width > max_length:
+    too_large = padded_rows > MAX_ROWS or padded_width > MAX_WIDTH or padded_rows * padded_width > MAX_TOKENS
+    if too_large or padded_width > max_length:
         return None
     return Bucket(padded_rows, padded_width, cache_width)
 
@@ -108,21 +112,25 @@ class WindowGraphs:
         self.device = model.device
         self.pool = torch.cuda.graph_pool_handle()
         self.graphs: dict[Bucket, _Captured] = {}
-        self.failed: set[Bucket] = set()
+        self.disabled = False
 
     def get(self, bucket: Bucket) -> _Captured | None:
-        """The graph of `bucket` (captured now if new), or None if it cannot be captured."""
-        if bucket in self.failed:
+        """The graph of `bucket` (captured now if new), or None when graphs are off."""
+        if self.disabled:
             return None
         self.kv.ensure_staging(bucket.rows, bucket.width)  # may move the staging area
         staging = self.kv.staging_ptr()
-        for stale in [b for b, c in self.graphs.items() if c.staging_ptr != staging]:
-            del self.graphs[stale]  # it writes to the old staging area
+        stale = [b for b, c in self.graphs.items() if c.staging_ptr != staging]
+        for old in stale:
+            del self.graphs[old]  # it writes to the old staging area
+        if stale and not self.graphs:
+            # The pool was released with its last graph; capturing into its handle again is an error.
+            self.pool = torch.cuda.graph_pool_handle()
         captured = self.graphs.get(bucket)
         if captured is None:
             captured = self._capture(bucket)
             if captured is None:
-                self.failed.add(bucket)
+                self.disabled = True
                 return None
             self.graphs[bucket] = captured
         return captured
@@ -159,8 +167,9 @@ class WindowGraphs:
             capture = torch.cuda.graph(captured.graph, pool=self.pool, capture_error_mode="thread_local")
             with torch.no_grad(), capture:
                 captured.hidden = self._body(captured)
-        except RuntimeError as error:  # an op that cannot be captured: this bucket runs eagerly
-            log.warning("cannot capture a CUDA graph for %s (running it eagerly): %s", bucket, error)
+        except RuntimeError as error:
+            log.warning("cannot capture a CUDA graph for %s: %s; CUDA graphs are off for this model",
+                        bucket, error)
             return None
         captured.staging_ptr = self.kv.staging_ptr()
         log.debug("captured a CUDA graph for %s", bucket)
