@@ -61,3 +61,56 @@ def test_gqa_native_and_repeated_kv_agree() -> None:
     # head 3 uses KV head 1
     alone = attend(q[:, 3:4], k[:, 1:2], v[:, 1:2], mask)
     torch.testing.assert_close(native[:, 3:4], alone)
+
+
+def _tiny_model(seed: int) -> DreamModel:
+    config = tiny_config()
+    model = DreamModel(config)
+    model.load_state_dict(random_weights(config, seed=seed), strict=True)
+    return model.eval()
+
+
+def test_fused_projections_compute_the_same_and_share_memory() -> None:
+    plain, fused = _tiny_model(8), _tiny_model(8).fuse_projections()
+    tokens = torch.randint(0, 97, (2, 11), generator=torch.Generator().manual_seed(3))
+    positions = torch.arange(11)
+    with torch.no_grad():
+        torch.testing.assert_close(fused(tokens, positions), plain(tokens, positions), rtol=1e-5, atol=1e-5)
+    attention = fused.model.layers[0].self_attn
+    assert attention.fused_qkv is not None
+    storage = attention.fused_qkv[0].untyped_storage().data_ptr()
+    assert attention.k_proj.weight.untyped_storage().data_ptr() == storage  # views, not copies
+    # state_dict keeps the checkpoint's names and shapes
+    assert fused.state_dict()["model.layers.0.self_attn.k_proj.weight"].shape == plain.state_dict()[
+        "model.layers.0.self_attn.k_proj.weight"
+    ].shape
+
+
+def test_a_replaced_projection_is_used_instead_of_the_stale_fused_weight() -> None:
+    model = _tiny_model(9).fuse_projections()
+    tokens = torch.randint(0, 97, (1, 6), generator=torch.Generator().manual_seed(4))
+    with torch.no_grad():
+        before = model(tokens, torch.arange(6))
+        up = model.model.layers[1].mlp.up_proj
+        up.weight = torch.nn.Parameter(up.weight.detach() * 2)  # no longer a view of the fused weight
+        after = model(tokens, torch.arange(6))
+    assert (after - before).abs().max() > 1e-4
+
+
+def test_rotary_by_roll_equals_rotate_half() -> None:
+    from lopa.model.dream import apply_rotary, rotary_cos_sin, signed_sin
+
+    x = torch.randn(2, 5, 3, 8, generator=torch.Generator().manual_seed(6))
+    cos, sin = rotary_cos_sin(torch.arange(5).expand(2, 5), 8, 10000.0, torch.float32)
+    rotate_half = torch.cat((-x[..., 4:], x[..., :4]), dim=-1)
+    expected = x * cos.unsqueeze(2) + rotate_half * sin.unsqueeze(2)
+    torch.testing.assert_close(apply_rotary(x, cos, signed_sin(sin)), expected)
+
+
+def test_output_index_returns_only_those_tokens() -> None:
+    model = _tiny_model(10)
+    tokens = torch.randint(0, 97, (2, 7), generator=torch.Generator().manual_seed(7))
+    with torch.no_grad():
+        full = model(tokens, torch.arange(7))
+        picked = model(tokens, torch.arange(7), output_index=torch.tensor([9, 0, 13]))
+    torch.testing.assert_close(picked, full.reshape(14, -1)[[9, 0, 13]])

@@ -70,3 +70,38 @@ def test_slots_and_capacity_grow_and_limits_hold() -> None:
         cache.begin_stage(1, 31)
     cache.reset(1)
     assert cache.length == 0 and cache.staged_count(0) == 0
+
+
+def test_folded_rows_stage_into_their_own_slots() -> None:
+    # A forward folds its rows into one sequence: stage() gets [1, R * L, ...] and splits it per row.
+    cache = _cache()
+    cache.begin_stage(2, 3)
+    keys = torch.randn(1, 2 * 5, HEADS, DIM, generator=torch.Generator().manual_seed(4))
+    cache.stage(0, keys, -keys)
+    assert torch.equal(cache.staged(0, 0)[0], keys[0, :3])
+    assert torch.equal(cache.staged(1, 0)[0], keys[0, 5:8])
+
+
+def test_stage_rows_writes_whole_rows_and_mark_staged_records_the_real_count() -> None:
+    # What a CUDA graph does: stage every token of the padded rows, then record the TO_CACHE count.
+    cache = _cache()
+    cache.ensure_staging(2, 6)
+    cache.stage_rows(2, 6)
+    keys = torch.randn(2, 6, HEADS, DIM, generator=torch.Generator().manual_seed(5))
+    cache.stage(1, keys, -keys)
+    assert cache.staged_count(0) == 0  # nothing recorded yet
+    cache.mark_staged(2, 4)
+    assert cache.staged_count(1) == 4
+    assert torch.equal(cache.staged(1, 1)[0], keys[1, :4])
+
+
+def test_truncate_forgets_committed_positions() -> None:
+    cache = _cache()
+    keys = _stage(cache, rows=1, length=6, n=6, seed=6)
+    cache.commit(0, 6)
+    cache.truncate(2)
+    assert cache.length == 2
+    assert torch.equal(cache.cached(0)[0], keys[0][0, :2])
+    assert cache.cached(0, width=6)[0].shape[0] == 6  # a fixed-width read (masked past the length)
+    with pytest.raises(ValueError, match="cannot truncate to 3: the cache holds 2"):
+        cache.truncate(3)

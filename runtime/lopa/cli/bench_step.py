@@ -46,6 +46,7 @@ def add_parsers(kinds: argparse._SubParsersAction) -> None:
     bench.add_argument("--gemm", action="store_true", help="also time layer 0's matrix products alone")
     bench.add_argument("--gemm-autotune", action="store_true",
                        help="with --gemm: also torch.compile max-autotune of each product (slow: minutes)")
+    bench.add_argument("--copy-gb", type=float, default=2.0, help="bytes copied to measure bandwidth (GB)")
     bench.add_argument("--tpf", type=float, default=PAPER_TPF, help=f"TPF for tokens/s (default {PAPER_TPF})")
     bench.add_argument("--profile", default=None, help="directory for a torch.profiler table of the steps")
     bench.add_argument("--json", default=None, help="write every row and the setup here")
@@ -84,6 +85,8 @@ def run(args: argparse.Namespace) -> int:
     step_widths = _ints(args.step_widths, "step_widths", 4)
     if args.repeat < 2:
         raise InvalidParameter("repeat", f"must be >= 2, got {args.repeat}")
+    if not args.copy_gb > 0:
+        raise InvalidParameter("copy_gb", f"must be > 0, got {args.copy_gb}")
     problem = device_problem(args.device)
     if problem:
         raise InvalidParameter("device", problem)
@@ -109,7 +112,7 @@ def run(args: argparse.Namespace) -> int:
             round(torch.cuda.memory_allocated(device) / 1e9, 2) if device.type == "cuda" else None
         ),
     }
-    floor = step.memory_floor(model, device)
+    floor = step.memory_floor(model, device, int(args.copy_gb * 1e9))
     setup.update(
         copy_TBps=round(floor.bandwidth_tbps, 3),
         weight_GB=round(floor.weight_bytes / 1e9, 3),

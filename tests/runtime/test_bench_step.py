@@ -1,0 +1,70 @@
+"""`lopa bench step` and `lopa bench write-checkpoint` end to end on the CPU (a tiny preset).
+
+They check the tables are well formed and consistent, never how fast anything is: timings belong in
+runtime/BENCHMARKS.md (GPU numbers come from the lent GPU machine).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+
+from lopa.cli import main
+from lopa.model.loader import load_model
+from lopa.model.lora import lora_delta, read_adapter
+
+SMALL = ["--device", "cpu", "--dtype", "float32", "--repeat", "2", "--copy-gb", "0.01"]
+
+
+def test_bench_step_reports_forwards_steps_and_products(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    out = tmp_path / "step.json"
+    grid = ["--rows", "1,2", "--widths", "8,16", "--caches", "0,24"]
+    steps = ["--ks", "0,1,3", "--step-widths", "8", "--step-cache", "16"]
+    args = ["bench", "step", "--preset", "tiny", *SMALL, *grid, *steps, "--gemm", "--json", str(out)]
+    assert main(args) == 0
+    report = json.loads(out.read_text())
+    setup, rows = report["setup"], report["rows"]
+    assert setup["device"] == "cpu" and setup["floor_ms"] > 0 and setup["copy_TBps"] > 0
+    forwards = [r for r in rows if r["kind"] == "forward"]
+    assert [(r["rows"], r["window"], r["cache"]) for r in forwards] == [
+        (1, 8, 0), (1, 16, 0), (2, 8, 0), (2, 16, 0), (1, 8, 24), (1, 16, 24), (2, 8, 24), (2, 16, 24)
+    ]
+    for row in forwards:
+        assert row["ms"] > 0 and row["tokens"] == row["rows"] * row["window"]
+        assert row["x_floor"] == pytest.approx(row["ms"] / setup["floor_ms"], rel=0.05)
+    steps = [r for r in rows if r["kind"] == "step"]
+    assert [r["k"] for r in steps] == [0, 1, 3]
+    assert steps[0]["x_d2f"] == 1.0 and all(r["rows"] == r["k"] + 1 for r in steps)
+    assert all(r["tok_s_at_tpf_10.1"] == pytest.approx(10.1e3 / r["ms"], rel=0.01) for r in steps)
+    assert {r["weight"] for r in rows if r["kind"] == "gemm"} == {"qkv", "o", "gate_up", "down", "lm_head"}
+    printed = capsys.readouterr().out
+    assert "| rows | window |" in printed and "| k | rows |" in printed  # a table per kind
+
+
+def test_bench_step_refuses_bad_lists(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as exit_info:
+        main(["bench", "step", "--preset", "tiny", *SMALL, "--rows", "0,2"])
+    assert exit_info.value.code == 2
+    assert "--rows: each value must be an integer [1, 64], got '0'" in capsys.readouterr().err
+
+
+def test_write_checkpoint_is_sharded_and_loads_with_its_adapter(tmp_path: Path) -> None:
+    model_dir, adapter_dir = tmp_path / "model", tmp_path / "lora"
+    args = ["bench", "write-checkpoint", "--preset", "tiny", "--out", str(model_dir), "--adapter-out",
+            str(adapter_dir), "--lora-rank", "4", "--dtype", "float32", "--shard-gb", "0.00005"]
+    assert main(args) == 0
+    index = json.loads((model_dir / "model.safetensors.index.json").read_text())
+    shards = sorted({*index["weight_map"].values()})
+    assert len(shards) > 1 and all(name.endswith(f"-of-{len(shards):05d}.safetensors") for name in shards)
+    assert all((model_dir / name).is_file() for name in shards)
+    plain = load_model(model_dir)
+    merged = load_model(model_dir, adapter_dir)
+    delta = lora_delta(read_adapter(adapter_dir))
+    name = "model.layers.0.mlp.down_proj"
+    got = merged.model.state_dict()[f"{name}.weight"] - plain.model.state_dict()[f"{name}.weight"]
+    torch.testing.assert_close(got, delta[name], rtol=1e-4, atol=1e-5)

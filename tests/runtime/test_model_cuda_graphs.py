@@ -1,0 +1,47 @@
+"""The pure parts of the CUDA graph path: shape buckets and the packed input layout (no GPU needed;
+capture and replay run in tests/runtime/test_cuda.py on a GPU)."""
+
+import pytest
+
+from lopa.model.cuda_graphs import (
+    CACHE_STEP,
+    MAX_TOKENS,
+    MAX_WIDTH,
+    WIDTH_STEP,
+    Bucket,
+    PackedInputs,
+    bucket_for,
+)
+
+
+@pytest.mark.parametrize(
+    ("rows", "width", "cache", "expected"),
+    [
+        (1, 1, 0, Bucket(1, WIDTH_STEP, 0)),
+        (3, 17, 1, Bucket(4, 2 * WIDTH_STEP, CACHE_STEP)),
+        (4, 64, CACHE_STEP, Bucket(4, 64, CACHE_STEP)),
+        (5, 64, CACHE_STEP + 1, Bucket(8, 64, 2 * CACHE_STEP)),
+    ],
+)
+def test_forwards_pad_up_to_their_bucket(rows: int, width: int, cache: int, expected: Bucket) -> None:
+    assert bucket_for(rows, width, cache, max_length=4096) == expected
+
+
+def test_the_cache_read_never_exceeds_the_cache() -> None:
+    assert bucket_for(1, 16, 300, max_length=320).cache_width == 320
+
+
+def test_large_forwards_run_eagerly() -> None:
+    assert bucket_for(1, MAX_WIDTH + 1, 0, max_length=4096) is None  # a prefill
+    assert bucket_for(MAX_TOKENS // 64 + 1, 64, 0, max_length=4096) is None
+    assert bucket_for(1, 24, 0, max_length=20) is None  # padding past the model's length
+
+
+def test_packed_layout_is_contiguous_and_sized_for_every_output() -> None:
+    layout = PackedInputs(Bucket(4, 32, 256))
+    tokens = 4 * 32
+    assert (layout.tokens.start, layout.tokens.stop) == (0, tokens)
+    assert (layout.block_ids.start, layout.block_ids.stop) == (tokens, 2 * tokens)
+    assert (layout.lengths.start, layout.lengths.stop) == (2 * tokens, 2 * tokens + 4)
+    assert layout.scalars == 2 * tokens + 4 and layout.outputs == layout.scalars + 3
+    assert layout.size - layout.outputs == tokens + 4  # every masked position plus one last logit per row
