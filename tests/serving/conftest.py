@@ -7,13 +7,18 @@ import socket
 import subprocess
 import sys
 from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
 import torch
 from safetensors.torch import save_file
 
-from lopa.serving.config import dump_config, parse_config
+from lopa.decoding.decoder import Decoder
+from lopa.model.loader import load_model
+from lopa.serving.config import dump_config, load_config, parse_config
+from lopa.serving.distributed import DistributedExecutor
+from lopa.serving.links import WorkerGroup
 from lopa.testing import tiny_config, write_random_checkpoint
 
 REPO = Path(__file__).resolve().parents[2]
@@ -89,6 +94,26 @@ def start_workers(config: Path, count: int, log_dir: Path) -> list[subprocess.Po
             )
         )
     return procs
+
+
+@contextmanager
+def distributed_decoder(
+    config_path: Path, checkpoint: Path, log_dir: Path, join_s: float = 90, step_timeout_s: float = 20
+) -> Iterator[Decoder]:
+    """A Decoder over a DistributedExecutor whose workers (real subprocesses) joined their group;
+    workers and links are stopped on exit."""
+    config = load_config(config_path)
+    procs = start_workers(config_path, config.workers.count, log_dir)
+    group = WorkerGroup(config.workers.addresses, probe_interval_s=0.2)
+    group.start()
+    try:
+        assert group.wait_attached(join_s), "workers did not join"
+        special = load_model(checkpoint).special
+        executor = DistributedExecutor(group, step_timeout_s=step_timeout_s)
+        yield Decoder(executor, special.mask, special.eos, group.max_length)
+    finally:
+        group.stop()
+        stop(procs)
 
 
 def stop(procs: list[subprocess.Popen]) -> None:

@@ -16,11 +16,8 @@ from lopa.decoding.decoder import Decoder
 from lopa.execution.local import LocalExecutor
 from lopa.model.loader import load_model
 from lopa.params import DecodingParams
-from lopa.serving.config import load_config
-from lopa.serving.distributed import DistributedExecutor
-from lopa.serving.links import WorkerGroup
 
-from .conftest import start_workers, stop, write_config
+from .conftest import distributed_decoder, write_config
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 
@@ -46,23 +43,12 @@ def test_greedy_on_cuda_matches_local(
     backend: str, workers: int, checkpoint: Path, tmp_logs: Path, local_cuda_outputs: dict
 ) -> None:
     config_path = write_config(tmp_logs, checkpoint, workers, backend=backend, model={"device": "cuda"})
-    config = load_config(config_path)
-    procs = start_workers(config_path, workers, tmp_logs)
-    group = WorkerGroup(config.workers.addresses, probe_interval_s=0.2)
-    group.start()
-    try:
-        assert group.wait_attached(120), "workers did not join"
-        special = load_model(checkpoint).special
-        executor = DistributedExecutor(group, step_timeout_s=30)
-        decoder = Decoder(executor, special.mask, special.eos, group.max_length)
-        mismatches = []
-        for k, mode, i in CASES:
-            got = decoder.generate(PROMPTS[i], params(k, mode)).generated_ids
-            if got != local_cuda_outputs[(k, mode, i)]:
-                mismatches.append((k, mode, i))
+    with distributed_decoder(config_path, checkpoint, tmp_logs, join_s=120, step_timeout_s=30) as decoder:
+        mismatches = [
+            (k, mode, i)
+            for k, mode, i in CASES
+            if decoder.generate(PROMPTS[i], params(k, mode)).generated_ids != local_cuda_outputs[(k, mode, i)]
+        ]
         same = len(CASES) - len(mismatches)
         print(f"{backend} x {workers} worker(s) on CUDA: {same}/{len(CASES)} identical")
         assert not mismatches
-    finally:
-        group.stop()
-        stop(procs)

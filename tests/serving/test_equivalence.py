@@ -15,11 +15,8 @@ from lopa.decoding.decoder import Decoder
 from lopa.execution.local import LocalExecutor
 from lopa.model.loader import load_model
 from lopa.params import DecodingParams
-from lopa.serving.config import load_config
-from lopa.serving.distributed import DistributedExecutor
-from lopa.serving.links import WorkerGroup
 
-from .conftest import start_workers, stop, write_config
+from .conftest import distributed_decoder, write_config
 
 PROMPTS = [[5, 17, 23, 42, 8, 9, 30], [60, 61, 62, 63, 64, 65, 66, 67, 68, 69, 70, 71]]
 BRANCHES = (0, 1, 3, 5)
@@ -55,21 +52,10 @@ def test_greedy_matches_local(
     workers: int, checkpoint: Path, tmp_logs: Path, local_outputs: dict[tuple[int, str, int], list[int]]
 ) -> None:
     config_path = write_config(tmp_logs, checkpoint, workers)
-    config = load_config(config_path)
-    procs = start_workers(config_path, workers, tmp_logs)
-    group = WorkerGroup(config.workers.addresses, probe_interval_s=0.2)
-    group.start()
-    try:
-        assert group.wait_attached(90), "workers did not join"
-        executor = DistributedExecutor(group, step_timeout_s=20)
-        special = load_model(checkpoint).special
-        decoder = Decoder(executor, special.mask, special.eos, group.max_length)
+    with distributed_decoder(config_path, checkpoint, tmp_logs) as decoder:
         mismatches = []
         for (k, mode), (i, prompt) in cases():
             result = decoder.generate(prompt, params(k, mode))
             if result.generated_ids != local_outputs[(k, mode, i)]:
                 mismatches.append((k, mode, i, result.generated_ids, local_outputs[(k, mode, i)]))
         assert not mismatches
-    finally:
-        group.stop()
-        stop(procs)

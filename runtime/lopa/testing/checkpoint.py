@@ -17,10 +17,22 @@ from lopa.model.dream import DreamModel
 from lopa.testing.tokenizer import TOKENIZER_VOCAB_SIZE, special_token_id, write_char_tokenizer
 
 
+def _with_test_tokenizer_ids(**architecture: Any) -> DreamConfig:
+    """A Dream config whose special ids are those of the test tokenizer (lopa.testing.tokenizer)."""
+    eos = special_token_id("<|endoftext|>")
+    return DreamConfig(
+        mask_token_id=special_token_id("<|mask|>"),
+        eos_token_ids=(eos,),
+        pad_token_id=eos,
+        bos_token_id=eos,
+        tie_word_embeddings=False,
+        **architecture,
+    )
+
+
 def tiny_config(**overrides: Any) -> DreamConfig:
     """A Dream config small enough for CPU tests, with ids matching the test tokenizer."""
-    eos = special_token_id("<|endoftext|>")
-    base = DreamConfig(
+    base = _with_test_tokenizer_ids(
         vocab_size=128,
         hidden_size=64,
         intermediate_size=128,
@@ -30,11 +42,6 @@ def tiny_config(**overrides: Any) -> DreamConfig:
         rms_norm_eps=1e-6,
         rope_theta=10000.0,
         max_position_embeddings=512,
-        mask_token_id=special_token_id("<|mask|>"),
-        eos_token_ids=(eos,),
-        pad_token_id=eos,
-        bos_token_id=eos,
-        tie_word_embeddings=False,
     )
     return dataclasses.replace(base, **overrides)
 
@@ -43,8 +50,7 @@ def dream_7b_config() -> DreamConfig:
     """The architecture of Dream-v0-7B (D2F-Dream-7B's base: config.json of Dream-org/Dream-v0-Base-7B)
     with the special ids of the test tokenizer, so a random checkpoint of this shape loads, decodes
     and benchmarks like the real one."""
-    eos = special_token_id("<|endoftext|>")
-    return DreamConfig(
+    return _with_test_tokenizer_ids(
         vocab_size=152064,
         hidden_size=3584,
         intermediate_size=18944,
@@ -54,11 +60,6 @@ def dream_7b_config() -> DreamConfig:
         rms_norm_eps=1e-6,
         rope_theta=1_000_000.0,
         max_position_embeddings=131072,
-        mask_token_id=special_token_id("<|mask|>"),
-        eos_token_ids=(eos,),
-        pad_token_id=eos,
-        bos_token_id=eos,
-        tie_word_embeddings=False,
     )
 
 
