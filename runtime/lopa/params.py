@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import enum
+import math
 from dataclasses import dataclass, fields, replace
 
 
@@ -73,8 +74,8 @@ class DecodingParams:
             raise InvalidParameter("top_p", "must be > 0")
         if not 0 <= self.branches <= max_branches:
             raise InvalidParameter("branches", f"must be in [0, {max_branches}], got {self.branches}")
-        if self.temperature < 0.0:
-            raise InvalidParameter("temperature", f"must be >= 0, got {self.temperature}")
+        if not math.isfinite(self.temperature) or self.temperature < 0.0:
+            raise InvalidParameter("temperature", f"must be a finite number >= 0, got {self.temperature}")
         if self.top_k < 0:
             raise InvalidParameter("top_k", f"must be >= 0, got {self.top_k}")
 

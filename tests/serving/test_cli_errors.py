@@ -213,6 +213,33 @@ def test_master_and_worker_refuse_a_bad_config_in_one_line(
     assert code == 1 and one_line(err).startswith(f"lopa {command[0]}: error: {path}: {key}")
 
 
+LONGER_THAN_THE_MODEL = (
+    "decoding.max_new_tokens: 512 leaves no room for a prompt in the model's length 256 "
+    "(max_position_embeddings 256 in "
+)
+
+
+@pytest.mark.parametrize("command", [["master"], ["worker", "--rank", "0"]])
+def test_master_and_worker_refuse_a_default_answer_longer_than_the_model(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path, command: list[str]
+) -> None:
+    """Issue 10, finding 3: every request without its own max_new_tokens would fail, naming a value
+    the client never sent; the file is refused at start instead, naming the key."""
+    path = tmp_path / "lopa.yaml"
+    path.write_text(yaml.safe_dump({
+        "decoding": {"max_new_tokens": 512}, "limits": {"max_new_tokens": 512},
+        "workers": {"count": 1, "addresses": ["127.0.0.1:1"]},
+    }))
+    code, err = run_cli(capsys, command[0], "--config", str(path), *command[1:])
+    assert code == 1 and "at most 255" in err
+    assert one_line(err).startswith(f"lopa {command[0]}: error: {path}: {LONGER_THAN_THE_MODEL}")
+
+
+def test_serve_refuses_a_default_answer_longer_than_the_model(capsys: pytest.CaptureFixture[str]) -> None:
+    code, err = run_cli(capsys, "serve", "--listen", closed_address(), "--max-new-tokens", "512")
+    assert code == 1 and one_line(err).startswith(f"lopa serve: error: {LONGER_THAN_THE_MODEL}")
+
+
 def test_worker_rank_errors_name_the_flag(
     capsys: pytest.CaptureFixture[str], tmp_path: Path, checkpoint: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

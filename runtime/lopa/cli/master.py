@@ -9,7 +9,7 @@ import logging
 import signal
 
 from lopa.cli.preflight import listen_problem
-from lopa.serving.config import ConfigError, ServingConfig, load_config, validate, with_model_defaults
+from lopa.serving.config import ServingConfig
 
 
 def add_parser(subparsers: argparse._SubParsersAction) -> None:
@@ -35,15 +35,9 @@ def run(args: argparse.Namespace) -> int:
 
 def master_config(path: str) -> ServingConfig:
     """The file, with the model's own decoding defaults for the decoding keys it leaves out."""
-    from lopa.serving.model_dir import model_path  # imports torch: only for this command
+    from lopa.serving.model_dir import role_config  # imports torch: only for this command
 
-    config = load_config(path)
-    config = with_model_defaults(config, model_path(config.model.path))
-    try:
-        validate(config)
-    except ConfigError as error:  # the model's defaults exceed the file's limits
-        raise ConfigError(f"{path}: {error} (decoding keys not in the file come from the model)") from None
-    return config
+    return role_config(path)
 
 
 async def _serve_until_signalled(config: ServingConfig) -> None:

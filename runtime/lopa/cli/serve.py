@@ -26,7 +26,7 @@ from lopa.serving.config import (
     validate,
     with_model_defaults,
 )
-from lopa.serving.model_dir import model_path
+from lopa.serving.model_dir import model_path, usable_max_length
 
 
 def add_parser(subparsers: argparse._SubParsersAction) -> None:
@@ -121,6 +121,7 @@ def serving_config(args: argparse.Namespace) -> ServingConfig:
                                  master=dataclasses.replace(base.master, metrics_port=args.metrics_port))
     config = loopback_config(config, args.workers, args.listen)
     validate(config)
+    usable_max_length(config, model_path(model.path))  # what the children would refuse, refused now
     return config
 
 

@@ -10,7 +10,7 @@ import signal
 from lopa.cli.preflight import device_problem
 from lopa.params import InvalidParameter
 from lopa.serving.collective import JoinError
-from lopa.serving.config import ConfigError, load_config
+from lopa.serving.config import ConfigError
 
 
 def add_parser(subparsers: argparse._SubParsersAction) -> None:
@@ -26,7 +26,9 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    config = load_config(args.config)
+    from lopa.serving.model_dir import role_config  # imports torch: only for this command
+
+    config = role_config(args.config)  # read as the master reads it: same defaults, same checks
     rank = worker_rank(args.rank, os.environ.get("LOPA_RANK"), config.workers.count)
     problem = device_problem(config.model.device)
     if problem:

@@ -13,7 +13,12 @@ def distributions(logits: torch.Tensor, params: DecodingParams) -> torch.Tensor:
     """[N, V] logits -> [N, V] fp32 probabilities after temperature, top-k and top-p."""
     logits = logits.float()
     if params.temperature > 0:
-        logits = logits / params.temperature
+        # Every finite temperature is safe: the row maximum is subtracted first (the others go to
+        # -inf at worst, the maximum stays 0, softmax is unchanged), and the divisor is kept a
+        # normal fp32 number (a smaller one would round to 0 and give 0/0 = NaN; any positive
+        # temperature that small already sends every non-maximal logit to -inf).
+        temperature = max(params.temperature, torch.finfo(logits.dtype).tiny)
+        logits = (logits - logits.amax(dim=-1, keepdim=True)) / temperature
     if params.top_k > 0 and params.top_k < logits.shape[-1]:
         kth = torch.topk(logits, params.top_k, dim=-1).values[..., -1:]
         logits = logits.masked_fill(logits < kth, float("-inf"))

@@ -20,6 +20,11 @@ from lopa.serving.links import WorkerGroup, WorkerLost
 from lopa.serving.placement import rank_of, shares
 
 
+class StepFailed(RuntimeError):
+    """A worker could not compute its share of a step (its reply names why); the group is intact,
+    so only the request fails (gRPC INTERNAL) and the next one starts clean."""
+
+
 class RequestAborted(RuntimeError):
     """The client cancelled or the deadline passed; checked between steps."""
 
@@ -112,6 +117,11 @@ class DistributedExecutor:
             # A late reply would desynchronise the next step: the whole group is dropped.
             self.group.lost(-1, str(error))
             raise
+        failed = [f"worker rank {rank}: {reply.error}" for rank, reply in enumerate(replies) if reply.error]
+        if failed:
+            # Every rank answered and applied the commit: the group is consistent. The request
+            # stops here, and no commit of this step is ever sent.
+            raise StepFailed("; ".join(failed))
         timing = StepTiming(
             wall_s=time.perf_counter() - began,
             forward_s=max(r.forward_s for r in replies),

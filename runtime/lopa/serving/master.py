@@ -30,7 +30,7 @@ from lopa.serving.jobs import Completion, Job, JobRunner, QueueFull
 from lopa.serving.links import WorkerGroup, WorkerLost
 from lopa.serving.listen import NO_REUSEPORT, add_port
 from lopa.serving.metrics import MasterMetrics
-from lopa.serving.model_dir import model_path
+from lopa.serving.model_dir import model_path, usable_max_length
 from lopa.serving.requests import JobSpec, build_params, check_budget, check_prompt, check_stop, usable_limits
 from lopa.serving.tls import server_credentials
 
@@ -45,7 +45,7 @@ class LopaService(lopa_pb2_grpc.LopaServicer):
         self.model_config = DreamConfig.from_dir(path)
         self.tokenizer = load_tokenizer(path)
         self.special = resolve_special_ids(self.model_config, self.tokenizer, path)
-        self.max_length = min(config.max_length, self.model_config.max_position_embeddings)
+        self.max_length = usable_max_length(config, path)
         self.limits = usable_limits(config.limits, self.max_length)  # what GetModelInfo advertises
         group.expected = (self.model_config.vocab_size, self.max_length)
         self.executor = DistributedExecutor(group, config.workers.step_timeout_s, self._observe_step)

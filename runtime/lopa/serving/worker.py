@@ -15,6 +15,7 @@ from collections.abc import Callable, Iterator
 from concurrent import futures
 
 import grpc
+import torch
 
 from lopa.decoding.executor import BranchWindow
 from lopa.decoding.rules import future_confidence
@@ -25,7 +26,7 @@ from lopa.serving import collective
 from lopa.serving.config import ServingConfig
 from lopa.serving.listen import NO_REUSEPORT, add_port
 from lopa.serving.metrics import WorkerMetrics
-from lopa.serving.model_dir import model_path
+from lopa.serving.model_dir import model_path, usable_max_length
 from lopa.serving.shard import ShardExecutor
 
 log = logging.getLogger("lopa.worker")
@@ -122,18 +123,30 @@ class WorkerService(worker_pb2_grpc.WorkerServicer):
             self._attached.release()
 
     def step(self, request: worker_pb2.StepRequest) -> worker_pb2.StepReply:
+        """One step: Begin (local), the piggybacked commit (the collective), this rank's verify
+        (local). A failure of a local part leaves the group consistent: it fails the request (the
+        reply carries the error) and the next request's Begin starts clean. A failed commit, or an
+        accelerator fault, breaks the group: it propagates and the worker leaves."""
         shard = self.shard
         assert shard is not None
         entered = time.perf_counter()
-        if request.HasField("begin"):
-            shard.begin_shard(params_of(request.begin, self.rank), request.begin.num_slots)
-            self._beta = request.begin.beta or 1.0
+        try:
+            if request.HasField("begin"):
+                shard.begin_shard(params_of(request.begin, self.rank), request.begin.num_slots)
+                self._beta = request.begin.beta or 1.0
+        except Exception as error:
+            return self._failed_step(error, entered)
         began = time.perf_counter()
         if request.HasField("commit"):
             c = request.commit
             shard.commit_shard(c.n, c.winner_rank, c.winner_slot, c.broadcast)
         committed = time.perf_counter()
-        stats = shard.verify_shard(request.start, request.n_stage, windows_of(request))
+        try:
+            stats = shard.verify_shard(request.start, request.n_stage, windows_of(request))
+        except ValueError:
+            raise  # a malformed step: the master's bug (the caller aborts the stream)
+        except Exception as error:
+            return self._failed_step(error, entered)
         done = time.perf_counter()
         if request.cache_only:
             stats = []
@@ -154,6 +167,24 @@ class WorkerService(worker_pb2_grpc.WorkerServicer):
         reply.handle_s = time.perf_counter() - entered
         return reply
 
+    def _failed_step(self, error: Exception, entered: float) -> worker_pb2.StepReply:
+        if is_device_fault(error):
+            raise error  # the device is unusable: leave the group
+        log.warning("rank %d: step failed, the request fails (the group is intact): %r", self.rank, error)
+        if self.shard is not None:
+            self.shard.drop_staged()  # nothing of this step may be committed
+        message = f"{type(error).__name__}: {error}"
+        return worker_pb2.StepReply(error=message, handle_s=time.perf_counter() - entered)
+
+
+def is_device_fault(error: BaseException) -> bool:
+    """An accelerator error (a device-side assert, an illegal access) poisons the process's device
+    context: unlike an out-of-memory error or a numerical one, nothing after it can be trusted."""
+    accelerator_error = getattr(torch, "AcceleratorError", None)
+    if accelerator_error is not None and isinstance(error, accelerator_error):
+        return True
+    return any(marker in str(error) for marker in ("CUDA error", "device-side assert", "NPU error"))
+
 
 def serve_worker(config: ServingConfig, rank: int, stop: threading.Event | None = None) -> int:
     """Run a worker until stopped; returns the exit code (raises JoinError when the join fails)."""
@@ -163,8 +194,8 @@ def serve_worker(config: ServingConfig, rank: int, stop: threading.Event | None 
     if not 0 <= rank < workers.count:
         raise ValueError(f"--rank: {rank} outside [0, workers.count={workers.count})")
     path = model_path(model_cfg.path)
+    max_length = usable_max_length(config, path)  # before the (long) load: a bad config fails at once
     loaded = load_model(path, model_cfg.adapter or None, model_cfg.dtype, model_cfg.device)
-    max_length = min(config.max_length, loaded.config.max_position_embeddings)
     window_model = loaded.window_model(max_length)
     metrics = WorkerMetrics.start(workers.metrics_port, rank)
     exit_code: list[int] = []

@@ -1,0 +1,60 @@
+"""Sampling is numerically safe over the whole accepted range of every knob (issue 10, finding 1).
+
+Before the fix a temperature of 1e-40 or 1e-300 overflowed logits / temperature in fp32: NaN
+probabilities, torch.multinomial raised, and a served request took its worker group down.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+
+import pytest
+import torch
+
+from lopa.execution.sampling import position_stats
+from lopa.params import DecodingParams, InvalidParameter
+
+TINY = 5e-324  # the smallest positive double
+HUGE = 1.7976931348623157e308  # the largest finite double
+VOCAB = 64
+
+
+def logits() -> torch.Tensor:
+    out = 6 * torch.randn(5, VOCAB, generator=torch.Generator().manual_seed(0))
+    out[1, 7] = out[1].max()  # an exact tie for the maximum
+    out[2] = 0.0  # a flat row
+    return out
+
+
+@pytest.mark.parametrize(
+    ("temperature", "top_p", "top_k"),
+    list(itertools.product([TINY, 1e-300, 1e-40, 1e-6, 1.0, 1e300, HUGE], [TINY, 1e-300, 0.5, 1.0],
+                           [0, 1, VOCAB - 1, VOCAB, VOCAB + 1, 2**31 - 1])),
+)
+def test_every_valid_setting_gives_finite_statistics(temperature: float, top_p: float, top_k: int) -> None:
+    for conf in ("prob", "neg_entropy", "margin"):
+        params = DecodingParams(temperature=temperature, top_p=top_p, top_k=top_k, conf=conf, seed=2**64 - 1)
+        tokens, probs, confs = position_stats(logits(), params, torch.Generator().manual_seed(params.seed))
+        assert torch.isfinite(probs).all() and torch.isfinite(confs).all()
+        assert ((tokens >= 0) & (tokens < VOCAB)).all()
+        assert ((probs > 0) & (probs <= 1)).all()
+
+
+def test_a_vanishing_temperature_samples_the_greedy_token() -> None:
+    rows = logits()[[0, 3, 4]]  # no ties
+    greedy, _, _ = position_stats(rows, DecodingParams())
+    for temperature in (TINY, 1e-300, 1e-40):
+        sampled, probs, _ = position_stats(rows, DecodingParams(temperature=temperature), torch.Generator())
+        assert torch.equal(sampled, greedy) and torch.equal(probs, torch.ones(3))
+
+
+def test_a_huge_temperature_is_uniform() -> None:
+    _, probs, _ = position_stats(logits(), DecodingParams(temperature=HUGE), torch.Generator())
+    torch.testing.assert_close(probs, torch.full((5,), 1 / VOCAB))
+
+
+@pytest.mark.parametrize("temperature", [math.inf, -math.inf, math.nan, -1e-300])
+def test_a_temperature_that_cannot_be_made_safe_is_refused(temperature: float) -> None:
+    with pytest.raises(InvalidParameter, match="temperature: must be a finite number >= 0"):
+        DecodingParams(temperature=temperature)

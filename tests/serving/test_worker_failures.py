@@ -1,0 +1,113 @@
+"""A failure inside one request's share of a step fails that request, not the worker group
+(issue 10, finding 1): the worker answers with the error instead of leaving, the master fails the
+request with INTERNAL and keeps the group; a device fault still takes the worker out."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import grpc
+import pytest
+
+from lopa.model.loader import load_model
+from lopa.params import DecodingParams
+from lopa.proto import worker_pb2
+from lopa.serving.distributed import DistributedExecutor, StepFailed
+from lopa.serving.master import _status_of
+from lopa.serving.shard import ShardExecutor
+from lopa.serving.worker import WorkerService
+
+
+def step_request(begin: bool) -> worker_pb2.StepRequest:
+    request = worker_pb2.StepRequest(start=0, n_stage=0)
+    if begin:
+        begin = worker_pb2.Begin(attention="full", conf="neg_entropy", top_p=1.0, beta=1.0, num_slots=1)
+        request.begin.CopyFrom(begin)
+    request.windows.add(tokens=[5, 6, 7, 100, 100], block_ids=[0, 0, 0, 1, 1], masked=[3, 4])
+    return request
+
+
+@pytest.fixture
+def service(checkpoint: Path) -> tuple[WorkerService, list[int]]:
+    loaded = load_model(checkpoint)
+    fatal: list[int] = []
+    service = WorkerService(0, 1, "gloo", loaded.config.vocab_size, 64, fatal.append)
+    service.ready(None, ShardExecutor(loaded.window_model(64), 0, lambda buf, src: None))  # type: ignore[arg-type]
+    return service, fatal
+
+
+def test_a_failed_forward_is_answered_and_the_next_request_runs(
+    service: tuple[WorkerService, list[int]], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    worker, fatal = service
+    assert worker.shard is not None
+
+    def out_of_memory(*args: Any) -> None:
+        raise RuntimeError("out of memory: tried to allocate 80 GiB")
+
+    with monkeypatch.context() as patch:
+        patch.setattr(worker.shard, "verify_shard", out_of_memory)
+        reply = worker.step(step_request(begin=True))
+    assert reply.error == "RuntimeError: out of memory: tried to allocate 80 GiB" and not reply.branches
+    assert not fatal  # the worker stays in its group
+    reply = worker.step(step_request(begin=True))  # the next request begins clean
+    assert not reply.error and len(reply.branches) == 1 and len(reply.branches[0].tokens) == 2
+
+
+def test_a_bad_begin_is_answered_too(service: tuple[WorkerService, list[int]]) -> None:
+    worker, fatal = service
+    request = step_request(begin=True)
+    request.begin.conf = "no-such-conf"
+    reply = worker.step(request)
+    assert reply.error.startswith("InvalidParameter: conf: must be one of") and not fatal
+
+
+def test_a_device_fault_still_leaves_the_group(
+    service: tuple[WorkerService, list[int]], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    worker, _ = service
+    assert worker.shard is not None
+
+    def illegal_access(*args: Any) -> None:
+        raise RuntimeError("CUDA error: an illegal memory access was encountered")
+
+    monkeypatch.setattr(worker.shard, "verify_shard", illegal_access)
+    with pytest.raises(RuntimeError, match="illegal memory access"):
+        worker.step(step_request(begin=True))
+
+
+class _Link:
+    """One worker's end of the step stream, answering with a canned reply."""
+
+    def __init__(self, reply: worker_pb2.StepReply) -> None:
+        self.reply, self.sent = reply, []
+
+    def send(self, request: worker_pb2.StepRequest) -> None:
+        self.sent.append(request)
+
+    def receive(self, timeout: float) -> worker_pb2.StepReply:
+        return self.reply
+
+
+class _Group:
+    def __init__(self, links: list[_Link]) -> None:
+        self.links, self.attached, self.losses = links, True, []
+
+    def lost(self, rank: int, reason: str) -> None:
+        self.losses.append(reason)
+
+
+def test_the_master_fails_the_request_and_keeps_the_group() -> None:
+    from lopa.decoding.executor import BranchWindow
+
+    ok = worker_pb2.StepReply(branches=[worker_pb2.BranchStats(tokens=[1], probs=[0.5], confs=[-1.0])])
+    failed = worker_pb2.StepReply(error="RuntimeError: out of memory")
+    group = _Group([_Link(ok), _Link(failed)])
+    executor = DistributedExecutor(group, step_timeout_s=5)  # type: ignore[arg-type]
+    executor.begin(DecodingParams(branches=1), 2)
+    windows = [BranchWindow([5, 100], [0, 1], [1]), BranchWindow([5, 100], [0, 1], [1])]
+    with pytest.raises(StepFailed, match="worker rank 1: RuntimeError: out of memory"):
+        executor.verify(0, 0, windows)
+    assert group.attached and not group.losses
+    assert _status_of(StepFailed("x"))[0] is grpc.StatusCode.INTERNAL
