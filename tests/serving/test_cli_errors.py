@@ -6,6 +6,7 @@ from __future__ import annotations
 import importlib.util
 import os
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -185,6 +186,37 @@ def test_serve_stops_the_workers_and_fails_when_its_master_dies(checkpoint: Path
     while any(_alive(c) for c in children) and time.monotonic() < deadline:
         time.sleep(0.1)
     assert not any(_alive(c) for c in children)
+
+
+def test_serve_killed_outright_leaves_no_process_and_no_temp_folder(checkpoint: Path, tmp_path: Path) -> None:
+    """Issue 10, finding 2: SIGKILL of `lopa serve` left its master and workers SERVING on the port."""
+    if not Path(f"/proc/{os.getpid()}/task/{os.getpid()}/children").exists():
+        pytest.skip("needs /proc/PID/task/PID/children to find the children")
+    temp = tmp_path / "tmp"
+    temp.mkdir()
+    listen = closed_address()
+    command = [sys.executable, "-m", "lopa", "serve", "--workers", "2", "--model", str(checkpoint),
+               "--block-size", "8", "--max-new-tokens", "16", "--listen", listen, "--start-timeout", "120"]
+    served = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
+                              env={**worker_env(), "TMPDIR": str(temp)})
+    try:
+        assert "serving on" in served.stdout.readline()
+        children = _children(served.pid)
+        assert len(children) == 3 and [p.name[:11] for p in temp.iterdir()] == ["lopa-serve-"]
+        served.kill()
+        served.wait(timeout=10)
+        deadline = time.monotonic() + 5
+        while (any(_alive(c) for c in children) or any(temp.iterdir())) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert not any(_alive(c) for c in children), "children outlived lopa serve"
+        assert not any(temp.iterdir()), "the temporary config folder leaked"
+        host, port = listen.rsplit(":", 1)
+        with socket.socket() as again:
+            again.bind((host, int(port)))  # the port is free for the next `lopa serve`
+    finally:
+        served.kill()
+        for child in _children(served.pid):
+            os.kill(child, signal.SIGKILL)
 
 
 # -- lopa master / lopa worker: config files ------------------------------------------------------------

@@ -10,6 +10,7 @@ import signal
 
 from lopa.cli.preflight import listen_problem
 from lopa.serving.config import ServingConfig
+from lopa.serving.parent_watch import watch_parent
 
 
 def add_parser(subparsers: argparse._SubParsersAction) -> None:
@@ -25,6 +26,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
 
 def run(args: argparse.Namespace) -> int:
     logging.basicConfig(level=args.log_level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    watch_parent()  # started by `lopa serve`: stop when it is gone, however it died
     config = master_config(args.config)
     problem = listen_problem(config.master.listen)
     if problem:  # gRPC says only "Failed to bind", after an error line of its own

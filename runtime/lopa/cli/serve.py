@@ -65,7 +65,8 @@ def run(args: argparse.Namespace) -> int:
     signal.signal(signal.SIGTERM, _interrupt)
     signal.signal(signal.SIGINT, _interrupt)
     with tempfile.TemporaryDirectory(prefix="lopa-serve-") as tmp:
-        cluster = LocalCluster(config, Path(tmp), Path(args.logs) if args.logs else None)
+        # own_work_dir: killed outright (SIGKILL), this process cannot remove tmp; its children do.
+        cluster = LocalCluster(config, Path(tmp), Path(args.logs) if args.logs else None, own_work_dir=True)
         try:
             address = cluster.start(timeout=args.start_timeout)
             if args.prompt is not None:

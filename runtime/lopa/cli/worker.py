@@ -11,6 +11,7 @@ from lopa.cli.preflight import device_problem
 from lopa.params import InvalidParameter
 from lopa.serving.collective import JoinError
 from lopa.serving.config import ConfigError
+from lopa.serving.parent_watch import watch_parent
 
 
 def add_parser(subparsers: argparse._SubParsersAction) -> None:
@@ -28,6 +29,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
 def run(args: argparse.Namespace) -> int:
     from lopa.serving.model_dir import role_config  # imports torch: only for this command
 
+    watch_parent()  # started by `lopa serve`: stop when it is gone, however it died
     config = role_config(args.config)  # read as the master reads it: same defaults, same checks
     rank = worker_rank(args.rank, os.environ.get("LOPA_RANK"), config.workers.count)
     problem = device_problem(config.model.device)

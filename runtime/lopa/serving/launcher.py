@@ -21,6 +21,7 @@ from typing import IO
 
 from lopa.serving.client import LopaClient
 from lopa.serving.config import ServingConfig, WorkersConfig, dump_config
+from lopa.serving.parent_watch import Lifeline
 
 log = logging.getLogger("lopa.serve")
 
@@ -57,7 +58,10 @@ def loopback_config(base: ServingConfig, workers: int, listen: str | None = None
 
 
 class LocalCluster:
-    def __init__(self, config: ServingConfig, work_dir: Path, log_dir: Path | None = None) -> None:
+    def __init__(
+        self, config: ServingConfig, work_dir: Path, log_dir: Path | None = None, own_work_dir: bool = False
+    ) -> None:
+        """own_work_dir: the children remove work_dir if this process dies without stopping them."""
         self.config = config
         self.work_dir = Path(work_dir)
         self.work_dir.mkdir(parents=True, exist_ok=True)
@@ -68,6 +72,8 @@ class LocalCluster:
         self.workers: list[subprocess.Popen] = []
         self._logs: list[IO[bytes]] = []
         self.restarts = 0
+        self.own_work_dir = own_work_dir
+        self.lifeline: Lifeline | None = None  # opened with the first child, closed by stop()
 
     @property
     def address(self) -> str:
@@ -79,10 +85,13 @@ class LocalCluster:
             name = role if not extra else f"{role}-{extra[-1]}"
             out = open(self.log_dir / f"{name}.log", "ab")  # noqa: SIM115 (closed in stop())
             self._logs.append(out)
-        env = dict(os.environ)
+        if self.lifeline is None:
+            self.lifeline = Lifeline(str(self.work_dir) if self.own_work_dir else None)
+        env = self.lifeline.child_env(dict(os.environ))
         env.setdefault("OMP_NUM_THREADS", "1")  # N processes share the CPU cores
         command = [sys.executable, "-m", "lopa", role, "--config", str(self.config_path), *extra]
         return subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT if out else None, env=env,
+                                pass_fds=(self.lifeline.read_fd,),
                                 start_new_session=True)  # the launcher alone decides when children stop
 
     def start_workers(self) -> None:
@@ -150,6 +159,9 @@ class LocalCluster:
         for f in self._logs:
             f.close()
         self._logs = []
+        if self.lifeline is not None:
+            self.lifeline.close()
+            self.lifeline = None
 
 
 def exit_status(returncode: int) -> str:
