@@ -132,10 +132,13 @@ class JobRunner:
         result = self.decoder.generate(spec.prompt_ids, spec.params, on_step=on_step, should_stop=should_stop)
         completion = self._complete(job, result, started, first_token[0] if first_token else None)
         if job.stream:
+            offset, ids, text = tracker.finish(completion.text, list(completion.result.output_ids))
             job.post(
                 lopa_pb2.GenerateChunk(
                     last=True,
-                    text=tracker.finish(completion.text),
+                    offset=offset,
+                    token_ids=ids,
+                    text=text,
                     finish_reason=completion.finish_reason,
                     stats=completion.stats,
                 )
