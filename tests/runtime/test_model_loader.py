@@ -149,6 +149,32 @@ def test_wrong_shape(tmp_path: Path) -> None:
         load_model(tmp_path)
 
 
+@pytest.mark.parametrize("bad", [float("nan"), float("inf")])
+def test_non_finite_weights_are_refused_naming_the_file(tmp_path: Path, bad: float) -> None:
+    """Issue 10, finding 5: a NaN checkpoint loaded, became ready and answered 56 spaces."""
+    write_random_checkpoint(tmp_path, tiny_config())
+    path = tmp_path / "model.safetensors"
+    tensors = load_file(path)
+    tensors["model.layers.1.self_attn.o_proj.weight"][3, 5] = bad
+    save_file(tensors, path)
+    with pytest.raises(CheckpointError, match="o_proj.weight has non-finite values") as error:
+        load_model(tmp_path)
+    assert str(path) in str(error.value)
+
+
+def test_non_finite_adapter_weights_are_refused(
+    checkpoint: tuple[Path, dict[str, torch.Tensor]], tmp_path: Path
+) -> None:
+    write_random_lora_adapter(tmp_path, tiny_config())
+    path = tmp_path / "adapter_model.safetensors"
+    tensors = load_file(path)
+    name = next(iter(tensors))
+    tensors[name][0, 0] = float("nan")
+    save_file(tensors, path)
+    with pytest.raises(CheckpointError, match=f"{name} has non-finite values"):
+        load_model(checkpoint[0], adapter_dir=tmp_path)
+
+
 def test_unexpected_tensor(tmp_path: Path) -> None:
     write_random_checkpoint(tmp_path, tiny_config())
     path = tmp_path / "model.safetensors"

@@ -14,6 +14,7 @@ from safetensors import SafetensorError
 from safetensors.torch import load_file
 
 from lopa.model.errors import CheckpointError, read_json_object
+from lopa.model.weights import check_finite
 
 ADAPTER_CONFIG = "adapter_config.json"
 ADAPTER_WEIGHTS = "adapter_model.safetensors"
@@ -51,6 +52,7 @@ def read_adapter(adapter_dir: str | Path) -> LoraAdapter:
         module = match["module"]
         if not _is_target(module, targets):
             raise CheckpointError(weights_path, f"{key}: {module} is not in target_modules {targets!r}")
+        check_finite(tensor, key, weights_path)
         halves.setdefault(module, {})[match["which"]] = tensor
     pairs: dict[str, tuple[torch.Tensor, torch.Tensor]] = {}
     for module, half in halves.items():

@@ -89,5 +89,14 @@ def load_tensors(
                     raise CheckpointError(
                         path, f"tensor {name} has shape {tuple(shape)}, expected {tuple(expected[name])}"
                     )
-                tensors[name] = handle.get_tensor(name).to(device=device, dtype=dtype)
+                tensor = handle.get_tensor(name).to(device=device, dtype=dtype)
+                check_finite(tensor, name, path)
+                tensors[name] = tensor
     return tensors
+
+
+def check_finite(tensor: torch.Tensor, name: str, path: Path) -> None:
+    """A NaN or inf weight makes every answer garbage while the model looks healthy: refuse it at
+    load (one reduction per tensor, on the device it was loaded to)."""
+    if tensor.is_floating_point() and not bool(torch.isfinite(tensor).all()):
+        raise CheckpointError(path, f"tensor {name} has non-finite values (NaN or inf)")
