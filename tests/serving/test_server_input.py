@@ -17,6 +17,7 @@ import grpc
 import pytest
 
 from lopa.params import DecodingParams, InvalidParameter
+from lopa.proto import lopa_pb2
 from lopa.serving.client import LopaClient
 from lopa.serving.config import Limits, ServingConfig, parse_config
 from lopa.serving.master import serve_master
@@ -203,3 +204,45 @@ def test_a_worker_bind_error_names_the_key_the_port_came_from(checkpoint: Path) 
     # and where it binds: a local group only on its loopback addresses, a pod on every interface
     assert listen_address(config, 0) == config.workers.addresses[0]
     assert listen_address(fixed, 0) == "0.0.0.0:50052"
+
+
+# -- bytes that do not parse ------------------------------------------------------------------------
+
+
+def _raw_call(client: LopaClient, method: str, data: bytes) -> grpc.RpcError:
+    call = client.channel.unary_unary(f"/lopa.v1.Lopa/{method}")  # bytes in, bytes out
+    with pytest.raises(grpc.RpcError) as error:
+        call(data, timeout=30)
+    return error.value
+
+
+def _with_bad_utf8(request: lopa_pb2.GenerateRequest, text: str) -> bytes:
+    return request.SerializeToString().replace(text.encode(), b"\xff\xfe" + text.encode()[2:])
+
+
+@pytest.mark.parametrize(
+    ("request_", "text", "field"),
+    [
+        (lopa_pb2.GenerateRequest(prompt="hello"), "hello", "prompt"),
+        (lopa_pb2.GenerateRequest(prompt="hi", stop=["ab", "zzzz"]), "zzzz", "stop[1]"),
+        (lopa_pb2.GenerateRequest(prompt="hi", decoding=lopa_pb2.DecodingOverrides(conf="margin")), "margin",
+         "decoding.conf"),
+    ],
+)
+def test_invalid_utf8_is_invalid_argument_naming_the_field(
+    client: LopaClient, caplog: pytest.LogCaptureFixture, request_: lopa_pb2.GenerateRequest, text: str,
+    field: str,
+) -> None:
+    """Issue 10, finding 6: gRPC answered UNKNOWN and logged a traceback at ERROR per request."""
+    for method in ("Generate", "GenerateStream"):
+        with caplog.at_level("ERROR"):
+            error = _raw_call(client, method, _with_bad_utf8(request_, text))
+        assert error.code() is grpc.StatusCode.INVALID_ARGUMENT
+        assert error.details() == f"{field}: is not valid UTF-8"
+        assert not [r for r in caplog.records if r.levelname == "ERROR"]
+
+
+def test_bytes_that_are_no_request_at_all_are_invalid_argument(client: LopaClient) -> None:
+    error = _raw_call(client, "Generate", b"\x0a\xff\xff\xff\xff\xff")  # a length past the end
+    assert error.code() is grpc.StatusCode.INVALID_ARGUMENT
+    assert error.details() == "request: cannot be parsed as lopa.v1.GenerateRequest"

@@ -33,6 +33,7 @@ from lopa.serving.metrics import MasterMetrics
 from lopa.serving.model_dir import model_path, usable_max_length
 from lopa.serving.requests import JobSpec, build_params, check_budget, check_prompt, check_stop, usable_limits
 from lopa.serving.tls import server_credentials
+from lopa.serving.undecodable import Undecodable, add_lopa_servicer
 
 log = logging.getLogger("lopa.master")
 SERVICE = "lopa.v1.Lopa"
@@ -87,6 +88,7 @@ class LopaService(lopa_pb2_grpc.LopaServicer):
             return
 
     async def GetModelInfo(self, request: lopa_pb2.ModelInfoRequest, context: Any) -> lopa_pb2.ModelInfo:
+        await self._refuse_undecodable(request, context)
         d, limits = self.config.decoding, self.limits
         return lopa_pb2.ModelInfo(
             model=self.model_name,
@@ -109,6 +111,7 @@ class LopaService(lopa_pb2_grpc.LopaServicer):
     # -- helpers ------------------------------------------------------------------------------------
 
     async def _submit(self, request: lopa_pb2.GenerateRequest, context: Any, stream: bool) -> Job:
+        await self._refuse_undecodable(request, context)
         try:
             spec = self._spec(request)
         except InvalidParameter as error:
@@ -129,6 +132,11 @@ class LopaService(lopa_pb2_grpc.LopaServicer):
             self.metrics.requests.labels("rejected").inc()
             await context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, str(error))
         return job
+
+    async def _refuse_undecodable(self, request: Any, context: Any) -> None:
+        if isinstance(request, Undecodable):
+            self.metrics.requests.labels("invalid").inc()
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, request.message)
 
     def _spec(self, request: lopa_pb2.GenerateRequest) -> JobSpec:
         if request.prompt and request.prompt_token_ids:
@@ -194,7 +202,7 @@ async def serve_master(config: ServingConfig, started: asyncio.Event | None = No
             asyncio.run_coroutine_threadsafe(health.set(name, status), loop)
 
     server = grpc.aio.server(options=[NO_REUSEPORT])
-    lopa_pb2_grpc.add_LopaServicer_to_server(service, server)
+    add_lopa_servicer(service, server)  # a request that does not parse: INVALID_ARGUMENT, not UNKNOWN
     health_pb2_grpc.add_HealthServicer_to_server(health, server)
     for name in ("", SERVICE):
         await health.set(name, health_pb2.HealthCheckResponse.NOT_SERVING)
