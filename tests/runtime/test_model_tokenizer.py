@@ -48,6 +48,25 @@ def test_char_tokenizer_round_trip(tmp_path: Path) -> None:
 
 
 def test_unloadable_tokenizer_is_named(tmp_path: Path) -> None:
-    (tmp_path / "tokenizer_config.json").write_text(json.dumps({"tokenizer_class": "NoSuchTokenizer"}))
-    with pytest.raises(CheckpointError, match=r"tokenizer_config\.json: cannot load the tokenizer"):
+    write_char_tokenizer(tmp_path)
+    (tmp_path / "tokenizer_config.json").write_text('{"tokenizer_class": ')  # cut short
+    with pytest.raises(CheckpointError, match=r"tokenizer_config\.json: cannot load the tokenizer") as error:
         load_tokenizer(tmp_path)
+    assert "\n" not in str(error.value)
+
+
+def test_a_broken_tokenizer_json_is_named(tmp_path: Path) -> None:
+    """Issue 10, finding 7: it was reported as tokenizer_config.json."""
+    write_char_tokenizer(tmp_path)
+    (tmp_path / "tokenizer.json").write_text('{"version": "1.0", "model": {"type": "NoSuchModel"')
+    with pytest.raises(CheckpointError, match=r"tokenizer\.json: not a valid tokenizer file: "):
+        load_tokenizer(tmp_path)
+
+
+def test_missing_tokenizer_files_are_one_clear_line(tmp_path: Path) -> None:
+    """Issue 10, finding 7: transformers' 5-line 'install sentencepiece or tiktoken' message."""
+    write_char_tokenizer(tmp_path)
+    (tmp_path / "tokenizer.json").unlink()
+    with pytest.raises(CheckpointError) as error:
+        load_tokenizer(tmp_path)
+    assert str(error.value) == f"{tmp_path / 'tokenizer.json'}: file not found (nor vocab.json + merges.txt)"

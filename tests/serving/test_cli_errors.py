@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import importlib.util
 import os
+import shutil
 import signal
 import socket
 import subprocess
@@ -67,15 +68,26 @@ def closed_address() -> str:
 
 
 @pytest.mark.parametrize(
-    ("flag", "value"), [("--branches", "-1"), ("--seed", "-1"), ("--top-k", "-1"), ("--max-new-tokens", "-5")]
+    ("flag", "value", "reason"),
+    [
+        ("--branches", "-1", "must be >= 0, got -1"),
+        ("--seed", "-1", "must be >= 0, got -1"),
+        ("--top-k", "-1", "must be >= 0, got -1"),
+        # Issue 10, finding 7: these said ">= 0" though the server refuses 0, or were accepted.
+        ("--max-new-tokens", "-5", "must be >= 1, got -5"),
+        ("--max-new-tokens", "0", "must be >= 1, got 0"),
+        ("--block-size", "0", "must be >= 1, got 0"),
+        ("--timeout", "0", "must be > 0 (seconds), got 0.0"),
+        ("--timeout", "-1", "must be > 0 (seconds), got -1.0"),
+    ],
 )
-def test_client_generate_rejects_negative_counts_before_sending(
-    capsys: pytest.CaptureFixture[str], flag: str, value: str
+def test_client_generate_rejects_bad_counts_before_sending(
+    capsys: pytest.CaptureFixture[str], flag: str, value: str, reason: str
 ) -> None:
     address = closed_address()  # nothing listens: the request must not get as far as sending
     code, err = run_cli(capsys, "client", "generate", "--address", address, "--prompt", "x", flag, value)
     assert code == 2
-    assert one_line(err) == f"lopa client: error: {flag}: must be >= 0, got {value}"
+    assert one_line(err) == f"lopa client: error: {flag}: {reason}"
 
 
 def test_client_info_reports_an_unreachable_master_in_one_line(capsys: pytest.CaptureFixture[str]) -> None:
@@ -270,6 +282,23 @@ def test_master_and_worker_refuse_a_default_answer_longer_than_the_model(
 def test_serve_refuses_a_default_answer_longer_than_the_model(capsys: pytest.CaptureFixture[str]) -> None:
     code, err = run_cli(capsys, "serve", "--listen", closed_address(), "--max-new-tokens", "512")
     assert code == 1 and one_line(err).startswith(f"lopa serve: error: {LONGER_THAN_THE_MODEL}")
+
+
+def test_a_bad_lopa_defaults_json_is_named_by_generate_master_and_worker(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path, checkpoint: Path
+) -> None:
+    """Issue 10, finding 7: generate blamed --block-size (a flag nobody passed); the worker accepted
+    the same file silently."""
+    model = tmp_path / "model"
+    shutil.copytree(checkpoint, model)
+    (model / "lopa_defaults.json").write_text('{"block_size": 0}')
+    expected = f"{model / 'lopa_defaults.json'}: block_size: must be >= 1, got 0"
+    code, err = run_cli(capsys, "generate", "--model", str(model), "--prompt", "x")
+    assert code == 1 and one_line(err) == f"lopa generate: error: {expected}"
+    path = write_config(tmp_path, model, workers=1)
+    for command in (["master"], ["worker", "--rank", "0"]):
+        code, err = run_cli(capsys, command[0], "--config", str(path), *command[1:])
+        assert code == 1 and one_line(err) == f"lopa {command[0]}: error: {expected}"
 
 
 def test_worker_rank_errors_name_the_flag(

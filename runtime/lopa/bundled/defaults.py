@@ -6,7 +6,8 @@ import json
 from pathlib import Path
 from typing import Any
 
-from lopa.params import DecodingParams
+from lopa.model.errors import CheckpointError, read_json_object
+from lopa.params import DecodingParams, InvalidParameter
 
 DEFAULTS_FILE = "lopa_defaults.json"
 
@@ -16,13 +17,20 @@ def read_defaults(model_dir: str | Path) -> dict[str, Any]:
     path = Path(model_dir) / DEFAULTS_FILE
     if not path.is_file():
         return {}
-    raw = json.loads(path.read_text())
+    raw = read_json_object(path)
     return {k: v for k, v in raw.items() if not k.startswith("_")}  # "_comment" keys are notes
 
 
 def model_defaults(model_dir: str | Path) -> DecodingParams:
-    """DecodingParams() with the model's overrides applied (validated)."""
-    return DecodingParams().with_overrides(**read_defaults(model_dir))
+    """DecodingParams() with the model's overrides applied; a bad value is the file's fault, so the
+    error names the file and its key (not a flag or config key nobody set)."""
+    try:
+        return DecodingParams().with_overrides(**read_defaults(model_dir))
+    except InvalidParameter as error:
+        raise CheckpointError(Path(model_dir) / DEFAULTS_FILE, str(error)) from None
+    except TypeError as error:  # a value of the wrong type (a string for a number, ...)
+        path = Path(model_dir) / DEFAULTS_FILE
+        raise CheckpointError(path, f"a value has the wrong type: {error}") from None
 
 
 def write_defaults(model_dir: str | Path, params: dict[str, Any], comment: str = "") -> Path:

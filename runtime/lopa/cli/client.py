@@ -77,6 +77,8 @@ def info(client: Any) -> int:
 
 def generate(client: Any, args: argparse.Namespace) -> int:
     """One request; the answer on stdout (or one JSON object), the stats on stderr."""
+    if args.timeout is not None and not args.timeout > 0:
+        raise InvalidParameter("timeout", f"must be > 0 (seconds), got {args.timeout}")
     overrides = {name: getattr(args, name) for name in OVERRIDES}
     kwargs = dict(max_new_tokens=args.max_new_tokens, stop=args.stop, chat=args.chat, **overrides)
     if args.stream:

@@ -10,7 +10,7 @@ from lopa.bundled.defaults import model_defaults
 from lopa.cli.decoding_flags import add_decoding_flags, params_from_args
 from lopa.cli.preflight import device_problem
 from lopa.decoding.decoder import StepEvent
-from lopa.engine import Completion, LocalEngine
+from lopa.engine import Completion, LocalEngine, bundled_model_dir
 from lopa.params import InvalidParameter
 from lopa.serving.config import DTYPES
 
@@ -59,8 +59,9 @@ def run(args: argparse.Namespace) -> int:
     problem = device_problem(args.device)
     if problem:  # before loading: torch would fail deep inside the loader
         raise InvalidParameter("device", problem)
+    # The decoding settings before the (slow) load: a bad flag or lopa_defaults.json fails at once.
+    params = params_from_args(args, model_defaults(args.model or bundled_model_dir()))
     engine = LocalEngine.from_dirs(args.model, args.adapter, args.dtype, args.device, args.max_length)
-    params = params_from_args(args, model_defaults(engine.model_dir))
 
     def show_step(event: StepEvent) -> None:
         fills = ", ".join(f"{p}:{engine.decode([t])!r}" for p, t in event.fills)

@@ -11,7 +11,6 @@ from typing import Any
 from lopa.model.errors import CheckpointError
 from lopa.params import InvalidParameter
 
-_TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "vocab.json")
 NO_CHAT_TEMPLATE = (
     "the model has no chat template (tokenizer_config.json has no chat_template); send a plain prompt"
 )
@@ -25,8 +24,12 @@ def load_tokenizer(tokenizer_dir: str | Path) -> Any:
     built-in Qwen2 tokenizer.
     """
     tokenizer_dir = Path(tokenizer_dir)
-    if not any((tokenizer_dir / name).is_file() for name in _TOKENIZER_FILES):
-        raise CheckpointError(tokenizer_dir / "tokenizer.json", "no tokenizer files found (tokenizer.json)")
+    fast, bpe = tokenizer_dir / "tokenizer.json", tokenizer_dir / "vocab.json"
+    if not (fast.is_file() or (bpe.is_file() and (tokenizer_dir / "merges.txt").is_file())):
+        # Without these transformers goes looking for sentencepiece / tiktoken and says so at length.
+        raise CheckpointError(fast, "file not found (nor vocab.json + merges.txt)")
+    if fast.is_file():
+        _check_tokenizer_json(fast)
     import transformers  # deferred: importing transformers costs seconds
 
     try:
@@ -43,7 +46,19 @@ def load_tokenizer(tokenizer_dir: str | Path) -> Any:
                 return qwen2.from_pretrained(str(tokenizer_dir), local_files_only=True)
         except Exception as exc:
             error = exc
-    raise CheckpointError(tokenizer_dir / "tokenizer_config.json", f"cannot load the tokenizer: {error}")
+    first_line = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
+    raise CheckpointError(tokenizer_dir / "tokenizer_config.json", f"cannot load the tokenizer: {first_line}")
+
+
+def _check_tokenizer_json(path: Path) -> None:
+    """A broken tokenizer.json is named as such (transformers blames tokenizer_config.json)."""
+    from tokenizers import Tokenizer
+
+    try:
+        Tokenizer.from_file(str(path))
+    except Exception as exc:  # tokenizers raises a bare Exception subclass for parse errors
+        reason = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        raise CheckpointError(path, f"not a valid tokenizer file: {reason}") from None
 
 
 def chat_prompt_ids(tokenizer: Any, prompt: str) -> list[int]:

@@ -91,13 +91,15 @@ class LopaClient:
 
 
 _UNSIGNED_MAX = {FieldDescriptor.TYPE_UINT32: 2**32 - 1, FieldDescriptor.TYPE_UINT64: 2**64 - 1}
+_AT_LEAST_ONE = {"max_new_tokens": 1, "block_size": 1}  # the server refuses 0 for these
 
 
 def _set(message: Message, name: str, value: Any) -> None:
     """message.name = value; InvalidParameter naming the field when an unsigned field cannot hold it
     (protobuf would raise a bare 'Value out of range')."""
     highest = _UNSIGNED_MAX.get(message.DESCRIPTOR.fields_by_name[name].type)
-    if highest is not None and isinstance(value, int) and not 0 <= value <= highest:
-        bound = "must be >= 0" if value < 0 else f"must be <= {highest}"
+    lowest = _AT_LEAST_ONE.get(name, 0)
+    if highest is not None and isinstance(value, int) and not lowest <= value <= highest:
+        bound = f"must be >= {lowest}" if value < lowest else f"must be <= {highest}"
         raise InvalidParameter(name, f"{bound}, got {value}")
     setattr(message, name, value)
