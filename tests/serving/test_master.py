@@ -205,11 +205,14 @@ def test_deadline_aborts_and_the_next_request_is_clean(client: LopaClient, local
 def test_killed_worker_fails_requests_then_the_restarted_group_serves(
     cluster: LocalCluster, client: LopaClient, local: Decoder
 ) -> None:
+    details: list[str] = []
+
     def call(i: int) -> tuple[object, float]:
         try:
             client.generate(PROMPT, timeout=120, branches=i % 4, max_new_tokens=128)
             return "ok", time.monotonic()
         except grpc.RpcError as error:
+            details.append(error.details())
             return error.code(), time.monotonic()
 
     with ThreadPoolExecutor(12) as pool:
@@ -218,6 +221,9 @@ def test_killed_worker_fails_requests_then_the_restarted_group_serves(
         killed_at = time.monotonic()
         cluster.workers[1].send_signal(signal.SIGKILL)
         results = [f.result() for f in futures]
+    # Issue 10, finding 7: the request in flight was told that rank 0 was cancelled.
+    assert any("worker rank 1" in d for d in details), details
+    assert not any("rank 0" in d and "CANCELLED" in d for d in details), details
     failed = [(code, at) for code, at in results if code != "ok"]
     assert failed, "every request finished before the kill: make them longer"
     assert {code for code, _ in failed} == {grpc.StatusCode.UNAVAILABLE}

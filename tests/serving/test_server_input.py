@@ -246,3 +246,10 @@ def test_bytes_that_are_no_request_at_all_are_invalid_argument(client: LopaClien
     error = _raw_call(client, "Generate", b"\x0a\xff\xff\xff\xff\xff")  # a length past the end
     assert error.code() is grpc.StatusCode.INVALID_ARGUMENT
     assert error.details() == "request: cannot be parsed as lopa.v1.GenerateRequest"
+
+
+def test_a_text_prompt_holding_the_mask_token_names_the_prompt(client: LopaClient) -> None:
+    """Issue 10, finding 7: it was reported as prompt_token_ids, a field the client never sent."""
+    details = refused(client, "ab<|mask|>cd")
+    assert details.startswith("prompt: contains the mask token (id "), details
+    assert refused(client, [5, 1000]).startswith("prompt_token_ids: ids [1000] are outside the vocabulary")

@@ -14,6 +14,7 @@ from lopa.model.loader import load_model
 from lopa.params import DecodingParams
 from lopa.proto import worker_pb2
 from lopa.serving.distributed import DistributedExecutor, StepFailed
+from lopa.serving.links import WorkerLost
 from lopa.serving.master import _status_of
 from lopa.serving.shard import ShardExecutor
 from lopa.serving.worker import WorkerService
@@ -111,3 +112,30 @@ def test_the_master_fails_the_request_and_keeps_the_group() -> None:
         executor.verify(0, 0, windows)
     assert group.attached and not group.losses
     assert _status_of(StepFailed("x"))[0] is grpc.StatusCode.INTERNAL
+
+
+class _CancelledLink(_Link):
+    """A rank whose stream the master cancelled because another rank's loss detached the group."""
+
+    def __init__(self, group: _Group) -> None:
+        super().__init__(worker_pb2.StepReply())
+        self.group = group
+
+    def receive(self, timeout: float) -> worker_pb2.StepReply:
+        self.group.attached = False
+        self.group.detach_reason = "lost worker rank 1: worker rank 1 (127.0.0.1:2) stream ended"
+        raise WorkerLost("worker rank 0 (127.0.0.1:1): CANCELLED: Locally cancelled by application!")
+
+
+def test_a_lost_group_is_reported_by_its_cause_not_by_the_cancelled_rank() -> None:
+    """Issue 10, finding 7: after a SIGKILL of rank 1 the client was told rank 0 was cancelled."""
+    from lopa.decoding.executor import BranchWindow
+
+    group = _Group([])
+    group.links = [_CancelledLink(group), _Link(worker_pb2.StepReply())]
+    group.detach_reason = ""
+    executor = DistributedExecutor(group, step_timeout_s=5)  # type: ignore[arg-type]
+    executor.begin(DecodingParams(), 1)
+    with pytest.raises(WorkerLost) as error:
+        executor.verify(0, 0, [BranchWindow([5, 100], [0, 1], [1])])
+    assert str(error.value) == "lost worker rank 1: worker rank 1 (127.0.0.1:2) stream ended"

@@ -114,8 +114,13 @@ class DistributedExecutor:
         try:
             replies = [link.receive(self.step_timeout_s) for link in links]
         except WorkerLost as error:
+            # When another rank's loss detached the group first, this rank's stream was only
+            # cancelled: the client is told the cause, not "rank 0 cancelled".
+            cause = None if self.group.attached else self.group.detach_reason
             # A late reply would desynchronise the next step: the whole group is dropped.
             self.group.lost(-1, str(error))
+            if cause:
+                raise WorkerLost(cause) from None
             raise
         failed = [f"worker rank {rank}: {reply.error}" for rank, reply in enumerate(replies) if reply.error]
         if failed:

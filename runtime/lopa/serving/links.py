@@ -120,6 +120,7 @@ class WorkerGroup:
     def __init__(self, addresses: Sequence[str], probe_interval_s: float = 0.5) -> None:
         self.links = [WorkerLink(rank, address) for rank, address in enumerate(addresses)]
         self.probe_interval_s = probe_interval_s
+        self.detach_reason = ""  # why the group last detached
         self.group_id = ""
         self.vocab_size = 0
         self.max_length = 0
@@ -220,6 +221,7 @@ class WorkerGroup:
             if not self._attached.is_set():
                 return
             self._attached.clear()
+            self.detach_reason = reason  # what a step that was waiting reports, not its own cancel
             group_id = self.group_id
             if leave:  # never attach to this incarnation again
                 self._failed.add(group_id)

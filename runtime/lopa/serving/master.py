@@ -149,7 +149,8 @@ class LopaService(lopa_pb2_grpc.LopaServicer):
         else:
             text = request.prompt
             ids = list(self.tokenizer.encode(text, add_special_tokens=False)) if text else []
-        check_prompt(ids, self.model_config.vocab_size, self.special.mask, self.limits)
+        from_text = not request.prompt_token_ids
+        check_prompt(ids, self.model_config.vocab_size, self.special.mask, self.limits, from_text)
         check_budget(len(ids), params, self.max_length, request)
         return JobSpec(ids, params, check_stop(list(request.stop)))
 

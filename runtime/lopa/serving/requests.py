@@ -48,12 +48,20 @@ def build_params(
     return params
 
 
-def check_prompt(ids: list[int], vocab_size: int, mask_id: int, limits: Limits) -> None:
+def check_prompt(
+    ids: list[int], vocab_size: int, mask_id: int, limits: Limits, from_text: bool = False
+) -> None:
+    """from_text: the ids are the tokenized `prompt` (errors name it, not prompt_token_ids)."""
     if not ids:
         raise InvalidParameter("prompt", "is empty")
     if len(ids) > limits.max_prompt_tokens:
         limit = limits.max_prompt_tokens
         raise InvalidParameter("prompt", f"{len(ids)} tokens exceed the server limit {limit}")
+    if from_text:
+        if mask_id in ids:
+            reason = f"contains the mask token (id {mask_id}), which only decoding may place"
+            raise InvalidParameter("prompt", reason)
+        return  # the tokenizer's ids are in its vocabulary
     bad = [t for t in ids if not 0 <= t < vocab_size or t == mask_id]
     if bad:
         raise InvalidParameter("prompt_token_ids", f"ids {bad[:5]} are outside the vocabulary or the mask id")
