@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 import torch
 import yaml
+from safetensors.torch import load_file, save_file
 
 from lopa.bundled.defaults import model_defaults
 from lopa.cli import build_parser, main, serve
@@ -229,6 +230,26 @@ def test_serve_killed_outright_leaves_no_process_and_no_temp_folder(checkpoint: 
         served.kill()
         for child in _children(served.pid):
             os.kill(child, signal.SIGKILL)
+
+
+def test_serve_with_logs_reports_why_a_child_failed_and_where(checkpoint: Path, tmp_path: Path) -> None:
+    """Issue 10, finding 7: with --logs DIR a broken model printed only exit codes."""
+    model, logs = tmp_path / "model", tmp_path / "logs"
+    shutil.copytree(checkpoint, model)
+    logs.mkdir()
+    tensors = load_file(model / "model.safetensors")
+    del tensors["model.layers.1.mlp.down_proj.weight"]
+    save_file(tensors, model / "model.safetensors")
+    command = [sys.executable, "-m", "lopa", "serve", "--workers", "1", "--model", str(model),
+               "--logs", str(logs), "--block-size", "8", "--max-new-tokens", "16",
+               "--listen", closed_address(), "--prompt", "x"]
+    done = subprocess.run(command, capture_output=True, text=True, timeout=180, env=worker_env())
+    assert done.returncode == 1
+    last = done.stderr.strip().splitlines()[-1]
+    exited = "lopa serve: error: worker(s) exited before the group formed: rank 0 exited with code 1; "
+    assert last.startswith(exited), done.stderr[-2000:]
+    assert f"{logs / 'worker-0.log'} ends: lopa worker: error: " in last
+    assert "missing tensor model.layers.1.mlp.down_proj.weight" in last
 
 
 # -- lopa master / lopa worker: config files ------------------------------------------------------------

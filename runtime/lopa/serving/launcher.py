@@ -83,7 +83,7 @@ class LocalCluster:
         out: IO[bytes] | None = None
         if self.log_dir is not None:
             name = role if not extra else f"{role}-{extra[-1]}"
-            out = open(self.log_dir / f"{name}.log", "ab")  # noqa: SIM115 (closed in stop())
+            out = open(self.log_path(name), "ab")  # noqa: SIM115 (closed in stop())
             self._logs.append(out)
         if self.lifeline is None:
             self.lifeline = Lifeline(str(self.work_dir) if self.own_work_dir else None)
@@ -93,6 +93,22 @@ class LocalCluster:
         return subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT if out else None, env=env,
                                 pass_fds=(self.lifeline.read_fd,),
                                 start_new_session=True)  # the launcher alone decides when children stop
+
+    def log_path(self, name: str) -> Path:
+        assert self.log_dir is not None
+        return self.log_dir / f"{name}.log"
+
+    def last_words(self, name: str) -> str:
+        """'; its log worker-0.log ends: <last line>' when the children log to files (otherwise
+        their errors already went to this process's stderr)."""
+        if self.log_dir is None:
+            return ""
+        path = self.log_path(name)
+        try:
+            lines = [line for line in path.read_text(errors="replace").splitlines() if line.strip()]
+        except OSError:
+            return f"; see {path}"
+        return f"; {path} ends: {lines[-1].strip()}" if lines else f"; {path} is empty"
 
     def start_workers(self) -> None:
         self.workers = [self._spawn("worker", "--rank", str(r)) for r in range(self.config.workers.count)]
@@ -120,10 +136,12 @@ class LocalCluster:
         with LopaClient(self.address) as client:
             while time.monotonic() < deadline:
                 if self.master is not None and self.master.poll() is not None:
-                    raise RuntimeError(f"the master exited ({exit_status(self.master.returncode)})")
+                    status = exit_status(self.master.returncode)
+                    raise RuntimeError(f"the master exited ({status}){self.last_words('master')}")
                 failed = [(r, p.returncode) for r, p in enumerate(self.workers) if p.poll() not in (None, 0)]
                 if strict and failed:
-                    raise RuntimeError(f"worker(s) exited before the group formed: {describe_exits(failed)}")
+                    exits, words = describe_exits(failed), self.last_words(f"worker-{failed[0][0]}")
+                    raise RuntimeError(f"worker(s) exited before the group formed: {exits}{words}")
                 if client.health(timeout=2.0) == "SERVING":
                     return True
                 time.sleep(0.25)
