@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 
 import pytest
@@ -201,3 +202,27 @@ def test_a_config_without_decoding_serves_with_the_models_own_defaults() -> None
     assert partial.decoding == model.with_overrides(branches=3, tau_conf=0.8)  # the file's keys win
     full = parse_config({"decoding": {"block_size": 16}})
     assert with_model_defaults(with_model_defaults(full, bundled), bundled).decoding.block_size == 16
+
+
+def test_a_key_given_twice_is_refused(tmp_path: Path) -> None:
+    """Issue 10, finding 8: YAML kept the last value silently."""
+    path = tmp_path / "lopa.yaml"
+    path.write_text("decoding:\n  branches: 1\n  tau_conf: 0.8\n  branches: 3\n")
+    with pytest.raises(ConfigError) as error:
+        load_config(path)
+    assert str(error.value).startswith(f"{path}: not valid YAML: duplicate key 'branches' (line 4)")
+
+
+def test_yaml_errors_name_the_file(tmp_path: Path) -> None:
+    path = tmp_path / "lopa.yaml"
+    path.write_text("decoding: [1,\n")
+    with pytest.raises(ConfigError) as error:
+        load_config(path)
+    assert f'in "{path}"' in str(error.value) and "<unicode string>" not in str(error.value)
+
+
+def test_unknown_keys_list_the_known_ones_in_the_documented_order() -> None:
+    with pytest.raises(ConfigError) as error:
+        parse_config({"decoding": {"nope": 1}})
+    known = ", ".join(f.name for f in dataclasses.fields(DecodingParams))
+    assert str(error.value) == f"decoding.nope: unknown key (known: {known})"

@@ -130,7 +130,7 @@ def _section(name: str, cls: type, raw: Any) -> Any:
         return cls()
     if not isinstance(raw, dict):
         raise ConfigError(f"{name}: must be a mapping, got {type(raw).__name__}")
-    known = {f.name for f in fields(cls)}
+    known = [f.name for f in fields(cls)]  # in the order docs/lopa.yaml lists them
     for key in raw:
         if key not in known:
             raise ConfigError(f"{name}.{key}: unknown key (known: {', '.join(known)})")
@@ -269,10 +269,25 @@ def _positive_seconds(key: str, value: float) -> None:
         raise ConfigError(f"{key}: must be > 0 (seconds), got {value:g}")
 
 
+class _UniqueKeyLoader(yaml.SafeLoader):
+    """safe_load that refuses a key given twice in one mapping (YAML keeps the last one silently)."""
+
+    def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict[Any, Any]:
+        seen: set[Any] = set()
+        for key_node, _ in node.value:
+            key = self.construct_object(key_node, deep=deep)
+            if key in seen:
+                line = key_node.start_mark.line + 1
+                raise yaml.constructor.ConstructorError(None, None, f"duplicate key {key!r} (line {line})")
+            seen.add(key)
+        return super().construct_mapping(node, deep=deep)
+
+
 def load_config(path: str | Path) -> ServingConfig:
     path = Path(path)
     try:
-        raw = yaml.safe_load(path.read_text())
+        with path.open() as stream:  # read from the file: YAML's errors then name it, not <unicode string>
+            raw = yaml.load(stream, Loader=_UniqueKeyLoader)
     except OSError as error:
         raise ConfigError(f"cannot read config file {path}: {error.strerror}") from None
     except yaml.YAMLError as error:
