@@ -6,12 +6,14 @@ import dataclasses
 import signal
 import threading
 import time
+import urllib.request
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import grpc
 import pytest
+from prometheus_client.parser import text_string_to_metric_families
 
 from lopa.decoding.decoder import Decoder
 from lopa.execution.local import LocalExecutor
@@ -42,7 +44,9 @@ def base_config(checkpoint: Path, queue_size: int = 16) -> dict:
 @pytest.fixture(scope="module")
 def cluster(checkpoint: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalCluster]:
     work = tmp_path_factory.mktemp("cluster")
-    config = loopback_config(parse_config(base_config(checkpoint)), workers=2)
+    raw = base_config(checkpoint)
+    raw["master"]["metrics_port"] = free_ports(1)[0]
+    config = loopback_config(parse_config(raw), workers=2)
     cluster = LocalCluster(config, work, log_dir=work)
     cluster.start(timeout=120)
     yield cluster
@@ -237,6 +241,33 @@ def test_killed_worker_fails_requests_then_the_restarted_group_serves(
     assert cluster.wait_serving(120)
     reply = client.generate(PROMPT, timeout=60, branches=3)
     assert list(reply.token_ids) == local_ids(local, PROMPT, branches=3)
+    # Issue 10, finding 9: the loss, the new group and request latencies are in the metrics.
+    port = cluster.config.master.metrics_port
+    text = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5).read().decode()
+    samples = {s.name: s.value for f in text_string_to_metric_families(text) for s in f.samples}
+    assert samples["lopa_group_losses_total"] >= 1 and samples["lopa_group_attaches_total"] >= 2
+    assert samples["lopa_request_seconds_count"] >= 12 and samples["lopa_queue_seconds_count"] >= 12
+
+
+def test_a_frozen_worker_takes_the_group_out_of_serving_within_seconds(
+    checkpoint: Path, tmp_path: Path
+) -> None:
+    """Issue 10, finding 9: an idle group stayed SERVING while a worker was frozen (no step waited on
+    it, so the step timeout never fired); the master's keepalive pings now find it."""
+    config = loopback_config(parse_config(base_config(checkpoint)), workers=2)  # step timeout 20 s
+    cluster = LocalCluster(config, tmp_path, log_dir=tmp_path)
+    cluster.start(timeout=120)
+    try:
+        frozen_at = time.monotonic()
+        cluster.workers[1].send_signal(signal.SIGSTOP)
+        with LopaClient(cluster.address) as c:
+            while c.health() == "SERVING" and time.monotonic() - frozen_at < 30:
+                time.sleep(0.2)
+            assert c.health() == "NOT_SERVING"
+        assert time.monotonic() - frozen_at < 15
+    finally:
+        cluster.workers[1].send_signal(signal.SIGCONT)
+        cluster.stop()
 
 
 def test_a_worker_that_never_joins_keeps_the_master_not_serving(

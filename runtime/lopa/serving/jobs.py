@@ -95,11 +95,13 @@ class JobRunner:
     def _run(self) -> None:
         while (job := self._queue.get()) is not None:
             self.metrics.queue_depth.set(self._queue.qsize())
+            self.metrics.queue_seconds.observe(time.perf_counter() - job.arrived)
             try:
                 job.abort.check()  # cancelled or expired while waiting
                 outcome: Any = self._generate(job)
             except Exception as error:  # mapped to a status code by the gRPC side
                 outcome = error
+            self.metrics.request_seconds.observe(time.perf_counter() - job.arrived)
             job.finish(outcome)
 
     def _generate(self, job: Job) -> Completion:

@@ -199,6 +199,10 @@ async def serve_master(config: ServingConfig, started: asyncio.Event | None = No
         serving = health_pb2.HealthCheckResponse
         status = serving.SERVING if attached else serving.NOT_SERVING
         metrics.workers_joined.set(group.size if attached else 0)
+        if attached:
+            metrics.group_attaches.inc()
+        elif group.lost_members:
+            metrics.group_losses.inc()
         for name in ("", SERVICE):
             asyncio.run_coroutine_threadsafe(health.set(name, status), loop)
 

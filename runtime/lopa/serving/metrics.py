@@ -8,6 +8,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, star
 
 _STEP_BUCKETS = (0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1.0, 2.0, 5.0)
 _TPF_BUCKETS = (1, 1.5, 2, 3, 4, 6, 8, 12, 16, 24, 32)
+_REQUEST_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 25.0, 60.0, 120.0, 300.0)
 
 
 @dataclass
@@ -20,6 +21,10 @@ class MasterMetrics:
     step_seconds: Histogram  # label phase: forward | coordination | commit
     queue_depth: Gauge
     workers_joined: Gauge
+    request_seconds: Histogram  # arrival to answer, every outcome
+    queue_seconds: Histogram  # arrival to the start of decoding
+    group_attaches: Counter  # the worker group formed (again)
+    group_losses: Counter  # the worker group was lost (a worker died, froze or left)
 
     @classmethod
     def create(cls) -> MasterMetrics:
@@ -35,6 +40,16 @@ class MasterMetrics:
             ),
             queue_depth=Gauge("lopa_queue_depth", "Requests waiting", registry=r),
             workers_joined=Gauge("lopa_workers_joined", "Workers attached to the master", registry=r),
+            request_seconds=Histogram(
+                "lopa_request_seconds", "Request latency, arrival to answer", buckets=_REQUEST_BUCKETS,
+                registry=r,
+            ),
+            queue_seconds=Histogram(
+                "lopa_queue_seconds", "Time a request waited before decoding", buckets=_REQUEST_BUCKETS,
+                registry=r,
+            ),
+            group_attaches=Counter("lopa_group_attaches", "Times the worker group formed", registry=r),
+            group_losses=Counter("lopa_group_losses", "Times the worker group was lost", registry=r),
         )
 
     def serve(self, port: int) -> None:

@@ -38,6 +38,9 @@ _SERVER_OPTIONS = [
     ("grpc.keepalive_timeout_ms", 5_000),
     ("grpc.keepalive_permit_without_calls", 1),
     ("grpc.http2.max_pings_without_data", 0),
+    # The master pings every 5 s (lopa.serving.links): allow it (the default minimum is 5 minutes).
+    ("grpc.http2.min_recv_ping_interval_without_data_ms", 4_000),
+    ("grpc.http2.max_ping_strikes", 0),
 ]
 
 
