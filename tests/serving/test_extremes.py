@@ -16,6 +16,7 @@ from pathlib import Path
 import grpc
 import pytest
 
+from lopa.proto import lopa_pb2
 from lopa.serving.client import LopaClient
 from lopa.serving.config import parse_config
 from lopa.serving.launcher import LocalCluster, loopback_config
@@ -102,8 +103,12 @@ def test_values_outside_the_ranges_name_their_field_without_a_restart(cluster: L
     pids = [p.pid for p in cluster.workers]
     with LopaClient(cluster.address) as client:
         for overrides, field in INVALID:
+            # Built by hand: LopaClient itself refuses some of these (0 tokens) before sending.
+            request = lopa_pb2.GenerateRequest(prompt_token_ids=PROMPT)
+            for name, value in overrides.items():
+                setattr(request if name == "max_new_tokens" else request.decoding, name, value)
             with pytest.raises(grpc.RpcError) as error:
-                client.generate(PROMPT, timeout=60, **overrides)
+                client.stub.Generate(request, timeout=60)
             assert error.value.code() is grpc.StatusCode.INVALID_ARGUMENT, overrides
             assert error.value.details().startswith(f"{field}:"), (overrides, error.value.details())
     assert_same_workers(cluster, pids)
