@@ -139,19 +139,29 @@ class RecordingModel:
     def max_length(self) -> int:
         return self.inner.max_length
 
-    def reset(self, num_slots: int) -> None:
-        self.inner.reset(num_slots)
+    @property
+    def max_batch(self) -> int:
+        return self.inner.max_batch
 
-    def cache_length(self) -> int:
-        return self.inner.cache_length()
+    def reset(self, num_slots: int, sequence: int = 0) -> None:
+        self.inner.reset(num_slots, sequence)
+
+    def cache_length(self, sequence: int = 0) -> int:
+        return self.inner.cache_length(sequence)
 
     def forward(self, batch: WindowBatch) -> torch.Tensor:
         self.lengths.append(list(batch.lengths))
         self.n_stage.append(batch.n_stage)
         return self.inner.forward(batch)
 
-    def commit(self, slot: int, n: int) -> None:
-        self.inner.commit(slot, n)
+    def forward_many(self, batches: list[WindowBatch]) -> list[torch.Tensor]:
+        for batch in batches:
+            self.lengths.append(list(batch.lengths))
+            self.n_stage.append(batch.n_stage)
+        return self.inner.forward_many(batches)
+
+    def commit(self, slot: int, n: int, sequence: int = 0) -> None:
+        self.inner.commit(slot, n, sequence)
 
 
 def generate(

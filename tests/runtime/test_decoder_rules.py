@@ -128,26 +128,29 @@ def test_block_completed_by_a_lookahead_stays_active_until_an_anchor_fill() -> N
     executor = RecordingExecutor(model)
     decoder = Decoder(executor, MASK, [EOS], MAX_LENGTH)
     params = PROMOTION_PARAMS
-    spec = decoder.spec_for(PROMPT, params)
+    generation = decoder.start(PROMPT, params)
     executor.begin(params, params.branches + 1)
 
-    candidates = [Branch.from_prompt(PROMPT)]
-    live = [c for c in candidates if not decoder._grow(c, spec, params)]
-    verdict = decoder._round(live, spec, params)
-    candidates = decoder._spawn(verdict, spec, params)
-    lookahead, base = candidates
+    def run_round() -> int:
+        assert generation.plan() is not None
+        verify = generation.verify(params.branches)
+        winner = generation.apply(executor.verify(verify.start, verify.n_stage, verify.windows))
+        executor.commit(winner)
+        return winner
+
+    run_round()
+    lookahead, base = generation._candidates
     assert lookahead.lookahead_position == 6
     assert lookahead.masks_left(lookahead.blocks[1], MASK) == 0
     assert lookahead.blocks[1].state is BlockState.ACTIVE
     assert base.masks_left(base.blocks[1], MASK) == 1
     assert base.blocks[1].state is BlockState.ACTIVE
 
-    live = [c for c in candidates if not decoder._grow(c, spec, params)]
-    assert [len(c.blocks) for c in live] == [3, 3]  # both appended block 2
-    verdict = decoder._round(live, spec, params)
-    assert verdict.winner == 0
+    assert generation.plan() is not None
+    assert [len(c.blocks) for c in generation._candidates] == [3, 3]  # both appended block 2
+    assert run_round() == 0
     assert executor.calls[-1].n_stage == 0  # block 1 was NOT cached in round 2
-    candidates = decoder._spawn(verdict, spec, params)
+    candidates = generation._candidates
     assert len(candidates) == 1  # nothing masked: no lookahead
     assert [b.state for b in candidates[0].blocks] == [
         BlockState.IN_CACHE,
@@ -404,14 +407,14 @@ def test_layout_worked_case_at_the_executor() -> None:
     )
     model = synthetic_model(layout_choice)
     executor = LocalExecutor(model)
-    decoder = Decoder(executor, MASK, [EOS], MAX_LENGTH)
+    generation = Decoder(executor, MASK, [EOS], MAX_LENGTH).start(tokens[:5], DecodingParams())
     executor.begin(DecodingParams(), 3)
     # pre-fill the cache with [0, 13) through the protocol itself
     assert executor.verify(0, 13, [BranchWindow(tokens[:13], [0] * 5 + [1] * 8, [])]) == [[]]
     executor.commit(0)
     assert model.cache_length() == 13
 
-    window = decoder._window(branch, 13)
+    window = generation._window(branch, 13)
     assert window.tokens == tokens[13:]
     assert window.block_ids == [2] * 8 + [3] * 8
     assert window.masked == list(range(21, 29))
@@ -420,7 +423,7 @@ def test_layout_worked_case_at_the_executor() -> None:
         row = branch.copy()
         if lookahead_token is not None:
             row.tokens[25] = lookahead_token
-        rows.append(decoder._window(row, 13))
+        rows.append(generation._window(row, 13))
     stats = executor.verify(13, 8, rows)
     assert model.cache_length() == 13  # staged, not yet committed
     assert [row[0].position for row in stats] == [21, 21, 21]

@@ -1,9 +1,10 @@
-"""The local executor: every candidate verified in ONE batched forward on one device."""
+"""The local executor: every candidate verified in ONE batched forward on one device; a round of
+several requests (sequences) in one ragged forward."""
 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import replace
+from dataclasses import dataclass, replace
 
 import torch
 
@@ -41,60 +42,144 @@ class OutputPlan:
         self.from_stored = tuple(from_stored)
 
 
+@dataclass(frozen=True)
+class VerifyPart:
+    """One sequence's verification in a batched round (see LocalExecutor.verify_many)."""
+
+    sequence: int
+    start: int
+    n_stage: int
+    windows: Sequence[BranchWindow]
+
+
+# Per part: its statistics per candidate, or the error that failed this part alone.
+PartOutcome = list[list[PositionStat]] | Exception
+
+
+@dataclass
+class SequenceState:
+    """What the executor keeps of one running request between rounds."""
+
+    params: DecodingParams
+    generator: torch.Generator | None
+    last_logit: torch.Tensor | None = None  # raw output at the last cached token
+    staged_last: torch.Tensor | None = None  # [R, V]: each row's output at index u-1
+    staged_count: int = 0
+
+
 class LocalExecutor:
-    """Drives a WindowModel; keeps the stored last logit and its per-candidate staging."""
+    """Drives a WindowModel; keeps each sequence's stored last logit and its per-candidate staging.
+
+    A sequence is one request's KV cache on the model (0 .. model.max_batch - 1). The single-request
+    calls (begin / verify / commit) default to sequence 0; verify_many runs a round of several
+    sequences in one ragged forward.
+    """
 
     def __init__(self, model: WindowModel, device: torch.device | str = "cpu", pad_id: int = 0) -> None:
         self.model = model
         self.device = torch.device(device)
         self.pad_id = pad_id
-        self._params = DecodingParams()
-        self._generator: torch.Generator | None = None
-        self._last_logit: torch.Tensor | None = None  # raw output at the last cached token
-        self._staged_last: torch.Tensor | None = None  # [R, V]: each row's output at index u-1
-        self._staged_count = 0
+        self._states: dict[int, SequenceState] = {}
 
-    def begin(self, params: DecodingParams, num_candidates: int) -> None:
-        self.model.reset(num_candidates)
-        self._params = params
-        self._generator = torch.Generator(device=self.device).manual_seed(params.seed)
-        self._last_logit = None
-        self.drop_staged()
+    @property
+    def max_batch(self) -> int:
+        return int(getattr(self.model, "max_batch", 1))
 
-    def verify(self, start: int, n_stage: int, windows: Sequence[BranchWindow]) -> list[list[PositionStat]]:
-        plan = OutputPlan(start, n_stage, windows)
-        logits = self.forward(self.batch(start, n_stage, windows, plan.outputs))  # [N, V]
-        self._staged_count = n_stage
-        self._staged_last = logits[plan.n_masked :] if n_stage > 0 else None
+    def state(self, sequence: int = 0) -> SequenceState:
+        state = self._states.get(sequence)
+        if state is None:
+            raise ValueError(f"sequence {sequence} has no request (begin it first)")
+        return state
+
+    def begin(self, params: DecodingParams, num_candidates: int, sequence: int = 0) -> None:
+        self.model.reset(num_candidates, sequence)
+        generator = torch.Generator(device=self.device).manual_seed(params.seed)
+        self._states[sequence] = SequenceState(params, generator)
+
+    def release(self, sequence: int) -> None:
+        """The sequence's request ended: forget it (its cache is reset by the next begin)."""
+        self._states.pop(sequence, None)
+
+    def verify(
+        self, start: int, n_stage: int, windows: Sequence[BranchWindow], sequence: int = 0
+    ) -> list[list[PositionStat]]:
+        (outcome,) = self.verify_many([VerifyPart(sequence, start, n_stage, windows)])
+        if isinstance(outcome, Exception):
+            raise outcome
+        return outcome
+
+    def verify_many(self, parts: Sequence[VerifyPart]) -> list[PartOutcome]:
+        """One forward for every part; a part whose sampling fails gets its error, the others go on
+        (a failure of the forward itself fails them all: it raises)."""
+        plans = [OutputPlan(p.start, p.n_stage, p.windows) for p in parts]
+        batches = [
+            self.batch(p.start, p.n_stage, p.windows, plan.outputs, p.sequence)
+            for p, plan in zip(parts, plans, strict=True)
+        ]
+        for part in parts:
+            self.drop_staged(part.sequence)
+        try:
+            logits = [self.forward(batches[0])] if len(batches) == 1 else self.forward_many(batches)
+        except Exception:
+            for part in parts:
+                self.drop_staged(part.sequence)  # a failed forward may have staged half the rows
+            raise
+        outcomes: list[PartOutcome] = []
+        for part, plan, part_logits in zip(parts, plans, logits, strict=True):
+            try:
+                outcomes.append(self._part_stats(part, plan, part_logits))
+            except Exception as error:  # this request's sampling failed: the others are unaffected
+                self.drop_staged(part.sequence)
+                outcomes.append(error)
+        return outcomes
+
+    def _part_stats(
+        self, part: VerifyPart, plan: OutputPlan, logits: torch.Tensor
+    ) -> list[list[PositionStat]]:
+        state = self.state(part.sequence)
+        state.staged_count = part.n_stage
+        state.staged_last = logits[plan.n_masked :] if part.n_stage > 0 else None
         if not plan.n_masked:
-            return [[] for _ in windows]  # a caching-only round: nothing left to decide
+            return [[] for _ in part.windows]  # a caching-only round: nothing left to decide
         masked = logits[: plan.n_masked]
         if plan.from_stored:
             # Window index 0 has no predecessor in the window: D2F's stale-logit approximation uses
             # the stored last logit (uniform when nothing is cached yet).
-            stored = self._last_logit if self._last_logit is not None else torch.zeros_like(masked[0])
+            stored = state.last_logit if state.last_logit is not None else torch.zeros_like(masked[0])
             masked[list(plan.from_stored)] = stored.to(masked.dtype)
-        tokens, probs, confs = position_stats(masked, self._params, self._generator)
-        # One device-to-host copy per round: the statistics are all the decoder reads.
+        tokens, probs, confs = position_stats(masked, state.params, state.generator)
+        # One device-to-host copy per part: the statistics are all the decoder reads.
         host = torch.stack((tokens.double(), probs.double(), confs.double())).cpu()
         ids, p, c = host.tolist()
-        return self._split(windows, [int(t) for t in ids], p, c)
+        return self._split(part.windows, [int(t) for t in ids], p, c)
 
-    def commit(self, candidate: int) -> None:
-        if self._staged_count > 0:
-            self.model.commit(candidate, self._staged_count)
-            assert self._staged_last is not None
-            self._last_logit = self._staged_last[candidate]
-        self.drop_staged()
+    def commit(self, candidate: int, sequence: int = 0) -> None:
+        state = self.state(sequence)
+        if state.staged_count > 0:
+            self.model.commit(candidate, state.staged_count, sequence)
+            assert state.staged_last is not None
+            state.last_logit = state.staged_last[candidate]
+        self.drop_staged(sequence)
 
-    def drop_staged(self) -> None:
+    def commit_many(self, commits: Sequence[tuple[int, int]]) -> None:
+        """(sequence, winning candidate) of every part of a round."""
+        for sequence, candidate in commits:
+            self.commit(candidate, sequence)
+
+    def drop_staged(self, sequence: int = 0) -> None:
         """Forget the latest verify's staging (committed, or the commit came from elsewhere)."""
-        self._staged_count = 0
-        self._staged_last = None
+        state = self._states.get(sequence)
+        if state is not None:
+            state.staged_count = 0
+            state.staged_last = None
 
     def forward(self, batch: WindowBatch) -> torch.Tensor:
         """All rows in one batched forward."""
         return self.model.forward(batch)
+
+    def forward_many(self, batches: list[WindowBatch]) -> list[torch.Tensor]:
+        """Several sequences' rows in one ragged forward."""
+        return self.model.forward_many(batches)
 
     # -- helpers ---------------------------------------------------------------------------------------
 
@@ -104,6 +189,7 @@ class LocalExecutor:
         n_stage: int,
         windows: Sequence[BranchWindow],
         outputs: tuple[int, ...] | None = None,
+        sequence: int = 0,
     ) -> WindowBatch:
         """Pad ragged rows to one [R, L] batch (host tensors: the model moves them in one copy)."""
         lengths = [len(w.tokens) for w in windows]
@@ -113,14 +199,17 @@ class LocalExecutor:
         for row, window in enumerate(windows):
             tokens[row, : lengths[row]] = torch.tensor(window.tokens, dtype=torch.long)
             block_ids[row, : lengths[row]] = torch.tensor(window.block_ids, dtype=torch.long)
+        state = self._states.get(sequence)
+        mode = state.params.attention if state is not None else DecodingParams().attention
         return WindowBatch(
             tokens=tokens,
             lengths=lengths,
             block_ids=block_ids,
             start=start,
             n_stage=n_stage,
-            mode=self._params.attention,
+            mode=mode,
             outputs=outputs,
+            sequence=sequence,
         )
 
     @staticmethod
@@ -139,6 +228,9 @@ class LocalExecutor:
 
 class RowByRowExecutor(LocalExecutor):
     """Verifies candidates one forward each: the reference the batched forward must match."""
+
+    def forward_many(self, batches: list[WindowBatch]) -> list[torch.Tensor]:
+        return [self.forward(batch) for batch in batches]
 
     def forward(self, batch: WindowBatch) -> torch.Tensor:
         width = batch.width

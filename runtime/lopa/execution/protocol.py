@@ -38,6 +38,7 @@ class WindowBatch:
     first_slot: staging slot of row 0 (non-zero when rows are forwarded one at a time).
     outputs:   flat token indices (row * L + column) whose logits the caller needs; None = all.
                With them the forward returns [N, vocab] (the lm_head runs on N tokens only).
+    sequence:  which of the model's sequences (request KV caches, 0 .. max_batch - 1) it extends.
     """
 
     tokens: torch.Tensor
@@ -48,6 +49,7 @@ class WindowBatch:
     mode: AttentionMode
     first_slot: int = 0
     outputs: tuple[int, ...] | None = None
+    sequence: int = 0
 
     @property
     def rows(self) -> int:
@@ -67,22 +69,27 @@ def take_outputs(raw: torch.Tensor, batch: WindowBatch) -> torch.Tensor:
 
 
 class WindowModel(Protocol):
-    """A model with a KV cache that the executors drive (see module docstring)."""
+    """A model with one KV cache per sequence that the executors drive (see module docstring)."""
 
     vocab_size: int
-    max_length: int  # longest sequence (prompt + generation) the cache holds
+    max_length: int  # longest sequence (prompt + generation) a cache holds
+    max_batch: int  # sequences (requests) held at once
 
-    def reset(self, num_slots: int) -> None:
-        """Empty the cache for a new request; make sure at least num_slots staging slots exist."""
+    def reset(self, num_slots: int, sequence: int = 0) -> None:
+        """Empty a sequence's cache for a new request; make sure at least num_slots staging slots exist."""
 
-    def cache_length(self) -> int:
-        """Number of tokens whose K/V are in the shared cache."""
+    def cache_length(self, sequence: int = 0) -> int:
+        """Number of tokens whose K/V are in the sequence's shared cache."""
 
     def forward(self, batch: WindowBatch) -> torch.Tensor:
         """Raw logits [R, L, vocab] (float), or [N, vocab] for batch.outputs.
 
-        Stages the K/V of row r's first n_stage tokens in slot first_slot + r.
+        Stages the K/V of row r's first n_stage tokens in slot first_slot + r of batch.sequence.
         """
 
-    def commit(self, slot: int, n: int) -> None:
-        """Append the first n staged tokens of `slot` to the shared cache."""
+    def forward_many(self, batches: list[WindowBatch]) -> list[torch.Tensor]:
+        """forward() of several sequences (outputs named) in one call; a row's logits must not depend
+        on the other batches (see lopa.model.invariant)."""
+
+    def commit(self, slot: int, n: int, sequence: int = 0) -> None:
+        """Append the first n staged tokens of `slot` to the sequence's shared cache."""

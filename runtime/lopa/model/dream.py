@@ -12,13 +12,15 @@ instead of 7; on an accelerator every kernel launch saved counts.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from typing import Protocol
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
+from lopa.model import invariant
 from lopa.model.config import DreamConfig
 
 # Called once per layer with that layer's window keys/values [R, L, kv_heads, head_dim] (after RoPE).
@@ -28,6 +30,29 @@ KVCallback = Callable[[int, torch.Tensor, torch.Tensor], None]
 class KVSource(Protocol):
     def cached(self, layer: int) -> tuple[torch.Tensor, torch.Tensor]:
         """Cached keys and values of `layer`, each [C, kv_heads, head_dim], shared by every row."""
+
+
+@dataclass(frozen=True)
+class Segment:
+    """One request's tokens [begin, end) of a ragged forward (several requests folded into one
+    sequence): they attend only to their own cache and to each other, under their own mask."""
+
+    begin: int
+    end: int
+    mask: torch.Tensor | None  # [1, 1, end - begin, C + end - begin] over this segment's cache + tokens
+    past: KVSource | None
+    on_kv: KVCallback | None
+
+
+@dataclass(frozen=True)
+class LayerSegment:
+    """A Segment bound to one layer: its cached K/V and its staging callback."""
+
+    begin: int
+    end: int
+    mask: torch.Tensor | None
+    past: tuple[torch.Tensor, torch.Tensor] | None
+    on_kv: Callable[[torch.Tensor, torch.Tensor], None] | None
 
 
 class RMSNorm(nn.Module):
@@ -119,13 +144,13 @@ class DreamAttention(nn.Module):
         batch, length, _ = x.shape
         if still_fused(self.fused_qkv, [self.q_proj, self.k_proj, self.v_proj]):
             assert self.fused_qkv is not None
-            qkv = F.linear(x, *self.fused_qkv).view(batch, length, self.heads + 2 * self.kv_heads, -1)
+            qkv = invariant.linear(x, *self.fused_qkv).view(batch, length, self.heads + 2 * self.kv_heads, -1)
             # q and k rotate together: one set of rotary kernels per layer.
             qk = apply_rotary(qkv[:, :, : self.heads + self.kv_heads], cos, sin_signed)
             return qk[:, :, : self.heads], qk[:, :, self.heads :], qkv[:, :, self.heads + self.kv_heads :]
-        q = self.q_proj(x).view(batch, length, self.heads, self.head_dim)
-        k = self.k_proj(x).view(batch, length, self.kv_heads, self.head_dim)
-        v = self.v_proj(x).view(batch, length, self.kv_heads, self.head_dim)
+        q = invariant.apply(self.q_proj, x).view(batch, length, self.heads, self.head_dim)
+        k = invariant.apply(self.k_proj, x).view(batch, length, self.kv_heads, self.head_dim)
+        v = invariant.apply(self.v_proj, x).view(batch, length, self.kv_heads, self.head_dim)
         return apply_rotary(q, cos, sin_signed), apply_rotary(k, cos, sin_signed), v
 
     def forward(
@@ -136,19 +161,42 @@ class DreamAttention(nn.Module):
         mask: torch.Tensor | None,
         past: tuple[torch.Tensor, torch.Tensor] | None,
         on_kv: Callable[[torch.Tensor, torch.Tensor], None] | None,
+        segments: Sequence[LayerSegment] | None = None,
     ) -> torch.Tensor:
         batch, length, _ = x.shape
         q, k, v = self._qkv(x, cos, sin_signed)
-        if on_kv is not None:
-            on_kv(k, v)
-        if past is not None and past[0].shape[0] > 0:
-            # The cached prefix is shared by every row: broadcast it in front of each row's window
-            # (inference folds every row into one, batch == 1, so nothing is repeated there).
-            past_k, past_v = past
-            k = torch.cat((past_k.unsqueeze(0).expand(batch, -1, -1, -1), k), dim=1)
-            v = torch.cat((past_v.unsqueeze(0).expand(batch, -1, -1, -1), v), dim=1)
-        out = attend(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), mask)
-        return self.o_proj(out.transpose(1, 2).reshape(batch, length, self.heads * self.head_dim))
+        if segments is None:
+            out = _attend_with_past(q, k, v, mask, past, on_kv)
+        else:  # a ragged forward: each request's tokens see only its own cache and tokens
+            parts = []
+            for s in segments:
+                rows = slice(s.begin, s.end)
+                parts.append(_attend_with_past(q[:, rows], k[:, rows], v[:, rows], s.mask, s.past, s.on_kv))
+            out = parts[0] if len(parts) == 1 else torch.cat(parts, dim=2)
+        out = out.transpose(1, 2).reshape(batch, length, self.heads * self.head_dim)
+        return invariant.apply(self.o_proj, out)
+
+
+def _attend_with_past(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    mask: torch.Tensor | None,
+    past: tuple[torch.Tensor, torch.Tensor] | None,
+    on_kv: Callable[[torch.Tensor, torch.Tensor], None] | None,
+) -> torch.Tensor:
+    """Attention of [B, T, heads, D] queries over the cached prefix and the [B, T, kv_heads, D]
+    window keys/values (staged first through on_kv); returns [B, heads, T, D]."""
+    batch = q.shape[0]
+    if on_kv is not None:
+        on_kv(k, v)
+    if past is not None and past[0].shape[0] > 0:
+        # The cached prefix is shared by every row: broadcast it in front of each row's window
+        # (inference folds every row into one, batch == 1, so nothing is repeated there).
+        past_k, past_v = past
+        k = torch.cat((past_k.unsqueeze(0).expand(batch, -1, -1, -1), k), dim=1)
+        v = torch.cat((past_v.unsqueeze(0).expand(batch, -1, -1, -1), v), dim=1)
+    return attend(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), mask)
 
 
 def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
@@ -174,10 +222,10 @@ class DreamMLP(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if still_fused(self.fused_gate_up, [self.gate_proj, self.up_proj]):
             assert self.fused_gate_up is not None
-            gate, up = F.linear(x, self.fused_gate_up[0]).chunk(2, dim=-1)
+            gate, up = invariant.linear(x, self.fused_gate_up[0]).chunk(2, dim=-1)
         else:
-            gate, up = self.gate_proj(x), self.up_proj(x)
-        return self.down_proj(F.silu(gate) * up)
+            gate, up = invariant.apply(self.gate_proj, x), invariant.apply(self.up_proj, x)
+        return invariant.apply(self.down_proj, F.silu(gate) * up)
 
 
 class DreamDecoderLayer(nn.Module):
@@ -196,8 +244,9 @@ class DreamDecoderLayer(nn.Module):
         mask: torch.Tensor | None,
         past: tuple[torch.Tensor, torch.Tensor] | None,
         on_kv: Callable[[torch.Tensor, torch.Tensor], None] | None,
+        segments: Sequence[LayerSegment] | None = None,
     ) -> torch.Tensor:
-        x = x + self.self_attn(self.input_layernorm(x), cos, sin_signed, mask, past, on_kv)
+        x = x + self.self_attn(self.input_layernorm(x), cos, sin_signed, mask, past, on_kv, segments)
         return x + self.mlp(self.post_attention_layernorm(x))
 
 
@@ -243,6 +292,7 @@ class DreamModel(nn.Module):
         past: KVSource | None = None,
         on_kv: KVCallback | None = None,
         output_index: torch.Tensor | None = None,
+        segments: Sequence[Segment] | None = None,
     ) -> torch.Tensor:
         """Raw logits [B, T, vocab] in the model dtype, or [N, vocab] for the N flat token indices
         (into B * T) of `output_index` (the lm_head then runs on those tokens only).
@@ -251,10 +301,10 @@ class DreamModel(nn.Module):
         (True = may attend) or additive in the model dtype, over the C cached keys of `past`
         followed by the T input keys.
         """
-        hidden = self.hidden_states(input_ids, position_ids, attn_mask, past, on_kv)
+        hidden = self.hidden_states(input_ids, position_ids, attn_mask, past, on_kv, segments)
         if output_index is not None:
             hidden = hidden.reshape(-1, hidden.shape[-1]).index_select(0, output_index)
-        return self.lm_head(hidden)
+        return invariant.apply(self.lm_head, hidden)
 
     def hidden_states(
         self,
@@ -263,8 +313,13 @@ class DreamModel(nn.Module):
         attn_mask: torch.Tensor | None = None,
         past: KVSource | None = None,
         on_kv: KVCallback | None = None,
+        segments: Sequence[Segment] | None = None,
     ) -> torch.Tensor:
-        """The final norm's output [B, T, hidden]: everything but the lm_head (see forward)."""
+        """The final norm's output [B, T, hidden]: everything but the lm_head (see forward).
+
+        With `segments` (batch 1), the tokens are several requests' folded rows: each segment
+        attends under its own mask to its own cache (attn_mask, past and on_kv are then unused).
+        """
         batch, length = input_ids.shape
         positions = position_ids.expand(batch, length)
         x = self.model.embed_tokens(input_ids)
@@ -273,9 +328,16 @@ class DreamModel(nn.Module):
         for index, layer in enumerate(self.model.layers):
             layer_past = past.cached(index) if past is not None else None
             layer_kv = None if on_kv is None else _bind(on_kv, index)
-            x = layer(x, cos, sin_signed, attn_mask, layer_past, layer_kv)
+            bound = None if segments is None else [_bind_segment(s, index) for s in segments]
+            x = layer(x, cos, sin_signed, attn_mask, layer_past, layer_kv, bound)
         return self.model.norm(x)
 
 
 def _bind(on_kv: KVCallback, index: int) -> Callable[[torch.Tensor, torch.Tensor], None]:
     return lambda k, v: on_kv(index, k, v)
+
+
+def _bind_segment(segment: Segment, index: int) -> LayerSegment:
+    past = segment.past.cached(index) if segment.past is not None else None
+    on_kv = None if segment.on_kv is None else _bind(segment.on_kv, index)
+    return LayerSegment(segment.begin, segment.end, segment.mask, past, on_kv)

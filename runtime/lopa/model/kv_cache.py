@@ -53,6 +53,10 @@ class KVCache:
     def length(self) -> int:
         return self._length
 
+    def reserved_bytes(self) -> int:
+        tensors = (self.cache, self._staging)
+        return sum(t.numel() * t.element_size() for t in tensors)
+
     @property
     def num_slots(self) -> int:
         return int(self._staging.shape[0])

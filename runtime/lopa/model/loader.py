@@ -69,11 +69,11 @@ class LoadedModel:
         return self.special.eos
 
     def window_model(
-        self, max_length: int, num_slots: int = 1, cuda_graphs: bool | None = None
+        self, max_length: int, num_slots: int = 1, cuda_graphs: bool | None = None, max_batch: int = 1
     ) -> DreamWindowModel:
-        """A WindowModel over this model with a KV cache of max_length tokens (CUDA graphs on CUDA
-        unless cuda_graphs is False or LOPA_CUDA_GRAPHS=0)."""
-        return DreamWindowModel(self.model, max_length, num_slots, cuda_graphs)
+        """A WindowModel over this model with max_batch KV caches of max_length tokens each (CUDA
+        graphs on CUDA unless cuda_graphs is False or LOPA_CUDA_GRAPHS=0)."""
+        return DreamWindowModel(self.model, max_length, num_slots, cuda_graphs, max_batch)
 
 
 def load_model(

@@ -1,19 +1,26 @@
-"""DreamWindowModel: the `WindowModel` protocol over a DreamModel and a static KV cache.
+"""DreamWindowModel: the `WindowModel` protocol over a DreamModel and static KV caches.
 
 A forward folds its rows into one sequence (lopa.model.mask): every row reads the shared cache
 once. On CUDA the forward is replayed from a captured graph (lopa.model.cuda_graphs) whenever the
-caller names the outputs it needs (the executors always do); otherwise it runs eagerly.
+caller names the outputs it needs (the executors always do) and it is sequence 0's lone forward;
+otherwise it runs eagerly.
+
+The model holds `max_batch` sequences (one KV cache each, allocated up front: the memory is known
+at start). `forward_many` runs several sequences' verification forwards as ONE ragged forward: all
+their rows folded into one token sequence, every linear product over all of them at once,
+attention per sequence (its own cache, its own mask).
 """
 
 from __future__ import annotations
 
 import logging
 import os
+from collections.abc import Sequence
 
 import torch
 
 from lopa.execution.protocol import WindowBatch
-from lopa.model.dream import DreamModel
+from lopa.model.dream import DreamModel, Segment
 from lopa.model.kv_cache import KVCache
 from lopa.model.mask import additive, build_window_mask
 from lopa.params import AttentionMode
@@ -36,7 +43,12 @@ class DreamWindowModel:
     """Runs verification forwards (see lopa.execution.protocol) on a real Dream model."""
 
     def __init__(
-        self, model: DreamModel, max_length: int, num_slots: int = 1, cuda_graphs: bool | None = None
+        self,
+        model: DreamModel,
+        max_length: int,
+        num_slots: int = 1,
+        cuda_graphs: bool | None = None,
+        max_batch: int = 1,
     ) -> None:
         config = model.config
         if max_length > config.max_position_embeddings:
@@ -47,15 +59,22 @@ class DreamWindowModel:
         self.config = config
         self.vocab_size = config.vocab_size
         self.max_length = max_length
-        self.kv = KVCache(
-            config.num_hidden_layers,
-            config.num_key_value_heads,
-            config.head_dim,
-            max_length,
-            dtype=model.dtype,
-            device=model.device,
-            num_slots=num_slots,
-        )
+        if max_batch < 1:
+            raise ValueError(f"max_batch must be >= 1, got {max_batch}")
+        self.max_batch = max_batch
+        self.caches = [
+            KVCache(
+                config.num_hidden_layers,
+                config.num_key_value_heads,
+                config.head_dim,
+                max_length,
+                dtype=model.dtype,
+                device=model.device,
+                num_slots=num_slots,
+            )
+            for _ in range(max_batch)
+        ]
+        self.kv = self.caches[0]  # sequence 0: the one CUDA graphs replay
         self.graphs = None
         if graphs_wanted(self.device, cuda_graphs):
             from lopa.model.cuda_graphs import WindowGraphs
@@ -68,40 +87,86 @@ class DreamWindowModel:
     def device(self) -> torch.device:
         return self.model.device
 
-    def reset(self, num_slots: int) -> None:
-        self.kv.reset(num_slots)
+    def reserved_bytes(self) -> int:
+        """Bytes of the KV caches and staging areas allocated so far."""
+        return sum(kv.reserved_bytes() for kv in self.caches)
 
-    def cache_length(self) -> int:
-        return self.kv.length
+    def reset(self, num_slots: int, sequence: int = 0) -> None:
+        self._cache(sequence).reset(num_slots)
+
+    def cache_length(self, sequence: int = 0) -> int:
+        return self._cache(sequence).length
 
     @torch.no_grad()
     def forward(self, batch: WindowBatch) -> torch.Tensor:
         self._check(batch)
-        if self.graphs is not None and batch.outputs is not None and batch.first_slot == 0:
+        replayable = batch.outputs is not None and batch.first_slot == 0 and batch.sequence == 0
+        if self.graphs is not None and replayable:
             logits = self._replay(batch)
             if logits is not None:
                 return logits
         return self._eager(batch)
 
-    def commit(self, slot: int, n: int) -> None:
-        self.kv.commit(slot, n)
+    @torch.no_grad()
+    def forward_many(self, batches: Sequence[WindowBatch]) -> list[torch.Tensor]:
+        """Several sequences' forwards (each with its outputs named) as one ragged forward; returns
+        each one's [N_i, vocab] logits. On CPU a row's logits are bit-identical to its lone forward
+        (lopa.model.invariant); a lone batch takes forward() (and so a CUDA graph when it can)."""
+        if len(batches) == 1:
+            return [self.forward(batches[0])]
+        if len({b.sequence for b in batches}) != len(batches):
+            raise ValueError("forward_many: two batches for one sequence")
+        device, dtype = self.device, self.model.dtype
+        segments, tokens, positions, outputs, counts = [], [], [], [], []
+        offset = 0
+        for batch in batches:
+            self._check(batch)
+            if batch.outputs is None:
+                raise ValueError("forward_many: every batch must name its outputs")
+            kv = self._cache(batch.sequence)
+            rows, width = batch.rows, batch.width
+            mask = build_window_mask(batch.lengths, batch.block_ids.to(device), kv.length, batch.mode)
+            kv.begin_stage(rows, batch.n_stage, batch.first_slot)
+            end = offset + rows * width
+            segments.append(Segment(offset, end, additive(mask, dtype), kv, kv.stage))
+            tokens.append(batch.tokens.reshape(-1))
+            positions.append(batch.start + torch.arange(width).repeat(rows))
+            outputs.append(torch.tensor(batch.outputs, dtype=torch.long) + offset)
+            counts.append(len(batch.outputs))
+            offset = end
+        logits = self.model(
+            torch.cat(tokens).to(device).reshape(1, offset),
+            torch.cat(positions).to(device),
+            output_index=torch.cat(outputs).to(device),
+            segments=segments,
+        )
+        return list(logits.float().split(counts))
+
+    def commit(self, slot: int, n: int, sequence: int = 0) -> None:
+        self._cache(sequence).commit(slot, n)
+
+    def _cache(self, sequence: int) -> KVCache:
+        if not 0 <= sequence < self.max_batch:
+            raise ValueError(f"sequence {sequence} outside [0, max_batch={self.max_batch})")
+        return self.caches[sequence]
 
     def _eager(self, batch: WindowBatch) -> torch.Tensor:
         device = self.device
+        kv = self._cache(batch.sequence)
         rows, width = batch.rows, batch.width
         block_ids = batch.block_ids.to(device)
-        mask = build_window_mask(batch.lengths, block_ids, self.kv.length, batch.mode)
+        mask = build_window_mask(batch.lengths, block_ids, kv.length, batch.mode)
         positions = batch.start + torch.arange(width, device=device).repeat(rows)
         outputs = None
         if batch.outputs is not None:
             outputs = torch.tensor(batch.outputs, dtype=torch.long, device=device)
-        self.kv.begin_stage(rows, batch.n_stage, batch.first_slot)
+        kv.begin_stage(rows, batch.n_stage, batch.first_slot)
         logits = self.model(
             batch.tokens.to(device).reshape(1, rows * width),
             positions,
             additive(mask, self.model.dtype),
-            past=self.kv,
-            on_kv=self.kv.stage,
+            past=kv,
+            on_kv=kv.stage,
             output_index=outputs,
         )
         if outputs is None:
@@ -143,8 +208,9 @@ class DreamWindowModel:
 
     def _check(self, batch: WindowBatch) -> None:
         rows, length = batch.tokens.shape
-        if batch.start != self.kv.length:
-            raise ValueError(f"window start {batch.start} != cache length {self.kv.length}")
+        kv = self._cache(batch.sequence)
+        if batch.start != kv.length:
+            raise ValueError(f"window start {batch.start} != cache length {kv.length}")
         if batch.start + length > self.max_length:
             raise ValueError(f"window ends at {batch.start + length} > max_length {self.max_length}")
         if tuple(batch.block_ids.shape) != (rows, length) or len(batch.lengths) != rows:

@@ -64,7 +64,7 @@ class ShardExecutor(LocalExecutor):
         self.broadcast(buffer, winner_rank)
         packed = buffer[:kv_bytes].view(kv.dtype).view(kv.packed_shape(n))
         kv.append_packed(packed, n)
-        self._last_logit = buffer[kv_bytes:].view(torch.float32).clone()
+        self.state().last_logit = buffer[kv_bytes:].view(torch.float32).clone()
         self.drop_staged()
 
     def _receive_buffer(self, size: int) -> torch.Tensor:
@@ -76,16 +76,17 @@ class ShardExecutor(LocalExecutor):
 
     def pack(self, slot: int, n: int) -> torch.Tensor:
         """One contiguous uint8 buffer: all layers' K/V of n staged tokens, then the fp32 last logit."""
-        if n != self._staged_count or self._staged_last is None:
-            raise RuntimeError(f"commit of {n} tokens but {self._staged_count} were staged")
+        state = self.state()
+        if n != state.staged_count or state.staged_last is None:
+            raise RuntimeError(f"commit of {n} tokens but {state.staged_count} were staged")
         packed = self.window_model.kv.pack_staged(slot, n)
-        logit = self._staged_last[slot].to(torch.float32).contiguous()
+        logit = state.staged_last[slot].to(torch.float32).contiguous()
         return torch.cat([packed.reshape(-1).view(torch.uint8), logit.view(torch.uint8)])
 
     def _commit_own(self, n: int) -> None:
         """block_causal: every row staged the same TO_CACHE content; take slot 0."""
-        if n != self._staged_count:
-            staged = self._staged_count
+        staged = self.state().staged_count
+        if n != staged:
             raise RuntimeError(f"commit of {n} tokens but {staged} were staged on rank {self.rank}")
         self.commit(0)
 

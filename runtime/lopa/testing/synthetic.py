@@ -19,37 +19,47 @@ Rule = Callable[[Sequence[int], int], torch.Tensor]
 
 
 class SyntheticModel:
-    def __init__(self, vocab_size: int, max_length: int, rule: Rule) -> None:
+    def __init__(self, vocab_size: int, max_length: int, rule: Rule, max_batch: int = 1) -> None:
         self.vocab_size = vocab_size
         self.max_length = max_length
+        self.max_batch = max_batch
         self.rule = rule
-        self.cache: list[int] = []
-        self.staged: dict[int, list[int]] = {}
+        self.caches: dict[int, list[int]] = {}
+        self.staged: dict[tuple[int, int], list[int]] = {}  # (sequence, slot) -> tokens
         self.forward_calls = 0
         self.rows_seen: list[int] = []
 
-    def reset(self, num_slots: int) -> None:
-        self.cache, self.staged = [], {}
+    @property
+    def cache(self) -> list[int]:
+        return self.caches.setdefault(0, [])
 
-    def cache_length(self) -> int:
-        return len(self.cache)
+    def reset(self, num_slots: int, sequence: int = 0) -> None:
+        self.caches[sequence] = []
+        self.staged = {key: value for key, value in self.staged.items() if key[0] != sequence}
+
+    def cache_length(self, sequence: int = 0) -> int:
+        return len(self.caches.setdefault(sequence, []))
 
     def forward(self, batch: WindowBatch) -> torch.Tensor:
-        if batch.start != len(self.cache):
-            raise AssertionError(f"window start {batch.start} != cache length {len(self.cache)}")
+        cache = self.caches.setdefault(batch.sequence, [])
+        if batch.start != len(cache):
+            raise AssertionError(f"window start {batch.start} != cache length {len(cache)}")
         self.forward_calls += 1
         self.rows_seen.append(batch.rows)
         out = torch.zeros((batch.rows, batch.tokens.shape[1], self.vocab_size))
         for row, length in enumerate(batch.lengths):
             window = batch.tokens[row, :length].tolist()
-            sequence = self.cache + window
+            sequence = cache + window
             for i in range(length):
                 out[row, i] = self.rule(sequence, batch.start + i + 1)
-            self.staged[batch.first_slot + row] = window[: batch.n_stage]
+            self.staged[batch.sequence, batch.first_slot + row] = window[: batch.n_stage]
         return take_outputs(out, batch)
 
-    def commit(self, slot: int, n: int) -> None:
-        self.cache.extend(self.staged[slot][:n])
+    def forward_many(self, batches: list[WindowBatch]) -> list[torch.Tensor]:
+        return [self.forward(batch) for batch in batches]
+
+    def commit(self, slot: int, n: int, sequence: int = 0) -> None:
+        self.caches.setdefault(sequence, []).extend(self.staged[sequence, slot][:n])
 
 
 def peaked(vocab_size: int, token: int, prob: float) -> torch.Tensor:

@@ -1,0 +1,245 @@
+"""One request's decoding as a state that advances one round at a time (pure: no torch).
+
+A round (algorithm.md section 4): `plan()` grows every candidate's blocks once; the scheduler
+grants g <= k lookahead branches (`windows(g)`: the g most confident lookaheads and the base,
+exactly what spawning g would have given) and verifies them, possibly beside other requests;
+`apply(stats)` picks the winner (which the caller commits), anchor-fills it and spawns the next
+round's candidates from the same statistics. The Decoder runs one Generation alone; the scheduler
+(lopa.scheduling) runs many, one round each per batched forward.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+
+from lopa.decoding import rules
+from lopa.decoding.blocks import Branch, SequenceSpec
+from lopa.decoding.executor import BranchWindow
+from lopa.params import DecodingParams
+
+StopCheck = Callable[[list[int]], bool]  # contiguous generated ids -> stop now?
+
+
+@dataclass(frozen=True)
+class StepEvent:
+    """What one round committed (for streaming): the base branch after the round."""
+
+    step: int
+    fills: list[tuple[int, int]]  # (absolute position, token) newly fixed this round
+    tokens: list[int]  # the committed sequence (prompt + generated, masks included)
+    prompt_length: int
+    candidates: int
+    winner: int
+    branches: int = 0  # lookahead branches granted this round
+
+
+@dataclass
+class GenerationResult:
+    prompt_ids: list[int]
+    generated_ids: list[int]  # every generated position (post-EOS padding included)
+    output_ids: list[int]  # up to and including the first EOS
+    forwards: int
+    wall_s: float  # whole generation, prefill included
+    winners: list[int] = field(default_factory=list)  # candidate index that won each round
+    stopped_early: bool = False
+    branches: list[int] = field(default_factory=list)  # lookahead branches granted each round
+
+    @property
+    def tokens(self) -> int:
+        return len(self.output_ids)
+
+    @property
+    def tpf(self) -> float:
+        return self.tokens / self.forwards if self.forwards else 0.0
+
+    @property
+    def padded_tpf(self) -> float:
+        """The authors' count: all generated positions over forwards + 1 (for published numbers)."""
+        return len(self.generated_ids) / (self.forwards + 1)
+
+    @property
+    def tokens_per_s(self) -> float:
+        return self.tokens / self.wall_s if self.wall_s > 0 else 0.0
+
+    @property
+    def mean_branches(self) -> float:
+        return sum(self.branches) / len(self.branches) if self.branches else 0.0
+
+
+@dataclass(frozen=True)
+class RoundPlan:
+    """A planned round: the window tokens of each candidate (lookaheads first, the base last)."""
+
+    lookaheads: int  # lookahead candidates available (<= the k asked for)
+    row_tokens: tuple[int, ...]  # window length of each candidate, finished ones counted as 0
+
+    def tokens(self, granted: int) -> int:
+        """Tokens of the round's forward when `granted` lookaheads run."""
+        return sum(self.row_tokens[:granted]) + self.row_tokens[-1]
+
+
+@dataclass(frozen=True)
+class Verify:
+    """What the executor runs for a round (see lopa.decoding.executor)."""
+
+    start: int
+    n_stage: int
+    windows: list[BranchWindow]
+
+
+class Generation:
+    def __init__(
+        self,
+        spec: SequenceSpec,
+        prompt: Sequence[int],
+        params: DecodingParams,
+        should_stop: StopCheck | None = None,
+    ) -> None:
+        self.spec, self.params, self.should_stop = spec, params, should_stop
+        self.prompt = list(prompt)
+        self.base = Branch.from_prompt(self.prompt)
+        self.began = time.perf_counter()
+        self.forwards = 0
+        self.winners: list[int] = []
+        self.branches: list[int] = []
+        self.stopped_early = False
+        self.finished = False
+        self._candidates = [self.base]
+        self._done: list[bool] | None = None  # per candidate, once planned this round
+        self._live: list[Branch] = []
+        self._granted = 0
+
+    # -- one round --------------------------------------------------------------------------------
+
+    def plan(self) -> RoundPlan | None:
+        """Grow the candidates (once per round, however often asked); None when decoding is over."""
+        if self.finished:
+            return None
+        if self._done is None:
+            self._done = [self._grow(c) for c in self._candidates]
+            if all(self._done):
+                self.finished = True
+                return None
+        lookaheads = len(self._candidates) - 1
+        start = rules.window_start(self._candidates[-1])
+        row_tokens = tuple(
+            0 if done else len(c.tokens) - start for c, done in zip(self._candidates, self._done, strict=True)
+        )
+        return RoundPlan(lookaheads, row_tokens)
+
+    def verify(self, granted: int) -> Verify:
+        """The round with `granted` lookahead branches (the most confident ones) and the base."""
+        if self._done is None:
+            raise RuntimeError("plan() the round first")
+        lookaheads = len(self._candidates) - 1
+        keep = [*range(min(granted, lookaheads)), lookaheads]
+        self._live = [self._candidates[i] for i in keep if not self._done[i]]
+        self._granted = len(keep) - 1
+        anchor = self._live[-1]  # layout (window start, u) comes from the base branch
+        start = rules.window_start(anchor)
+        n_stage = rules.to_cache_length(anchor)
+        return Verify(start, n_stage, [self._window(c, start) for c in self._live])
+
+    def apply(self, stats: Sequence[Sequence[rules.PositionStat]]) -> int:
+        """The round's statistics -> the winner's index into verify()'s windows (commit it)."""
+        live, spec, params = self._live, self.spec, self.params
+        scores = [
+            rules.branch_score([s.conf for s in row], c.creation, params.alpha, params.beta)
+            for c, row in zip(live, stats, strict=True)
+        ]
+        winner = rules.pick_winner(scores)
+        base = live[winner].copy()
+        base.creation, base.lookahead_position = 1.0, None
+        rules.mark_cached(base)
+        rules.anchor_fill(base, stats[winner], spec, params.tau_conf)
+        shared_start = min(rules.completed_prefix_end(c) for c in live)
+        self._previous, self.base = self.base, base
+        self.forwards += 1
+        self.winners.append(winner)
+        self.branches.append(self._granted)
+        self._candidates = self._spawn(base, stats[winner], shared_start)
+        self._done = None
+        if self.should_stop is not None and self.should_stop(self.contiguous()):
+            self.stopped_early = self.finished = True
+        return winner
+
+    def event(self) -> StepEvent:
+        """The latest round, for streaming."""
+        before, after = self._previous, self.base
+        mask = self.spec.mask_id
+        fills = [
+            (p, t)
+            for p, t in enumerate(after.tokens)
+            if t != mask and (p >= len(before.tokens) or before.tokens[p] == mask)
+        ]
+        return StepEvent(
+            self.forwards, fills, list(after.tokens), after.prompt_length, len(self._live), self.winners[-1],
+            self._granted,
+        )
+
+    def result(self) -> GenerationResult:
+        generated = self.base.tokens[self.base.prompt_length :]
+        return GenerationResult(
+            prompt_ids=self.prompt,
+            generated_ids=generated,
+            output_ids=self._up_to_eos(generated),
+            forwards=self.forwards,
+            wall_s=time.perf_counter() - self.began,
+            winners=self.winners,
+            stopped_early=self.stopped_early,
+            branches=self.branches,
+        )
+
+    def contiguous(self) -> list[int]:
+        """The generated tokens up to the first mask (what a stop check may read)."""
+        generated = self.base.tokens[self.base.prompt_length :]
+        mask = self.spec.mask_id
+        end = generated.index(mask) if mask in generated else len(generated)
+        return generated[:end]
+
+    # -- the rules ------------------------------------------------------------------------------------
+
+    def _grow(self, branch: Branch) -> bool:
+        """Section 3 steps 1-3; returns True when the branch is finished."""
+        rules.maybe_add_block(branch, self.spec, self.params.tau_add)
+        rules.update_activation(branch, self.spec.mask_id, self.params.tau_act)
+        return rules.is_finished(branch)
+
+    def _spawn(self, base: Branch, stats: Sequence[rules.PositionStat], shared_start: int) -> list[Branch]:
+        """LoPA step 8: lookahead copies of the anchor-filled winner, then the next base."""
+        spec = self.spec
+        base_completed = rules.completed_active_blocks(base, spec.mask_id)
+        still_masked = set(rules.masked_positions(base, spec.mask_id))
+        pool = [s for s in stats if s.position in still_masked and s.position >= shared_start]
+        candidates = []
+        for stat in rules.spawn_positions(pool, self.params.branches):
+            branch = base.copy()
+            branch.tokens[stat.position] = stat.token
+            branch.creation, branch.lookahead_position = stat.conf, stat.position
+            if stat.token in spec.eos_ids:
+                branch.eos_seen = True
+            candidates.append(branch)
+        candidates.append(base)
+        for branch in candidates:
+            rules.promote(branch, spec.mask_id, allowed=base_completed)
+        return candidates
+
+    def _window(self, branch: Branch, start: int) -> BranchWindow:
+        block_ids: list[int] = []
+        for index, block in enumerate(branch.blocks):
+            lo = max(block.start, start)
+            if lo < block.end:
+                block_ids.extend([index] * (block.end - lo))
+        return BranchWindow(
+            tokens=branch.tokens[start:],
+            block_ids=block_ids,
+            masked=rules.masked_positions(branch, self.spec.mask_id),
+        )
+
+    def _up_to_eos(self, generated: list[int]) -> list[int]:
+        for index, token in enumerate(generated):
+            if token in self.spec.eos_ids:
+                return generated[: index + 1]
+        return list(generated)

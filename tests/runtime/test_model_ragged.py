@@ -1,0 +1,109 @@
+"""A ragged forward of several sequences gives each row the bits of its lone forward (CPU).
+
+Three requests of different lengths, branch counts and attention modes run their rounds in one
+`forward_many`; a twin model runs each alone. Logits and the K/V committed into every
+sequence's cache must be bit-identical (lopa.model.invariant makes the linear products
+batch-invariant; attention is per sequence).
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from lopa.engine import bundled_model_dir
+from lopa.execution.protocol import WindowBatch
+from lopa.model import DreamModel, DreamWindowModel
+from lopa.model.invariant import tiled_linear
+from lopa.model.loader import load_model
+from lopa.params import AttentionMode
+
+MAX_LENGTH = 64
+
+
+@pytest.fixture(scope="module")
+def model() -> DreamModel:
+    # The bundled model's shapes: small enough to be quick, wide enough that a plain CPU GEMM's
+    # blocking changes with the row count (the tiny test config's does not).
+    return load_model(bundled_model_dir()).model
+
+
+def _batch(
+    seed: int,
+    rows: int,
+    width: int,
+    start: int,
+    n_stage: int,
+    mode: AttentionMode,
+    sequence: int,
+    outputs: int,
+) -> WindowBatch:
+    generator = torch.Generator().manual_seed(seed)
+    tokens = torch.randint(0, 90, (rows, width), generator=generator)
+    lengths = [width - (row % 2) * min(4, width - max(1, n_stage)) for row in range(rows)]
+    blocks = torch.tensor([[0] * min(width, 5) + [1] * max(0, width - 5)] * rows)
+    wanted = [r * width + c for r in range(rows) for c in range(lengths[r])][:outputs]
+    return WindowBatch(
+        tokens, lengths, blocks, start, n_stage, mode, outputs=tuple(wanted), sequence=sequence
+    )
+
+
+def test_tiled_linear_is_row_invariant() -> None:
+    generator = torch.Generator().manual_seed(0)
+    weight, bias = torch.randn(48, 32, generator=generator), torch.randn(48, generator=generator)
+    x = torch.randn(70, 32, generator=generator)
+    with torch.no_grad():
+        whole = tiled_linear(x, weight, bias)
+        for offset, rows in [(0, 1), (3, 2), (5, 3), (17, 16), (20, 33), (69, 1)]:
+            assert torch.equal(
+                tiled_linear(x[offset : offset + rows].clone(), weight, bias), whole[offset : offset + rows]
+            )
+        assert torch.allclose(whole, torch.nn.functional.linear(x, weight, bias), atol=1e-5)
+
+
+def test_ragged_forward_equals_each_sequence_alone(model: DreamModel) -> None:
+    together = DreamWindowModel(model, MAX_LENGTH, max_batch=3)
+    alone = DreamWindowModel(model, MAX_LENGTH, max_batch=3)
+    modes = [AttentionMode.FULL, AttentionMode.BLOCK_CAUSAL, AttentionMode.FULL]
+    starts = [0, 0, 0]
+    for round_ in range(3):
+        # Ragged: different rows (branch counts), widths and cache lengths per sequence. Alone, a
+        # sequence's products have 1 to 3 rows at times (one token, one output): the row counts
+        # where a plain CPU GEMM differs most from a batched one.
+        batches = [
+            _batch(
+                100 * round_ + s,
+                rows=(1, 4, 2)[s],
+                width=(1, 13, 3)[s] + round_,
+                start=starts[s],
+                n_stage=(1, 3, 0)[s] if round_ == 0 else 1,
+                mode=modes[s],
+                sequence=s,
+                outputs=(1, 40, 2)[s],
+            )
+            for s in range(3)
+        ]
+        if round_ == 2:
+            batches = batches[::-1]  # the order inside a batch must not matter either
+        got = together.forward_many(batches)
+        for batch, logits in zip(batches, got, strict=True):
+            expected = alone.forward(batch)
+            assert torch.equal(logits, expected), f"round {round_}, sequence {batch.sequence}"
+        for batch in batches:
+            winner = batch.rows - 1
+            together.commit(winner, batch.n_stage, batch.sequence)
+            alone.commit(winner, batch.n_stage, batch.sequence)
+            starts[batch.sequence] += batch.n_stage
+    for sequence in range(3):
+        n = together.cache_length(sequence)
+        assert n == alone.cache_length(sequence) == starts[sequence] > 0
+        assert torch.equal(together.caches[sequence].cache[:, :, :n], alone.caches[sequence].cache[:, :, :n])
+
+
+def test_forward_many_refuses_a_sequence_twice_and_bad_sequences(model: DreamModel) -> None:
+    window = DreamWindowModel(model, MAX_LENGTH, max_batch=2)
+    batch = _batch(0, 1, 6, 0, 2, AttentionMode.FULL, 0, 3)
+    with pytest.raises(ValueError, match="two batches for one sequence"):
+        window.forward_many([batch, batch])
+    with pytest.raises(ValueError, match=r"sequence 2 outside \[0, max_batch=2\)"):
+        window.forward(_batch(0, 1, 6, 0, 2, AttentionMode.FULL, 2, 3))
