@@ -1,31 +1,33 @@
-"""The local engine: tokenizer + model + Decoder over the batched local executor, on one device."""
+"""The local engine: tokenizer + model + the request scheduler over the local executor, on one device.
+
+Requests from any number of threads are batched: every running request advances one round per
+ragged forward (lopa.scheduling). On CPU a request's output is bit-identical whatever runs beside it.
+"""
 
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
 from pathlib import Path
 
-from lopa.decoding.decoder import Decoder, GenerationResult, StepEvent
+from lopa.decoding.decoder import Decoder, StepEvent
 from lopa.execution.local import LocalExecutor
 from lopa.model.loader import LoadedModel, load_model
 from lopa.model.tokenizer import chat_prompt_ids
 from lopa.params import DecodingParams, InvalidParameter, check_length
-from lopa.stops import cut_at_stop, stop_check
+from lopa.scheduling.budget import default_budget
+from lopa.scheduling.request import Completion, Request, Waiter
+from lopa.scheduling.scheduler import Observer, Scheduler
 
 DEFAULT_MAX_LENGTH = 4096
+DEFAULT_MAX_BATCH = 8
+DEFAULT_QUEUE_SIZE = 1024
+
+__all__ = ["Completion", "LocalEngine", "bundled_model_dir"]
 
 
 def bundled_model_dir() -> Path:
     """The small D2F model shipped inside the package (the embedded default)."""
     return Path(__file__).resolve().parent / "bundled" / "model"
-
-
-@dataclass
-class Completion:
-    text: str
-    result: GenerationResult
-    finish_reason: str  # "eos", "stop" or "length"
 
 
 class LocalEngine:
@@ -35,18 +37,23 @@ class LocalEngine:
         max_length: int | None = None,
         device: str = "cpu",
         model_dir: Path | None = None,
+        max_batch: int = DEFAULT_MAX_BATCH,
+        max_step_tokens: int | None = None,
+        observer: Observer | None = None,
     ) -> None:
         self.loaded = loaded
         self.model_dir = model_dir
         self.tokenizer = loaded.tokenizer
         limit = loaded.config.max_position_embeddings
         self.max_length = min(max_length or DEFAULT_MAX_LENGTH, limit)
-        self.window_model = loaded.window_model(self.max_length)
+        self.window_model = loaded.window_model(self.max_length, max_batch=max_batch)
+        self.executor = LocalExecutor(self.window_model, device=device, pad_id=loaded.special.pad)
         self.decoder = Decoder(
-            LocalExecutor(self.window_model, device=device, pad_id=loaded.special.pad),
-            mask_id=loaded.special.mask,
-            eos_ids=loaded.special.eos,
-            max_length=self.max_length,
+            self.executor, mask_id=loaded.special.mask, eos_ids=loaded.special.eos, max_length=self.max_length
+        )
+        budget = max_step_tokens if max_step_tokens is not None else default_budget(str(device))
+        self.scheduler = Scheduler(
+            self.decoder, self.executor, self.decode, DEFAULT_QUEUE_SIZE, budget, observer
         )
 
     @classmethod
@@ -57,9 +64,12 @@ class LocalEngine:
         dtype: str = "float32",
         device: str = "cpu",
         max_length: int | None = None,
+        max_batch: int = DEFAULT_MAX_BATCH,
+        max_step_tokens: int | None = None,
     ) -> LocalEngine:
         model_dir = Path(model_dir) if model_dir else bundled_model_dir()
-        return cls(load_model(model_dir, adapter_dir, dtype, device), max_length, device, model_dir)
+        loaded = load_model(model_dir, adapter_dir, dtype, device)
+        return cls(loaded, max_length, device, model_dir, max_batch, max_step_tokens)
 
     def encode(self, prompt: str | Sequence[int], chat: bool = False) -> list[int]:
         if isinstance(prompt, str):
@@ -85,14 +95,18 @@ class LocalEngine:
         stop: Sequence[str] = (),
         on_step: Callable[[StepEvent], None] | None = None,
         chat: bool = False,
+        pin_branches: bool = False,
     ) -> Completion:
+        """Decode one prompt; safe to call from many threads at once (their rounds are batched).
+        on_step runs on the scheduler thread."""
         ids = self.encode(prompt, chat)
         check_length(len(ids), params, self.decoder.max_length)
-        should_stop = stop_check(self.decode, stop)
-        result = self.decoder.generate(ids, params, on_step=on_step, should_stop=should_stop)
-        cut = cut_at_stop(result, self.decode, stop)
-        if cut is not None:
-            return Completion(cut[0], cut[1], "stop")
-        text = self.decode(result.output_ids)
-        eos = bool(result.output_ids) and result.output_ids[-1] in self.loaded.special.eos
-        return Completion(text, result, "eos" if eos else "length")
+        waiter = Waiter()
+        request = Request(ids, params, tuple(stop), pin_branches, on_step=on_step, on_done=waiter)
+        self.scheduler.submit(request)
+        self.scheduler.start()
+        return waiter.wait()
+
+    def close(self) -> None:
+        """Stop the scheduler thread (requests still running fail)."""
+        self.scheduler.stop()

@@ -135,32 +135,41 @@ def test_the_last_chunk_carries_the_ids_held_back() -> None:
 
 
 def test_fused_commit_buffer_round_trips(checkpoint: Path) -> None:
-    """The winner's single buffer (all layers' K/V + fp32 last logit) rebuilds the same state."""
+    """Two requests won on one rank travel in ONE broadcast (each request's K/V of every layer + its
+    fp32 last logit) and rebuild, on the receiver, the state of running each request locally."""
+    from lopa.decoding.executor import BranchWindow
+    from lopa.execution.local import VerifyPart
+    from lopa.serving.shard import CommitOrder
+
     loaded = load_model(checkpoint)
     sent: list[torch.Tensor] = []
-    winner = ShardExecutor(loaded.window_model(64), 0, lambda buf, src: sent.append(buf.clone()))
-    receiver = ShardExecutor(
-        loaded.window_model(64), 1, lambda buf, src: buf.copy_(sent[-1])
-    )
-    reference = LocalExecutor(loaded.window_model(64))
+    winner = ShardExecutor(loaded.window_model(64, max_batch=3), 0, lambda buf, src: sent.append(buf.clone()))
+    receiver = ShardExecutor(loaded.window_model(64, max_batch=3), 1, lambda buf, src: buf.copy_(sent[-1]))
+    reference = LocalExecutor(loaded.window_model(64, max_batch=3))
     params = DecodingParams(block_size=8, max_new_tokens=16, branches=1)
-    from lopa.decoding.executor import BranchWindow
-
-    rows = [BranchWindow([5, 6, 7, 8, 100, 100], [0, 0, 0, 0, 1, 1], [4, 5]),
-            BranchWindow([5, 6, 7, 8, 100, 9], [0, 0, 0, 0, 1, 1], [4])]
+    rows = {
+        0: [BranchWindow([5, 6, 7, 8, 100, 100], [0, 0, 0, 0, 1, 1], [4, 5]),
+            BranchWindow([5, 6, 7, 8, 100, 9], [0, 0, 0, 0, 1, 1], [4])],
+        2: [BranchWindow([9, 3, 100, 100, 100], [0, 0, 1, 1, 1], [2, 3, 4]),
+            BranchWindow([9, 3, 4, 100, 100], [0, 0, 1, 1, 1], [3, 4])],
+    }
+    n_stage = {0: 4, 2: 2}
     for ex in (winner, receiver, reference):
-        ex.begin(params, 2)
-    winner.verify_shard(0, 4, rows)
-    reference.verify(0, 4, rows)
-    receiver.verify_shard(0, 4, [])
-    winner.commit_shard(4, 0, 1, broadcast=True)
-    receiver.commit_shard(4, 0, 1, broadcast=True)
-    reference.commit(1)
-    assert len(sent) == 1 and sent[0].dtype == torch.uint8
-    kv, ref_kv = receiver.window_model.kv, reference.model.kv
-    assert kv.length == ref_kv.length == 4
-    assert torch.equal(kv.cache[:, :, :4], ref_kv.cache[:, :, :4])
-    assert torch.equal(receiver._last_logit, reference._last_logit)
+        for sequence in rows:
+            ex.begin(params, 2, sequence)
+    winner.verify_round([VerifyPart(s, 0, n_stage[s], rows[s]) for s in rows])
+    reference.verify_many([VerifyPart(s, 0, n_stage[s], rows[s]) for s in rows])
+    receiver.verify_round([VerifyPart(s, 0, n_stage[s], []) for s in rows])
+    commits = [CommitOrder(0, 4, 0, 1, True), CommitOrder(2, 2, 0, 0, True)]
+    winner.commit_round(commits)
+    receiver.commit_round(commits)
+    reference.commit_many([(0, 1), (2, 0)])
+    assert len(sent) == 1 and sent[0].dtype == torch.uint8  # one fused broadcast for both requests
+    for sequence, n in n_stage.items():
+        kv, ref_kv = receiver.window_model.caches[sequence], reference.model.caches[sequence]
+        assert kv.length == ref_kv.length == n
+        assert torch.equal(kv.cache[:, :, :n], ref_kv.cache[:, :, :n])
+        assert torch.equal(receiver.state(sequence).last_logit, reference.state(sequence).last_logit)
 
 
 def test_bench_serving_uses_held_out_prompts_and_model_defaults_on_the_bundled_model() -> None:

@@ -21,11 +21,12 @@ from lopa.serving.worker import WorkerService
 
 
 def step_request(begin: bool) -> worker_pb2.StepRequest:
-    request = worker_pb2.StepRequest(start=0, n_stage=0)
+    request = worker_pb2.StepRequest()
+    step = request.requests.add(sequence=0, start=0, n_stage=0)
     if begin:
         begin = worker_pb2.Begin(attention="full", conf="neg_entropy", top_p=1.0, beta=1.0, num_slots=1)
-        request.begin.CopyFrom(begin)
-    request.windows.add(tokens=[5, 6, 7, 100, 100], block_ids=[0, 0, 0, 1, 1], masked=[3, 4])
+        step.begin.CopyFrom(begin)
+    step.windows.add(tokens=[5, 6, 7, 100, 100], block_ids=[0, 0, 0, 1, 1], masked=[3, 4])
     return request
 
 
@@ -48,20 +49,21 @@ def test_a_failed_forward_is_answered_and_the_next_request_runs(
         raise RuntimeError("out of memory: tried to allocate 80 GiB")
 
     with monkeypatch.context() as patch:
-        patch.setattr(worker.shard, "verify_shard", out_of_memory)
+        patch.setattr(worker.shard, "verify_round", out_of_memory)
         reply = worker.step(step_request(begin=True))
-    assert reply.error == "RuntimeError: out of memory: tried to allocate 80 GiB" and not reply.branches
+    assert reply.error == "RuntimeError: out of memory: tried to allocate 80 GiB" and not reply.requests
     assert not fatal  # the worker stays in its group
     reply = worker.step(step_request(begin=True))  # the next request begins clean
-    assert not reply.error and len(reply.branches) == 1 and len(reply.branches[0].tokens) == 2
+    assert not reply.error and len(reply.requests[0].branches) == 1
+    assert len(reply.requests[0].branches[0].tokens) == 2
 
 
 def test_a_bad_begin_is_answered_too(service: tuple[WorkerService, list[int]]) -> None:
     worker, fatal = service
     request = step_request(begin=True)
-    request.begin.conf = "no-such-conf"
+    request.requests[0].begin.conf = "no-such-conf"
     reply = worker.step(request)
-    assert reply.error.startswith("InvalidParameter: conf: must be one of") and not fatal
+    assert reply.requests[0].error.startswith("InvalidParameter: conf: must be one of") and not fatal
 
 
 def test_a_device_fault_still_leaves_the_group(
@@ -73,7 +75,7 @@ def test_a_device_fault_still_leaves_the_group(
     def illegal_access(*args: Any) -> None:
         raise RuntimeError("CUDA error: an illegal memory access was encountered")
 
-    monkeypatch.setattr(worker.shard, "verify_shard", illegal_access)
+    monkeypatch.setattr(worker.shard, "verify_round", illegal_access)
     with pytest.raises(RuntimeError, match="illegal memory access"):
         worker.step(step_request(begin=True))
 
@@ -102,7 +104,8 @@ class _Group:
 def test_the_master_fails_the_request_and_keeps_the_group() -> None:
     from lopa.decoding.executor import BranchWindow
 
-    ok = worker_pb2.StepReply(branches=[worker_pb2.BranchStats(tokens=[1], probs=[0.5], confs=[-1.0])])
+    stats = worker_pb2.BranchStats(tokens=[1], probs=[0.5], confs=[-1.0])
+    ok = worker_pb2.StepReply(requests=[worker_pb2.RequestStats(branches=[stats])])
     failed = worker_pb2.StepReply(error="RuntimeError: out of memory")
     group = _Group([_Link(ok), _Link(failed)])
     executor = DistributedExecutor(group, step_timeout_s=5)  # type: ignore[arg-type]

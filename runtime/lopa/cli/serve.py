@@ -46,6 +46,12 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
                         help="client API address, HOST:PORT (default: %(default)s)")
     parser.add_argument("--metrics-port", type=int, default=0,
                         help="master Prometheus metrics port (default: 0 = no metrics endpoint)")
+    parser.add_argument("--max-batch", type=int, default=None,
+                        help="requests decoded at once, one KV cache each (default: the config's "
+                        "limits.max_batch, else 8)")
+    parser.add_argument("--max-step-tokens", type=int, default=None,
+                        help="branch budget: tokens of one forward per worker (default: the config's "
+                        "limits.max_step_tokens, else the device's: cpu 1024, cuda/npu 512)")
     parser.add_argument("--start-timeout", type=float, default=600.0, help="seconds to wait for SERVING")
     parser.add_argument(
         "--prompt", default=None, help="one-shot: send this prompt, print the answer and its stats, stop"
@@ -118,6 +124,10 @@ def serving_config(args: argparse.Namespace) -> ServingConfig:
             max_new_tokens=max(limits.max_new_tokens, decoding.max_new_tokens),
             max_branches=max(limits.max_branches, decoding.branches),
         )
+    if args.max_batch is not None:
+        limits = dataclasses.replace(limits, max_batch=args.max_batch)
+    if args.max_step_tokens is not None:
+        limits = dataclasses.replace(limits, max_step_tokens=args.max_step_tokens)
     config = dataclasses.replace(base, decoding=decoding, limits=limits,
                                  master=dataclasses.replace(base.master, metrics_port=args.metrics_port))
     config = loopback_config(config, args.workers, args.listen)

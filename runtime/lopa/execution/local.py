@@ -81,9 +81,14 @@ class LocalExecutor:
         self.pad_id = pad_id
         self._states: dict[int, SequenceState] = {}
 
+    executors = 1  # one device: the branch budget applies to this one forward
+
     @property
     def max_batch(self) -> int:
         return int(getattr(self.model, "max_batch", 1))
+
+    def ready(self) -> bool:
+        return True
 
     def state(self, sequence: int = 0) -> SequenceState:
         state = self._states.get(sequence)

@@ -17,6 +17,7 @@ BACKEND_OF_DEVICE = {"cpu": "gloo", "cuda": "nccl", "npu": "hccl"}  # device kin
 # it lets several ranks share one GPU, which nccl refuses).
 BACKENDS_OF_DEVICE = {"cpu": ("gloo",), "cuda": ("nccl", "gloo"), "npu": ("hccl",)}
 MAX_PORT = 65535
+MAX_BATCH = 256
 DECODING_KEYS = frozenset(f.name for f in fields(DecodingParams))
 
 
@@ -65,6 +66,8 @@ class Limits:
     max_prompt_tokens: int = 2048
     queue_size: int = 64
     request_timeout_s: float = 300.0
+    max_batch: int = 8  # requests decoding at once: one KV cache each on every worker, allocated at start
+    max_step_tokens: int = 0  # tokens of one forward per worker (branch budget); 0 = the device's default
 
 
 @dataclass(frozen=True)
@@ -208,6 +211,11 @@ def _check_model(model: ModelConfig, backend: str) -> None:
 def _check_limits(limits: Limits) -> None:
     for name in ("max_new_tokens", "max_prompt_tokens", "queue_size"):
         _at_least(f"limits.{name}", getattr(limits, name), 1)
+    if not 1 <= limits.max_batch <= MAX_BATCH:
+        raise ConfigError(f"limits.max_batch: must be in [1, {MAX_BATCH}], got {limits.max_batch}")
+    if limits.max_step_tokens < 0:
+        got = limits.max_step_tokens
+        raise ConfigError(f"limits.max_step_tokens: must be >= 0 (0 = the device's default), got {got}")
     if not 1 <= limits.max_branches <= MAX_BRANCHES:
         raise ConfigError(f"limits.max_branches: must be in [1, {MAX_BRANCHES}], got {limits.max_branches}")
     _positive_seconds("limits.request_timeout_s", limits.request_timeout_s)

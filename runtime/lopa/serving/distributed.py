@@ -1,41 +1,38 @@
-"""The master's Executor: candidates spread over the workers, one message per worker per step.
+"""The master's executor: every request's candidates spread over the workers, one message per
+worker per round.
 
-verify() sends each worker its candidates (round robin, see placement) with the previous step's
-commit piggybacked, and waits for every reply; commit() only records the winner, so a step is
-ONE round trip per worker. Only (x_hat, P, Conf) per masked position come back, never logits.
+verify_many() sends each worker its rows of every request in the round (each request's candidates
+round robin from rank sequence % W, see placement) with the previous round's commits piggybacked,
+and waits for every reply; commit_many() only records the winners, so a round is ONE round trip
+per worker. Only (x_hat, P, Conf) per masked position come back, never logits.
 """
 
 from __future__ import annotations
 
-import threading
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from lopa.decoding.executor import BranchWindow
 from lopa.decoding.rules import PositionStat
+from lopa.execution.local import PartOutcome, VerifyPart
 from lopa.params import AttentionMode, DecodingParams
 from lopa.proto import worker_pb2
+from lopa.scheduling.request import Abort, RequestAborted
 from lopa.serving.links import WorkerGroup, WorkerLost
 from lopa.serving.placement import rank_of, shares
 
+__all__ = ["Abort", "DistributedExecutor", "RequestAborted", "StepFailed", "StepTiming"]
+
 
 class StepFailed(RuntimeError):
-    """A worker could not compute its share of a step (its reply names why); the group is intact,
-    so only the request fails (gRPC INTERNAL) and the next one starts clean."""
-
-
-class RequestAborted(RuntimeError):
-    """The client cancelled or the deadline passed; checked between steps."""
-
-    def __init__(self, reason: str, deadline: bool = False) -> None:
-        super().__init__(reason)
-        self.deadline = deadline
+    """A worker could not compute its share of a round (its reply names why); the group is intact,
+    so only the requests concerned fail (gRPC INTERNAL) and the others go on."""
 
 
 @dataclass
 class StepTiming:
-    """One step as the master saw it: the slowest worker's forward and commit, the rest is coordination."""
+    """One round as the master saw it: the slowest worker's forward and commit, the rest is coordination."""
 
     wall_s: float
     forward_s: float
@@ -47,17 +44,12 @@ class StepTiming:
 
 
 @dataclass
-class Abort:
-    """What aborts the request in progress (set from the gRPC side)."""
+class _Sequence:
+    """A running request as the master's executor tracks it."""
 
-    cancelled: threading.Event = field(default_factory=threading.Event)
-    deadline: float | None = None  # time.monotonic()
-
-    def check(self) -> None:
-        if self.cancelled.is_set():
-            raise RequestAborted("cancelled by the client")
-        if self.deadline is not None and time.monotonic() > self.deadline:
-            raise RequestAborted("deadline exceeded", deadline=True)
+    params: DecodingParams
+    begin: worker_pb2.Begin | None  # sent with its first round
+    n_stage: int = 0  # TO_CACHE tokens of its latest round (what its commit appends)
 
 
 class DistributedExecutor:
@@ -66,29 +58,33 @@ class DistributedExecutor:
         group: WorkerGroup,
         step_timeout_s: float,
         on_step: Callable[[StepTiming], None] | None = None,
+        max_batch: int = 1,
     ) -> None:
         self.group = group
         self.step_timeout_s = step_timeout_s
         self.on_step = on_step
-        self.abort = Abort()
+        self.max_batch = max_batch
         self.timings: list[StepTiming] = []
-        self._params = DecodingParams()
-        self._begin: worker_pb2.Begin | None = None
-        self._num_candidates = 1
-        self._commit: worker_pb2.Commit | None = None
-        self._n_stage = 0
-        self._placed = 0  # candidates of the latest verify
+        self._sequences: dict[int, _Sequence] = {}
+        self._commits: dict[int, worker_pb2.Commit] = {}  # per sequence, sent with the next round
         self._request_id = 0
 
-    def begin(self, params: DecodingParams, num_candidates: int) -> None:
+    @property
+    def executors(self) -> int:
+        return self.group.size
+
+    def ready(self) -> bool:
+        return self.group.attached
+
+    def begin(self, params: DecodingParams, num_candidates: int, sequence: int = 0) -> None:
         if not self.group.attached:
             raise WorkerLost("the worker group is not attached")
+        if not 0 <= sequence < self.max_batch:
+            raise ValueError(f"sequence {sequence} outside [0, max_batch={self.max_batch})")
         self._request_id += 1
-        self._params = params
-        self._num_candidates = num_candidates
-        # Begin travels with the first step (slots per rank are sized for the most candidates).
-        self._begin = worker_pb2.Begin(
+        begin = worker_pb2.Begin(
             request_id=self._request_id,
+            num_slots=num_candidates,  # per rank: its share (set when the message is built)
             attention=params.attention.value,
             conf=params.conf.value,
             temperature=params.temperature,
@@ -97,35 +93,44 @@ class DistributedExecutor:
             seed=params.seed,
             beta=params.beta,
         )
-        self._commit = None
-        self.timings = []
+        self._sequences[sequence] = _Sequence(params, begin)
+        self._commits.pop(sequence, None)
 
-    def verify(self, start: int, n_stage: int, windows: Sequence[BranchWindow]) -> list[list[PositionStat]]:
-        self.abort.check()
+    def release(self, sequence: int) -> None:
+        """The request ended: a commit still pending for its slot must never reach the next one."""
+        self._sequences.pop(sequence, None)
+        self._commits.pop(sequence, None)
+
+    def verify_many(self, parts: Sequence[VerifyPart]) -> list[PartOutcome]:
         links = self.group.links
-        placed = shares(len(windows), len(links))
+        if not self.group.attached:
+            raise WorkerLost(self.group.detach_reason or "the worker group is not attached")
+        placed = [shares(len(p.windows), len(links), p.sequence) for p in parts]
         began = time.perf_counter()
-        # Build every message before the first leaves: the ranks meet in the commit's broadcast, so
+        # Build every message before the first leaves: the ranks meet in the commits' broadcasts, so
         # the last one must not also wait for the master to build its message after the others left.
-        requests = [self._request(rank, placed[rank], start, n_stage, windows) for rank in range(len(links))]
+        requests = [self._request(rank, parts, placed) for rank in range(len(links))]
         for link, request in zip(links, requests, strict=True):
             link.send(request)
-        self._begin, self._commit = None, None
+        self._commits.clear()
+        for part in parts:
+            state = self._sequences[part.sequence]
+            state.begin, state.n_stage = None, part.n_stage
         try:
             replies = [link.receive(self.step_timeout_s) for link in links]
         except WorkerLost as error:
             # When another rank's loss detached the group first, this rank's stream was only
             # cancelled: the client is told the cause, not "rank 0 cancelled".
             cause = None if self.group.attached else self.group.detach_reason
-            # A late reply would desynchronise the next step: the whole group is dropped.
+            # A late reply would desynchronise the next round: the whole group is dropped.
             self.group.lost(-1, str(error))
             if cause:
                 raise WorkerLost(cause) from None
             raise
         failed = [f"worker rank {rank}: {reply.error}" for rank, reply in enumerate(replies) if reply.error]
         if failed:
-            # Every rank answered and applied the commit: the group is consistent. The request
-            # stops here, and no commit of this step is ever sent.
+            # Every rank answered and applied the commits: the group is consistent. The round's
+            # requests stop here, and no commit of this round is ever sent.
             raise StepFailed("; ".join(failed))
         timing = StepTiming(
             wall_s=time.perf_counter() - began,
@@ -135,14 +140,76 @@ class DistributedExecutor:
         self.timings.append(timing)
         if self.on_step is not None:
             self.on_step(timing)
-        self._n_stage, self._placed = n_stage, len(windows)
-        out: list[list[PositionStat]] = [[] for _ in windows]
+        return [self._outcome(index, part, placed[index], replies) for index, part in enumerate(parts)]
+
+    # One request alone (the Decoder's Executor protocol): sequence 0 unless told otherwise.
+
+    def verify(
+        self, start: int, n_stage: int, windows: Sequence[BranchWindow], sequence: int = 0
+    ) -> list[list[PositionStat]]:
+        (outcome,) = self.verify_many([VerifyPart(sequence, start, n_stage, windows)])
+        if isinstance(outcome, Exception):
+            raise outcome
+        return outcome
+
+    def commit(self, candidate: int, sequence: int = 0) -> None:
+        self.commit_many([(sequence, candidate)])
+
+    def commit_many(self, commits: Sequence[tuple[int, int]]) -> None:
+        for sequence, candidate in commits:
+            state = self._sequences[sequence]
+            rank, slot = rank_of(candidate, len(self.group.links), sequence)
+            self._commits[sequence] = worker_pb2.Commit(
+                sequence=sequence,
+                n=state.n_stage,
+                winner_rank=rank,
+                winner_slot=slot,
+                broadcast=state.params.attention is AttentionMode.FULL,
+            )
+
+    # -- messages -------------------------------------------------------------------------------------
+
+    def _request(
+        self, rank: int, parts: Sequence[VerifyPart], placed: list[list[list[int]]]
+    ) -> worker_pb2.StepRequest:
+        request = worker_pb2.StepRequest(commits=list(self._commits.values()))
+        for part, shares_of_part in zip(parts, placed, strict=True):
+            state = self._sequences[part.sequence]
+            step = request.requests.add(sequence=part.sequence, start=part.start, n_stage=part.n_stage)
+            if state.begin is not None:
+                step.begin.CopyFrom(state.begin)
+                total = state.begin.num_slots
+                step.begin.num_slots = max(1, len(shares(total, len(self.group.links), part.sequence)[rank]))
+            for candidate in shares_of_part[rank]:
+                w = part.windows[candidate]
+                step.windows.add(tokens=w.tokens, block_ids=w.block_ids, masked=w.masked)
+            block_causal = state.params.attention is AttentionMode.BLOCK_CAUSAL
+            if not shares_of_part[rank] and part.n_stage > 0 and block_causal:
+                # No branch here, but this rank must still cache the shared TO_CACHE tokens itself
+                # (block_causal has no broadcast): any candidate's first n_stage tokens give them.
+                base = part.windows[-1]
+                n = part.n_stage
+                step.windows.add(tokens=base.tokens[:n], block_ids=base.block_ids[:n], masked=[])
+                step.cache_only = True
+        return request
+
+    def _outcome(
+        self, index: int, part: VerifyPart, placed: list[list[int]], replies: list[worker_pb2.StepReply]
+    ) -> PartOutcome:
+        out: list[list[PositionStat]] = [[] for _ in part.windows]
+        errors = []
         for rank, candidates in enumerate(placed):
-            branches = replies[rank].branches
-            if len(branches) != len(candidates):
-                raise WorkerLost(f"worker rank {rank} answered {len(branches)} of {len(candidates)} branches")
-            for candidate, stats in zip(candidates, branches, strict=True):
-                masked = windows[candidate].masked
+            if len(replies[rank].requests) <= index:
+                raise WorkerLost(f"worker rank {rank} answered {len(replies[rank].requests)} requests")
+            answer = replies[rank].requests[index]
+            if answer.error:
+                errors.append(f"worker rank {rank}: {answer.error}")
+                continue
+            if len(answer.branches) != len(candidates):
+                got = len(answer.branches)
+                raise WorkerLost(f"worker rank {rank} answered {got} of {len(candidates)} branches")
+            for candidate, stats in zip(candidates, answer.branches, strict=True):
+                masked = part.windows[candidate].masked
                 if len(stats.tokens) != len(masked):
                     got = len(stats.tokens)
                     raise WorkerLost(f"worker rank {rank}: {got} stats for {len(masked)} positions")
@@ -150,34 +217,4 @@ class DistributedExecutor:
                     PositionStat(p, t, pr, c)
                     for p, t, pr, c in zip(masked, stats.tokens, stats.probs, stats.confs, strict=True)
                 ]
-        return out
-
-    def commit(self, candidate: int) -> None:
-        rank, slot = rank_of(candidate, len(self.group.links))
-        self._commit = worker_pb2.Commit(
-            n=self._n_stage,
-            winner_rank=rank,
-            winner_slot=slot,
-            broadcast=self._params.attention is AttentionMode.FULL,
-        )
-
-    def _request(
-        self, rank: int, candidates: list[int], start: int, n_stage: int, windows: Sequence[BranchWindow]
-    ) -> worker_pb2.StepRequest:
-        request = worker_pb2.StepRequest(start=start, n_stage=n_stage)
-        if self._begin is not None:
-            request.begin.CopyFrom(self._begin)
-            share = len(shares(self._num_candidates, len(self.group.links))[rank])
-            request.begin.num_slots = max(1, share)
-        if self._commit is not None:
-            request.commit.CopyFrom(self._commit)
-        for candidate in candidates:
-            w = windows[candidate]
-            request.windows.add(tokens=w.tokens, block_ids=w.block_ids, masked=w.masked)
-        if not candidates and n_stage > 0 and self._params.attention is AttentionMode.BLOCK_CAUSAL:
-            # No branch here, but this rank must still cache the shared TO_CACHE tokens itself
-            # (block_causal has no broadcast): any candidate's first n_stage tokens give them.
-            base = windows[-1]
-            request.windows.add(tokens=base.tokens[:n_stage], block_ids=base.block_ids[:n_stage], masked=[])
-            request.cache_only = True
-        return request
+        return StepFailed("; ".join(errors)) if errors else out

@@ -1,34 +1,28 @@
-"""The master's request runner: a bounded queue and ONE decode thread (the workers hold one request).
+"""The master's side of the request pipeline: gRPC jobs in, the shared Scheduler decides.
 
-The gRPC side submits a Job and awaits its result (and, when streaming, its chunks); this thread
-runs the Decoder over the DistributedExecutor and posts results back to the event loop.
+The gRPC handlers (asyncio) submit a Job and await its outcome (and, when streaming, its chunks);
+the scheduler thread (lopa.scheduling.scheduler) batches every running request's rounds over the
+DistributedExecutor and posts chunks and outcomes back to the event loop. Prometheus sees the
+queue, the KV slots and every round through MasterObserver.
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
-import logging
-import queue
-import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from lopa.decoding.decoder import Decoder, GenerationResult, StepEvent
+from lopa.decoding.decoder import StepEvent
 from lopa.proto import lopa_pb2
-from lopa.serving.distributed import Abort, DistributedExecutor
+from lopa.scheduling.request import Abort, Completion, Outcome, QueueFull, Request
+from lopa.scheduling.scheduler import Observer, Scheduler
 from lopa.serving.metrics import MasterMetrics
 from lopa.serving.requests import JobSpec
 from lopa.serving.streaming import DeltaTracker
-from lopa.stops import cut_at_stop, stop_check
 
-log = logging.getLogger("lopa.master")
-
-
-class QueueFull(RuntimeError):
-    pass
+__all__ = ["Job", "JobRunner", "MasterObserver", "QueueFull", "stats_of"]
 
 
 @dataclass
@@ -56,120 +50,110 @@ class Job:
         self.loop.call_soon_threadsafe(settle)
 
 
-@dataclass(frozen=True)
-class Completion:
-    text: str
-    result: GenerationResult
-    finish_reason: str
-    stats: lopa_pb2.Stats
+def stats_of(completion: Completion) -> lopa_pb2.Stats:
+    result = completion.result
+    return lopa_pb2.Stats(
+        forwards=result.forwards,
+        tokens=result.tokens,
+        generated_positions=len(result.generated_ids),
+        tpf=result.tpf,
+        padded_tpf=result.padded_tpf,
+        tokens_per_s=result.tokens_per_s,
+        wall_s=result.wall_s,
+        ttft_s=completion.ttft_s,
+        queue_s=completion.queue_s,
+        mean_branches=result.mean_branches,
+    )
+
+
+class MasterObserver(Observer):
+    """The scheduler's hooks -> the master's Prometheus metrics."""
+
+    def __init__(self, metrics: MasterMetrics) -> None:
+        self.metrics = metrics
+
+    def occupancy(self, waiting: int, running: int, slots: int) -> None:
+        m = self.metrics
+        m.queue_depth.set(waiting)
+        m.running.set(running)
+        m.kv_slot_usage.set(running / slots if slots else 0.0)
+
+    def admitted(self, queue_s: float) -> None:
+        self.metrics.queue_seconds.observe(queue_s)
+
+    def round(self, batch: int, granted: Sequence[int], wanted: Sequence[int]) -> None:
+        self.metrics.batch_size.observe(batch)
+        for g in granted:
+            self.metrics.branches_granted.observe(g)
+        self.metrics.branches_cut.inc(sum(w - g for w, g in zip(wanted, granted, strict=True) if w > g))
+
+    def finished(self, request: Request, outcome: Outcome) -> None:
+        self.metrics.request_seconds.observe(time.perf_counter() - request.arrived)
+        if isinstance(outcome, Completion):
+            result = outcome.result
+            self.metrics.tokens.inc(result.tokens)
+            self.metrics.forwards.inc(result.forwards)
+            if result.forwards:
+                self.metrics.tpf.observe(result.tpf)
 
 
 class JobRunner:
-    def __init__(
-        self,
-        decoder: Decoder,
-        executor: DistributedExecutor,
-        decode: Callable[[list[int]], str],
-        queue_size: int,
-        metrics: MasterMetrics,
-    ) -> None:
-        self.decoder, self.executor, self.decode = decoder, executor, decode
-        self.metrics = metrics
-        self._queue: queue.Queue[Job | None] = queue.Queue(maxsize=queue_size)
-        self._thread = threading.Thread(target=self._run, name="lopa-decode", daemon=True)
+    """Turns Jobs into scheduler Requests: stream chunks from the round events, the final chunk and
+    the outcome from the completion."""
+
+    def __init__(self, scheduler: Scheduler, decode: Callable[[list[int]], str], mask_id: int) -> None:
+        self.scheduler, self.decode, self.mask_id = scheduler, decode, mask_id
 
     def start(self) -> None:
-        self._thread.start()
+        self.scheduler.start()
 
     def stop(self) -> None:
-        with contextlib.suppress(queue.Full):  # a full queue is drained by the thread anyway
-            self._queue.put_nowait(None)
+        self.scheduler.stop()
 
     def submit(self, job: Job) -> None:
-        try:
-            self._queue.put_nowait(job)
-        except queue.Full:
-            raise QueueFull(f"the request queue is full ({self._queue.maxsize} waiting)") from None
-        self.metrics.queue_depth.set(self._queue.qsize())
-
-    def _run(self) -> None:
-        while (job := self._queue.get()) is not None:
-            self.metrics.queue_depth.set(self._queue.qsize())
-            self.metrics.queue_seconds.observe(time.perf_counter() - job.arrived)
-            try:
-                job.abort.check()  # cancelled or expired while waiting
-                outcome: Any = self._generate(job)
-            except Exception as error:  # mapped to a status code by the gRPC side
-                outcome = error
-            self.metrics.request_seconds.observe(time.perf_counter() - job.arrived)
-            job.finish(outcome)
-
-    def _generate(self, job: Job) -> Completion:
-        spec, eos = job.spec, self.decoder.eos_ids
-        started = time.perf_counter()
-        tracker = DeltaTracker(self.decode, frozenset(eos), spec.stop)
-        first_token: list[float] = []
+        """Queue the job (QueueFull when full; InvalidParameter for what the decoder refuses)."""
+        spec = job.spec
+        tracker = DeltaTracker(self.decode, frozenset(self.scheduler.decoder.eos_ids), spec.stop)
         prompt_length = len(spec.prompt_ids)
 
         def on_step(event: StepEvent) -> None:
-            generated = event.tokens[prompt_length:]
-            offset, ids, text = tracker.step(generated, self.decoder.mask_id)
-            if ids and not first_token:
-                first_token.append(time.perf_counter())
-            if job.stream:
-                job.post(
-                    lopa_pb2.GenerateChunk(
-                        step=event.step,
-                        offset=offset,
-                        token_ids=ids,
-                        text=text,
-                        fills=[lopa_pb2.Fill(position=p - prompt_length, token_id=t) for p, t in event.fills],
-                        candidates=event.candidates,
-                        winner=event.winner,
-                    )
-                )
-
-        should_stop = stop_check(self.decode, spec.stop)
-        self.executor.abort = job.abort
-        result = self.decoder.generate(spec.prompt_ids, spec.params, on_step=on_step, should_stop=should_stop)
-        completion = self._complete(job, result, started, first_token[0] if first_token else None)
-        if job.stream:
-            offset, ids, text = tracker.finish(completion.text, list(completion.result.output_ids))
+            offset, ids, text = tracker.step(event.tokens[prompt_length:], self.mask_id)
             job.post(
                 lopa_pb2.GenerateChunk(
-                    last=True,
+                    step=event.step,
                     offset=offset,
                     token_ids=ids,
                     text=text,
-                    finish_reason=completion.finish_reason,
-                    stats=completion.stats,
+                    fills=[lopa_pb2.Fill(position=p - prompt_length, token_id=t) for p, t in event.fills],
+                    candidates=event.candidates,
+                    winner=event.winner,
+                    branches=event.branches,
                 )
             )
-        return completion
 
-    def _complete(
-        self, job: Job, result: GenerationResult, started: float, first_token: float | None
-    ) -> Completion:
-        cut = cut_at_stop(result, self.decode, job.spec.stop)
-        if cut is not None:
-            (text, result), reason = cut, "stop"
-        else:
-            text = self.decode(result.output_ids)
-            eos = bool(result.output_ids) and result.output_ids[-1] in self.decoder.eos_ids
-            reason = "eos" if eos else "length"
-        stats = lopa_pb2.Stats(
-            forwards=result.forwards,
-            tokens=result.tokens,
-            generated_positions=len(result.generated_ids),
-            tpf=result.tpf,
-            padded_tpf=result.padded_tpf,
-            tokens_per_s=result.tokens_per_s,
-            wall_s=result.wall_s,
-            ttft_s=(first_token - job.arrived) if first_token is not None else 0.0,
-            queue_s=started - job.arrived,
+        def on_done(outcome: Outcome) -> None:
+            if isinstance(outcome, Completion) and job.stream:
+                offset, ids, text = tracker.finish(outcome.text, list(outcome.result.output_ids))
+                job.post(
+                    lopa_pb2.GenerateChunk(
+                        last=True,
+                        offset=offset,
+                        token_ids=ids,
+                        text=text,
+                        finish_reason=outcome.finish_reason,
+                        stats=stats_of(outcome),
+                    )
+                )
+            job.finish(outcome)
+
+        request = Request(
+            spec.prompt_ids,
+            spec.params,
+            spec.stop,
+            spec.pin_branches,
+            on_step=on_step if job.stream else None,
+            on_done=on_done,
+            abort=job.abort,
+            arrived=job.arrived,
         )
-        self.metrics.tokens.inc(result.tokens)
-        self.metrics.forwards.inc(result.forwards)
-        if result.forwards:
-            self.metrics.tpf.observe(result.tpf)
-        return Completion(text, result, reason, stats)
+        self.scheduler.submit(request)

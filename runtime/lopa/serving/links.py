@@ -143,7 +143,8 @@ class WorkerGroup:
         self._started = time.monotonic()
         self._ever_attached = False
         self.listeners: list = []  # callables(attached: bool)
-        self.expected: tuple[int, int] | None = None  # (vocab_size, max_length) the master decodes with
+        # (vocab_size, max_length, max_batch) the master decodes with
+        self.expected: tuple[int, int, int] | None = None
 
     @property
     def size(self) -> int:
@@ -195,11 +196,14 @@ class WorkerGroup:
                 )
             elif not info.joined:
                 waiting.append(f"rank {link.rank} ({link.address}) has not joined the group")
-            elif self.expected and (info.vocab_size, info.max_length) != self.expected:
+            elif self.expected and (
+                (info.vocab_size, info.max_length) != self.expected[:2] or info.max_batch < self.expected[2]
+            ):
+                vocab, max_length, max_batch = self.expected
                 waiting.append(
                     f"rank {link.rank} ({link.address}) has vocab {info.vocab_size}, max_length "
-                    f"{info.max_length}; the master expects {self.expected[0]}, {self.expected[1]} "
-                    "(same config file and model on every role?)"
+                    f"{info.max_length}, max_batch {info.max_batch}; the master expects {vocab}, "
+                    f"{max_length}, >= {max_batch} (same config file and model on every role?)"
                 )
             elif info.group_id in self._failed:
                 waiting.append(f"rank {link.rank} ({link.address}) is still in failed group {info.group_id}")

@@ -24,9 +24,12 @@ from lopa.model.loader import resolve_special_ids
 from lopa.model.tokenizer import chat_prompt_ids, load_tokenizer
 from lopa.params import InvalidParameter
 from lopa.proto import lopa_pb2, lopa_pb2_grpc
+from lopa.scheduling.budget import default_budget
+from lopa.scheduling.request import Completion, QueueFull, RequestAborted
+from lopa.scheduling.scheduler import Scheduler
 from lopa.serving.config import ServingConfig
-from lopa.serving.distributed import DistributedExecutor, RequestAborted, StepTiming
-from lopa.serving.jobs import Completion, Job, JobRunner, QueueFull
+from lopa.serving.distributed import DistributedExecutor, StepTiming
+from lopa.serving.jobs import Job, JobRunner, MasterObserver, stats_of
 from lopa.serving.links import WorkerGroup, WorkerLost
 from lopa.serving.listen import NO_REUSEPORT, add_port
 from lopa.serving.metrics import MasterMetrics
@@ -48,10 +51,17 @@ class LopaService(lopa_pb2_grpc.LopaServicer):
         self.special = resolve_special_ids(self.model_config, self.tokenizer, path)
         self.max_length = usable_max_length(config, path)
         self.limits = usable_limits(config.limits, self.max_length)  # what GetModelInfo advertises
-        group.expected = (self.model_config.vocab_size, self.max_length)
-        self.executor = DistributedExecutor(group, config.workers.step_timeout_s, self._observe_step)
+        limits = config.limits
+        group.expected = (self.model_config.vocab_size, self.max_length, limits.max_batch)
+        self.executor = DistributedExecutor(
+            group, config.workers.step_timeout_s, self._observe_step, limits.max_batch
+        )
         decoder = Decoder(self.executor, self.special.mask, self.special.eos, self.max_length)
-        self.runner = JobRunner(decoder, self.executor, self.decode, config.limits.queue_size, metrics)
+        self.budget = limits.max_step_tokens or default_budget(config.model.device)
+        scheduler = Scheduler(
+            decoder, self.executor, self.decode, limits.queue_size, self.budget, MasterObserver(metrics)
+        )
+        self.runner = JobRunner(scheduler, self.decode, self.special.mask)
 
     def decode(self, ids: list[int]) -> str:
         return self.tokenizer.decode(list(ids), skip_special_tokens=True)
@@ -72,7 +82,7 @@ class LopaService(lopa_pb2_grpc.LopaServicer):
             text=completion.text,
             token_ids=completion.result.output_ids,
             finish_reason=completion.finish_reason,
-            stats=completion.stats,
+            stats=stats_of(completion),
         )
 
     async def GenerateStream(
@@ -128,6 +138,9 @@ class LopaService(lopa_pb2_grpc.LopaServicer):
         job.abort.deadline = time.monotonic() + timeout
         try:
             self.runner.submit(job)
+        except InvalidParameter as error:
+            self.metrics.requests.labels("invalid").inc()
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(error))
         except QueueFull as error:
             self.metrics.requests.labels("rejected").inc()
             await context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, str(error))
@@ -152,7 +165,7 @@ class LopaService(lopa_pb2_grpc.LopaServicer):
         from_text = not request.prompt_token_ids
         check_prompt(ids, self.model_config.vocab_size, self.special.mask, self.limits, from_text)
         check_budget(len(ids), params, self.max_length, request)
-        return JobSpec(ids, params, check_stop(list(request.stop)))
+        return JobSpec(ids, params, check_stop(list(request.stop)), request.pin_branches)
 
     async def _await(self, job: Job, awaitable: Any, context: Any) -> Any:
         try:

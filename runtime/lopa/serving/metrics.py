@@ -8,6 +8,8 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, star
 
 _STEP_BUCKETS = (0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1.0, 2.0, 5.0)
 _TPF_BUCKETS = (1, 1.5, 2, 3, 4, 6, 8, 12, 16, 24, 32)
+_BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128)
+_BRANCH_BUCKETS = (0, 1, 2, 3, 4, 5, 7, 9, 11, 15)
 _REQUEST_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 25.0, 60.0, 120.0, 300.0)
 
 
@@ -25,6 +27,11 @@ class MasterMetrics:
     queue_seconds: Histogram  # arrival to the start of decoding
     group_attaches: Counter  # the worker group formed (again)
     group_losses: Counter  # the worker group was lost (a worker died, froze or left)
+    running: Gauge  # requests holding a KV slot (decoding)
+    kv_slot_usage: Gauge  # running / limits.max_batch
+    batch_size: Histogram  # requests per round (one batched forward)
+    branches_granted: Histogram  # lookahead branches each request got per round
+    branches_cut: Counter  # lookahead branches the budget took away
 
     @classmethod
     def create(cls) -> MasterMetrics:
@@ -38,7 +45,7 @@ class MasterMetrics:
             step_seconds=Histogram(
                 "lopa_step_seconds", "Step time by phase", ["phase"], buckets=_STEP_BUCKETS, registry=r
             ),
-            queue_depth=Gauge("lopa_queue_depth", "Requests waiting", registry=r),
+            queue_depth=Gauge("lopa_queue_depth", "Requests waiting for a KV slot", registry=r),
             workers_joined=Gauge("lopa_workers_joined", "Workers attached to the master", registry=r),
             request_seconds=Histogram(
                 "lopa_request_seconds", "Request latency, arrival to answer", buckets=_REQUEST_BUCKETS,
@@ -50,6 +57,21 @@ class MasterMetrics:
             ),
             group_attaches=Counter("lopa_group_attaches", "Times the worker group formed", registry=r),
             group_losses=Counter("lopa_group_losses", "Times the worker group was lost", registry=r),
+            running=Gauge("lopa_requests_running", "Requests decoding (holding a KV slot)", registry=r),
+            kv_slot_usage=Gauge(
+                "lopa_kv_slot_usage", "Fraction of the KV slots (limits.max_batch) in use", registry=r
+            ),
+            batch_size=Histogram(
+                "lopa_batch_size", "Requests per round (one batched forward)", buckets=_BATCH_BUCKETS,
+                registry=r,
+            ),
+            branches_granted=Histogram(
+                "lopa_branches_granted", "Lookahead branches granted per request per round",
+                buckets=_BRANCH_BUCKETS, registry=r,
+            ),
+            branches_cut=Counter(
+                "lopa_branches_cut", "Lookahead branches the budget took away (asked - granted)", registry=r
+            ),
         )
 
     def serve(self, port: int) -> None:
@@ -65,6 +87,8 @@ class WorkerMetrics:
     branches: Counter
     steps: Counter
     joined: Gauge
+    requests: Histogram  # requests in each round's forward
+    reserved_bytes: Gauge  # KV caches + staging allocated at start
 
     @classmethod
     def create(cls, rank: int) -> WorkerMetrics:
@@ -84,6 +108,12 @@ class WorkerMetrics:
             steps=Counter("lopa_worker_steps", "Steps served", registry=r),
             joined=Gauge("lopa_worker_joined", "1 once the collective group is formed", ["rank"], registry=r)
             .labels(**labels),
+            requests=Histogram(
+                "lopa_worker_batch_size", "Requests per round's forward", buckets=_BATCH_BUCKETS, registry=r
+            ),
+            reserved_bytes=Gauge(
+                "lopa_worker_kv_reserved_bytes", "KV cache bytes reserved at start", registry=r
+            ),
         )
 
     @classmethod
@@ -93,8 +123,9 @@ class WorkerMetrics:
             start_http_server(port, registry=metrics.registry)
         return metrics
 
-    def observe_step(self, forward_s: float, commit_s: float, branches: int) -> None:
+    def observe_step(self, forward_s: float, commit_s: float, branches: int, requests: int = 1) -> None:
         self.forward_seconds.observe(forward_s)
         self.commit_seconds.observe(commit_s)
         self.branches.inc(branches)
         self.steps.inc()
+        self.requests.observe(requests)

@@ -17,6 +17,7 @@ class JobSpec:
     prompt_ids: list[int]
     params: DecodingParams
     stop: tuple[str, ...]
+    pin_branches: bool = False
 
 
 def overrides_of(message: lopa_pb2.DecodingOverrides) -> dict[str, Any]:

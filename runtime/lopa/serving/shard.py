@@ -1,30 +1,40 @@
-"""A worker's share of a step: its branches in one batched forward, per-branch staging slots.
+"""A worker's share of a round: its rows of every running request in one ragged forward.
 
 Transport-free: the worker feeds it decoded step messages and a `Broadcast` callable.
-Commits follow algorithm.md section 5:
-  - full attention: the winner's rank packs all layers' K/V of the committed range plus the
-    stored last logit into ONE byte buffer; one broadcast; every rank appends it;
-  - block_causal: every rank's own staged K/V (slot 0) is already the committed content.
+Commits follow algorithm.md section 5, for several requests at once:
+  - full attention: each winner rank packs, for every request it won, all layers' K/V of the
+    committed range plus the stored last logit into ONE byte buffer; one broadcast per distinct
+    winner rank; every rank appends each request's part to that request's cache;
+  - block_causal: every rank's own staged K/V (slot 0 of the request) is already the content.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 
 import torch
 
-from lopa.decoding.executor import BranchWindow
-from lopa.decoding.rules import PositionStat
-from lopa.execution.local import LocalExecutor
+from lopa.execution.local import LocalExecutor, PartOutcome, VerifyPart
 from lopa.model.window import DreamWindowModel
-from lopa.params import DecodingParams
 
 # broadcast(buffer, src): in-place broadcast of a uint8 tensor from rank src (a collective).
 Broadcast = Callable[[torch.Tensor, int], None]
 
 
+@dataclass(frozen=True)
+class CommitOrder:
+    """One request's winner of the previous round (the same list, in the same order, on every rank)."""
+
+    sequence: int
+    n: int
+    winner_rank: int
+    winner_slot: int
+    broadcast: bool
+
+
 class ShardExecutor(LocalExecutor):
-    """A LocalExecutor over this worker's candidates, plus the distributed commit."""
+    """A LocalExecutor over this worker's rows, plus the distributed commits."""
 
     def __init__(self, model: DreamWindowModel, rank: int, broadcast: Broadcast, pad_id: int = 0) -> None:
         super().__init__(model, device=model.device, pad_id=pad_id)
@@ -33,62 +43,78 @@ class ShardExecutor(LocalExecutor):
         self.broadcast = broadcast
         self._received: torch.Tensor | None = None
 
-    def begin_shard(self, params: DecodingParams, num_slots: int) -> None:
-        self.begin(params, max(1, num_slots))
+    def verify_round(self, parts: Sequence[VerifyPart]) -> list[PartOutcome]:
+        """Verify this worker's rows of every part; a part without rows here stages nothing (the
+        commit will bring its K/V) and gets no statistics."""
+        with_rows = [p for p in parts if p.windows]
+        for part in parts:
+            if not part.windows:
+                self.drop_staged(part.sequence)
+        outcomes = iter(self.verify_many(with_rows) if with_rows else [])
+        return [next(outcomes) if p.windows else [] for p in parts]
 
-    def verify_shard(
-        self, start: int, n_stage: int, windows: Sequence[BranchWindow]
-    ) -> list[list[PositionStat]]:
-        """Verify this worker's rows; with none, stage nothing (the commit will bring the K/V)."""
-        if not windows:
-            self.drop_staged()
-            return []
-        return self.verify(start, n_stage, windows)
+    def commit_round(self, commits: Sequence[CommitOrder]) -> None:
+        """Apply the previous round's winners: local ones first, then one broadcast per winner rank."""
+        fused: dict[int, list[CommitOrder]] = {}
+        for c in commits:
+            if c.n == 0:
+                self.drop_staged(c.sequence)
+            elif not c.broadcast:
+                self._commit_own(c)
+            else:
+                fused.setdefault(c.winner_rank, []).append(c)
+        for winner_rank, orders in fused.items():  # dict order: first appearance, same on every rank
+            self._broadcast_commits(winner_rank, orders)
 
-    def commit_shard(self, n: int, winner_rank: int, winner_slot: int, broadcast: bool) -> None:
-        if n == 0:
-            self.drop_staged()
-            return
-        if not broadcast:
-            self._commit_own(n)
-            return
-        kv = self.window_model.kv
-        vocab = self.window_model.vocab_size
-        kv_bytes = _nbytes(kv.packed_shape(n), kv.dtype)
+    def _broadcast_commits(self, winner_rank: int, orders: list[CommitOrder]) -> None:
+        sizes = [self._commit_bytes(c) for c in orders]
         if winner_rank == self.rank:
-            buffer = self.pack(winner_slot, n)
+            buffer = torch.cat([self.pack(c.sequence, c.winner_slot, c.n) for c in orders])
             self.broadcast(buffer, winner_rank)
-            self.commit(winner_slot)  # the winner appends from its own slot: same bytes
+            for c in orders:
+                self.commit(c.winner_slot, c.sequence)  # the winner appends from its own slot: same bytes
             return
-        buffer = self._receive_buffer(kv_bytes + vocab * 4)
+        buffer = self._receive_buffer(sum(sizes))
         self.broadcast(buffer, winner_rank)
-        packed = buffer[:kv_bytes].view(kv.dtype).view(kv.packed_shape(n))
-        kv.append_packed(packed, n)
-        self.state().last_logit = buffer[kv_bytes:].view(torch.float32).clone()
-        self.drop_staged()
+        offset = 0
+        for c, size in zip(orders, sizes, strict=True):
+            kv = self.window_model.caches[c.sequence]
+            kv_bytes = size - self.window_model.vocab_size * 4
+            part = buffer[offset : offset + size]
+            kv.append_packed(part[:kv_bytes].view(kv.dtype).view(kv.packed_shape(c.n)), c.n)
+            self.state(c.sequence).last_logit = part[kv_bytes:].view(torch.float32).clone()
+            self.drop_staged(c.sequence)
+            offset += size
+
+    def _commit_bytes(self, c: CommitOrder) -> int:
+        kv = self.window_model.caches[c.sequence]
+        return _nbytes(kv.packed_shape(c.n), kv.dtype) + self.window_model.vocab_size * 4
 
     def _receive_buffer(self, size: int) -> torch.Tensor:
         """A reused uint8 buffer of `size` bytes (grown as needed): no allocation per commit. Its bytes
-        are copied out (into the cache, the last logit cloned) before the next commit reuses it."""
+        are copied out (into the caches, the last logits cloned) before the next commit reuses it."""
         if self._received is None or self._received.numel() < size:
             self._received = torch.empty(size, dtype=torch.uint8, device=self.device)
         return self._received[:size]
 
-    def pack(self, slot: int, n: int) -> torch.Tensor:
+    def pack(self, sequence: int, slot: int, n: int) -> torch.Tensor:
         """One contiguous uint8 buffer: all layers' K/V of n staged tokens, then the fp32 last logit."""
-        state = self.state()
+        state = self.state(sequence)
         if n != state.staged_count or state.staged_last is None:
-            raise RuntimeError(f"commit of {n} tokens but {state.staged_count} were staged")
-        packed = self.window_model.kv.pack_staged(slot, n)
+            staged = state.staged_count
+            raise RuntimeError(f"sequence {sequence}: commit of {n} tokens but {staged} were staged")
+        packed = self.window_model.caches[sequence].pack_staged(slot, n)
         logit = state.staged_last[slot].to(torch.float32).contiguous()
         return torch.cat([packed.reshape(-1).view(torch.uint8), logit.view(torch.uint8)])
 
-    def _commit_own(self, n: int) -> None:
+    def _commit_own(self, c: CommitOrder) -> None:
         """block_causal: every row staged the same TO_CACHE content; take slot 0."""
-        staged = self.state().staged_count
-        if n != staged:
-            raise RuntimeError(f"commit of {n} tokens but {staged} were staged on rank {self.rank}")
-        self.commit(0)
+        staged = self.state(c.sequence).staged_count
+        if c.n != staged:
+            raise RuntimeError(
+                f"sequence {c.sequence}: commit of {c.n} tokens but {staged} were staged on rank {self.rank}"
+            )
+        self.commit(0, c.sequence)
 
 
 def _nbytes(shape: torch.Size, dtype: torch.dtype) -> int:

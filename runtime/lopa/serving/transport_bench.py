@@ -43,11 +43,12 @@ def spin(seconds: float) -> float:
 
 
 def step_request(branches: int = 4, window: int = 96, masked: int = 32) -> worker_pb2.StepRequest:
-    """A step message of a LoPA step's size: `branches` windows of `window` tokens."""
-    request = worker_pb2.StepRequest(start=64, n_stage=8)
+    """A step message of one LoPA request's size: `branches` windows of `window` tokens."""
+    request = worker_pb2.StepRequest()
+    step = request.requests.add(sequence=0, start=64, n_stage=8)
     for _ in range(branches):
         masked_positions = range(window - masked, window)
-        request.windows.add(tokens=range(window), block_ids=[1] * window, masked=masked_positions)
+        step.windows.add(tokens=range(window), block_ids=[1] * window, masked=masked_positions)
     return request
 
 
@@ -55,7 +56,7 @@ def step_reply(branches: int = 4, masked: int = 32) -> worker_pb2.StepReply:
     stats = worker_pb2.BranchStats(
         tokens=range(masked), probs=[0.5] * masked, confs=[-0.7] * masked, score=-0.7
     )
-    return worker_pb2.StepReply(branches=[stats] * branches)
+    return worker_pb2.StepReply(requests=[worker_pb2.RequestStats(branches=[stats] * branches)])
 
 
 # -- peers (run in their own process) -----------------------------------------------------------------

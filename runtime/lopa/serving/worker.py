@@ -19,6 +19,7 @@ import torch
 
 from lopa.decoding.executor import BranchWindow
 from lopa.decoding.rules import future_confidence
+from lopa.execution.local import VerifyPart
 from lopa.model.loader import load_model
 from lopa.params import DecodingParams
 from lopa.proto import worker_pb2, worker_pb2_grpc
@@ -26,8 +27,8 @@ from lopa.serving import collective
 from lopa.serving.config import ServingConfig
 from lopa.serving.listen import NO_REUSEPORT, add_port
 from lopa.serving.metrics import WorkerMetrics
-from lopa.serving.model_dir import model_path, usable_max_length
-from lopa.serving.shard import ShardExecutor
+from lopa.serving.model_dir import check_kv_fits, model_path, usable_max_length
+from lopa.serving.shard import CommitOrder, ShardExecutor
 
 log = logging.getLogger("lopa.worker")
 
@@ -57,7 +58,7 @@ def params_of(begin: worker_pb2.Begin, rank: int = 0) -> DecodingParams:
     )
 
 
-def windows_of(request: worker_pb2.StepRequest) -> list[BranchWindow]:
+def windows_of(request: worker_pb2.RequestStep) -> list[BranchWindow]:
     return [BranchWindow(list(w.tokens), list(w.block_ids), list(w.masked)) for w in request.windows]
 
 
@@ -71,15 +72,16 @@ class WorkerService(worker_pb2_grpc.WorkerServicer):
         max_length: int,
         on_fatal: Callable[[int], None],
         metrics: WorkerMetrics | None = None,
+        max_batch: int = 1,
     ) -> None:
         self.rank, self.world_size, self.backend = rank, world_size, backend
-        self.vocab_size, self.max_length = vocab_size, max_length
+        self.vocab_size, self.max_length, self.max_batch = vocab_size, max_length, max_batch
         self.group: collective.Group | None = None
         self.shard: ShardExecutor | None = None
         self.on_fatal = on_fatal
         self.metrics = metrics
         self._attached = threading.Lock()  # one master stream at a time
-        self._beta = 1.0
+        self._beta: dict[int, float] = {}  # per sequence: for the informational branch score
 
     def ready(self, group: collective.Group, shard: ShardExecutor) -> None:
         self.group, self.shard = group, shard
@@ -93,6 +95,7 @@ class WorkerService(worker_pb2_grpc.WorkerServicer):
             backend=self.backend,
             vocab_size=self.vocab_size,
             max_length=self.max_length,
+            max_batch=self.max_batch,
         )
 
     def Leave(self, request: worker_pb2.LeaveRequest, context: grpc.ServicerContext) -> worker_pb2.WorkerInfo:
@@ -126,58 +129,72 @@ class WorkerService(worker_pb2_grpc.WorkerServicer):
             self._attached.release()
 
     def step(self, request: worker_pb2.StepRequest) -> worker_pb2.StepReply:
-        """One step: Begin (local), the piggybacked commit (the collective), this rank's verify
-        (local). A failure of a local part leaves the group consistent: it fails the request (the
-        reply carries the error) and the next request's Begin starts clean. A failed commit, or an
-        accelerator fault, breaks the group: it propagates and the worker leaves."""
+        """One round: Begins (local), the piggybacked commits (the collectives), this rank's rows of
+        every request in one forward (local). A failure of a local part leaves the group consistent:
+        it fails its request (a Begin, a request's sampling) or the round's requests (the forward),
+        and the reply says so. A failed commit, or an accelerator fault, breaks the group: it
+        propagates and the worker leaves."""
         shard = self.shard
         assert shard is not None
         entered = time.perf_counter()
-        try:
-            if request.HasField("begin"):
-                shard.begin_shard(params_of(request.begin, self.rank), request.begin.num_slots)
-                self._beta = request.begin.beta or 1.0
-        except Exception as error:
-            return self._failed_step(error, entered)
+        errors: dict[int, str] = {}  # index into request.requests -> why it failed here
+        for index, part in enumerate(request.requests):
+            if not part.sequence < self.max_batch:  # a malformed step: the master's bug
+                raise ValueError(f"sequence {part.sequence} outside [0, max_batch={self.max_batch})")
+            if part.HasField("begin"):
+                try:
+                    shard.begin(params_of(part.begin, self.rank), max(1, part.begin.num_slots), part.sequence)
+                    self._beta[part.sequence] = part.begin.beta or 1.0
+                except Exception as error:  # bad sampling settings: this request fails, not the round
+                    errors[index] = self._local_failure(error)
         began = time.perf_counter()
-        if request.HasField("commit"):
-            c = request.commit
-            shard.commit_shard(c.n, c.winner_rank, c.winner_slot, c.broadcast)
+        shard.commit_round([
+            CommitOrder(c.sequence, c.n, c.winner_rank, c.winner_slot, c.broadcast) for c in request.commits
+        ])
         committed = time.perf_counter()
+        parts = [
+            VerifyPart(p.sequence, p.start, p.n_stage, windows_of(p) if i not in errors else [])
+            for i, p in enumerate(request.requests)
+        ]
         try:
-            stats = shard.verify_shard(request.start, request.n_stage, windows_of(request))
+            outcomes = shard.verify_round(parts)
         except ValueError:
             raise  # a malformed step: the master's bug (the caller aborts the stream)
         except Exception as error:
-            return self._failed_step(error, entered)
+            message = self._local_failure(error)
+            for part in request.requests:
+                shard.drop_staged(part.sequence)  # nothing of this round may be committed
+            return worker_pb2.StepReply(error=message, handle_s=time.perf_counter() - entered)
         done = time.perf_counter()
-        if request.cache_only:
-            stats = []
-        beta = self._beta
-        branches = []
-        for row in stats:  # packed repeated fields: one message per branch, not per position
-            confs = [s.conf for s in row]
-            branches.append(worker_pb2.BranchStats(
-                tokens=[s.token for s in row],
-                probs=[s.prob for s in row],
-                confs=confs,
-                score=future_confidence(confs, beta),
-            ))
-        forward_s, commit_s = done - committed, committed - began
-        reply = worker_pb2.StepReply(branches=branches, forward_s=forward_s, commit_s=commit_s)
+        reply = worker_pb2.StepReply(forward_s=done - committed, commit_s=committed - began)
+        for index, (part, outcome) in enumerate(zip(request.requests, outcomes, strict=True)):
+            stats = reply.requests.add()
+            if index in errors:
+                stats.error = errors[index]
+            elif isinstance(outcome, Exception):
+                stats.error = self._local_failure(outcome)
+            elif not part.cache_only:
+                beta = self._beta.get(part.sequence, 1.0)
+                for row in outcome:  # packed repeated fields: one message per branch, not per position
+                    confs = [s.conf for s in row]
+                    stats.branches.add(
+                        tokens=[s.token for s in row],
+                        probs=[s.prob for s in row],
+                        confs=confs,
+                        score=future_confidence(confs, beta),
+                    )
         if self.metrics is not None:
-            self.metrics.observe_step(forward_s, commit_s, len(request.windows))
+            rows = sum(len(p.windows) for p in request.requests)
+            self.metrics.observe_step(reply.forward_s, reply.commit_s, rows, len(request.requests))
         reply.handle_s = time.perf_counter() - entered
         return reply
 
-    def _failed_step(self, error: Exception, entered: float) -> worker_pb2.StepReply:
+    def _local_failure(self, error: Exception) -> str:
+        """A failure that leaves the group intact becomes a message; a device fault propagates."""
         if is_device_fault(error):
             raise error  # the device is unusable: leave the group
-        log.warning("rank %d: step failed, the request fails (the group is intact): %r", self.rank, error)
-        if self.shard is not None:
-            self.shard.drop_staged()  # nothing of this step may be committed
-        message = f"{type(error).__name__}: {error}"
-        return worker_pb2.StepReply(error=message, handle_s=time.perf_counter() - entered)
+        log.warning("rank %d: a request's step failed (the group is intact): %r", self.rank, error)
+        return f"{type(error).__name__}: {error}"
 
 
 def is_device_fault(error: BaseException) -> bool:
@@ -199,7 +216,10 @@ def serve_worker(config: ServingConfig, rank: int, stop: threading.Event | None 
     path = model_path(model_cfg.path)
     max_length = usable_max_length(config, path)  # before the (long) load: a bad config fails at once
     loaded = load_model(path, model_cfg.adapter or None, model_cfg.dtype, model_cfg.device)
-    window_model = loaded.window_model(max_length)
+    element_size = loaded.model.lm_head.weight.element_size()
+    check_kv_fits(config, loaded.config, max_length, loaded.model.device, element_size)
+    window_model = loaded.window_model(max_length, max_batch=config.limits.max_batch)
+    reserved = window_model.reserved_bytes()
     metrics = WorkerMetrics.start(workers.metrics_port, rank)
     exit_code: list[int] = []
     stop = stop or threading.Event()
@@ -209,11 +229,17 @@ def serve_worker(config: ServingConfig, rank: int, stop: threading.Event | None 
         stop.set()
 
     service = WorkerService(
-        rank, workers.count, workers.backend, loaded.config.vocab_size, max_length, fatal, metrics
+        rank, workers.count, workers.backend, loaded.config.vocab_size, max_length, fatal, metrics,
+        config.limits.max_batch,
     )
     address = listen_address(config, rank)
     server = start_server(service, address, listen_key(config, rank))
-    log.info("rank %d: model %s loaded; worker API on %s", rank, path, address)
+    if metrics is not None:
+        metrics.reserved_bytes.set(reserved)
+    log.info(
+        "rank %d: model %s loaded; %d KV slots (limits.max_batch) of %d tokens reserved %.1f MiB; "
+        "worker API on %s", rank, path, config.limits.max_batch, max_length, reserved / (1 << 20), address,
+    )
     try:
         group = collective.join(
             workers.backend,

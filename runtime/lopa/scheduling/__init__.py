@@ -1,0 +1,1 @@
+"""Continuous batching: many requests advance one LoPA round per batched forward."""

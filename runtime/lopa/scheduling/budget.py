@@ -1,0 +1,94 @@
+"""The branch budget (pure): how many lookahead branches each running request gets this round.
+
+Every executor runs at most `budget` tokens per forward. When every request's rows fit, each gets
+the branches it asked for. When they do not, lookaheads are taken away one at a time from the
+request holding the most (ties: the one with the lowest priority), down to 0, so the system trades
+branches for batch size. A request that pinned its branch count is never cut: if the round does
+not fit even with every other request at 0 lookaheads, requests wait for the next round (pinned
+ones first, then the lowest priority), and a request's priority rises with every round it waited, so none
+starves. The top-priority request always runs, with all its branches when it runs alone: the
+budget limits batching, it never cuts a request that has the executors to itself.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from lopa.decoding.generation import RoundPlan
+
+# Tokens per forward per executor (limits.max_step_tokens) by device kind. Accelerators: a 7B
+# forward stays memory-bound up to ~200-300 query tokens on an H100, so 512 keeps a batch near the
+# cost of one request's round. CPU: a forward's cost grows with its tokens from the start, but the
+# per-forward overhead of small models dominates below ~1000 tokens (see runtime/BENCHMARKS.md).
+DEFAULT_BUDGET_TOKENS = {"cpu": 1024, "cuda": 512, "npu": 512}
+
+
+def default_budget(device: str) -> int:
+    """The documented default of limits.max_step_tokens for a device ("cuda:1" -> cuda's)."""
+    return DEFAULT_BUDGET_TOKENS.get(device.split(":")[0], DEFAULT_BUDGET_TOKENS["cuda"])
+
+
+@dataclass(frozen=True)
+class Ask:
+    """One running request's round, as the budget sees it."""
+
+    plan: RoundPlan
+    wanted: int  # lookahead branches it asked for
+    pinned: bool = False  # never grant fewer: wait instead
+    waited: int = 0  # consecutive rounds it waited (priority)
+    sequence: int = 0  # its KV slot: where its rows are placed (see executor_tokens)
+
+
+def executor_tokens(asks: Sequence[Ask], grants: Sequence[int | None], executors: int) -> int:
+    """Tokens of the busiest executor's forward: a request's candidate rows go round robin over the
+    executors starting at rank (sequence % executors), the base row last (lopa.serving.placement)."""
+    load = [0] * executors
+    for ask, granted in zip(asks, grants, strict=True):
+        if granted is None:
+            continue
+        rows = [*ask.plan.row_tokens[:granted], ask.plan.row_tokens[-1]]
+        for index, tokens in enumerate(rows):
+            load[(index + ask.sequence) % executors] += tokens
+    return max(load)
+
+
+def grant(asks: Sequence[Ask], budget: int, executors: int = 1) -> list[int | None]:
+    """Lookaheads granted per request (None: it waits this round)."""
+    if not asks:
+        return []
+    order = sorted(range(len(asks)), key=lambda i: (-asks[i].waited, i))  # priority, highest first
+    rank = {index: position for position, index in enumerate(order)}
+    wanted = [min(a.wanted, a.plan.lookaheads) for a in asks]
+    running = list(order)
+    while True:
+        grants: list[int | None] = [None] * len(asks)
+        for i in running:
+            grants[i] = wanted[i]
+        if len(running) == 1:
+            return grants  # the top-priority request alone: never cut
+        fits = _reduce(asks, grants, running, rank, budget, executors)
+        if fits:
+            return grants
+        # Someone waits (the others get their branches back): a pinned request first, as it refuses
+        # cuts, then the lowest priority; never the top-priority request.
+        pinned = [i for i in running[1:] if asks[i].pinned]
+        running.remove(pinned[-1] if pinned else running[-1])
+
+
+def _reduce(
+    asks: Sequence[Ask],
+    grants: list[int | None],
+    running: list[int],
+    rank: dict[int, int],
+    budget: int,
+    executors: int,
+) -> bool:
+    """Take lookaheads away (most first, lowest priority first among equals) until the round fits."""
+    while executor_tokens(asks, grants, executors) > budget:
+        cuttable = [i for i in running if not asks[i].pinned and (grants[i] or 0) > 0]
+        if not cuttable:
+            return False
+        victim = max(cuttable, key=lambda i: (grants[i] or 0, rank[i]))
+        grants[victim] = (grants[victim] or 0) - 1
+    return True

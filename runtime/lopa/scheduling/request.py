@@ -1,0 +1,82 @@
+"""A request as the scheduler holds it, and what it becomes (pure data, thread-safe aborts)."""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from lopa.decoding.generation import GenerationResult, StepEvent
+from lopa.params import DecodingParams
+
+
+class RequestAborted(RuntimeError):
+    """The client cancelled or the deadline passed; checked between rounds."""
+
+    def __init__(self, reason: str, deadline: bool = False) -> None:
+        super().__init__(reason)
+        self.deadline = deadline
+
+
+class QueueFull(RuntimeError):
+    """The waiting queue is at limits.queue_size (RESOURCE_EXHAUSTED)."""
+
+
+@dataclass
+class Abort:
+    """What aborts a request (set from the client's side, read by the scheduler between rounds)."""
+
+    cancelled: threading.Event = field(default_factory=threading.Event)
+    deadline: float | None = None  # time.monotonic()
+
+    def check(self) -> None:
+        if self.cancelled.is_set():
+            raise RequestAborted("cancelled by the client")
+        if self.deadline is not None and time.monotonic() > self.deadline:
+            raise RequestAborted("deadline exceeded", deadline=True)
+
+
+@dataclass(frozen=True)
+class Completion:
+    text: str
+    result: GenerationResult
+    finish_reason: str  # "eos", "stop" or "length"
+    queue_s: float = 0.0  # arrival to admission into a batch
+    ttft_s: float = 0.0  # arrival to the first generated token (0 when none)
+
+
+Outcome = Completion | Exception
+
+
+@dataclass
+class Request:
+    """A validated request (see Scheduler.submit); the callbacks run on the scheduler thread."""
+
+    prompt_ids: list[int]
+    params: DecodingParams
+    stop: tuple[str, ...] = ()
+    pin_branches: bool = False  # never grant fewer branches than asked: wait for room instead
+    on_step: Callable[[StepEvent], None] | None = None
+    on_done: Callable[[Outcome], None] | None = None
+    abort: Abort = field(default_factory=Abort)
+    arrived: float = field(default_factory=time.perf_counter)
+
+
+class Waiter:
+    """on_done for a caller that blocks until the outcome (the local engine)."""
+
+    def __init__(self) -> None:
+        self._done = threading.Event()
+        self._outcome: Outcome | None = None
+
+    def __call__(self, outcome: Outcome) -> None:
+        self._outcome = outcome
+        self._done.set()
+
+    def wait(self) -> Completion:
+        self._done.wait()
+        if isinstance(self._outcome, Exception):
+            raise self._outcome
+        assert self._outcome is not None
+        return self._outcome

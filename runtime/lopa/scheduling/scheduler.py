@@ -1,0 +1,276 @@
+"""The request pipeline: one thread advances every running request by one round per forward.
+
+Continuous batching: between rounds, waiting requests are admitted into free KV slots (sequences)
+and finished, cancelled, expired or failed ones leave at once. Each round the branch budget
+(lopa.scheduling.budget) decides how many lookahead branches every running request gets; all of
+them are verified in ONE executor call (one ragged forward locally, one StepRequest per worker
+distributed), winners are committed together, then every request's event is emitted. The local
+engine and the master both run their requests through this class.
+"""
+
+from __future__ import annotations
+
+import collections
+import logging
+import threading
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Protocol
+
+from lopa.decoding.decoder import Decoder
+from lopa.decoding.generation import Generation
+from lopa.execution.local import PartOutcome, VerifyPart
+from lopa.params import DecodingParams
+from lopa.scheduling.budget import Ask, grant
+from lopa.scheduling.request import Completion, Outcome, QueueFull, Request, RequestAborted
+from lopa.stops import cut_at_stop, stop_check
+
+log = logging.getLogger("lopa.scheduler")
+_IDLE_WAIT_S = 0.05  # how often an idle scheduler re-checks deadlines and the executor
+
+
+class BatchExecutor(Protocol):
+    """What the scheduler drives: LocalExecutor, or the master's DistributedExecutor."""
+
+    max_batch: int  # KV slots (sequences)
+    executors: int  # devices a round's rows are spread over (the budget is per device)
+
+    def ready(self) -> bool: ...
+    def begin(self, params: DecodingParams, num_candidates: int, sequence: int = 0) -> None: ...
+    def verify_many(self, parts: Sequence[VerifyPart]) -> list[PartOutcome]: ...
+    def commit_many(self, commits: Sequence[tuple[int, int]]) -> None: ...
+    def release(self, sequence: int) -> None: ...
+
+
+class Observer:
+    """Hooks for metrics (no-ops here; the master's subclass feeds Prometheus)."""
+
+    def occupancy(self, waiting: int, running: int, slots: int) -> None: ...
+    def admitted(self, queue_s: float) -> None: ...
+    def round(self, batch: int, granted: Sequence[int], wanted: Sequence[int]) -> None: ...
+    def finished(self, request: Request, outcome: Outcome) -> None: ...
+
+
+@dataclass
+class _Running:
+    request: Request
+    generation: Generation
+    sequence: int
+    admitted: float
+    waited: int = 0
+    first_token: float | None = None
+
+
+class Scheduler:
+    def __init__(
+        self,
+        decoder: Decoder,
+        executor: BatchExecutor,
+        decode: Callable[[list[int]], str],
+        queue_size: int,
+        budget_tokens: int,
+        observer: Observer | None = None,
+    ) -> None:
+        self.decoder, self.executor, self.decode = decoder, executor, decode
+        self.queue_size, self.budget_tokens = queue_size, budget_tokens
+        self.observer = observer or Observer()
+        self._waiting: collections.deque[tuple[Request, Generation]] = collections.deque()
+        self._running: list[_Running] = []
+        self._free = list(range(executor.max_batch))
+        self._lock = threading.Condition()
+        self._stopping = False
+        self._thread: threading.Thread | None = None
+
+    # -- the client side ------------------------------------------------------------------------------
+
+    def submit(self, request: Request) -> None:
+        """Validate (InvalidParameter naming the field) and queue (QueueFull); never blocks."""
+        should_stop = stop_check(self.decode, request.stop)
+        generation = self.decoder.start(request.prompt_ids, request.params, should_stop)
+        with self._lock:
+            if len(self._waiting) >= self.queue_size:
+                raise QueueFull(f"the request queue is full ({self.queue_size} waiting)")
+            self._waiting.append((request, generation))
+            self._lock.notify()
+        self._report_occupancy()
+
+    def start(self) -> None:
+        with self._lock:
+            if self._thread is None:
+                self._thread = threading.Thread(target=self._run, name="lopa-scheduler", daemon=True)
+                self._thread.start()
+
+    def stop(self) -> None:
+        with self._lock:
+            self._stopping = True
+            self._lock.notify()
+
+    @property
+    def waiting(self) -> int:
+        return len(self._waiting)
+
+    @property
+    def running(self) -> int:
+        return len(self._running)
+
+    # -- the scheduler thread ------------------------------------------------------------------------
+
+    def _run(self) -> None:
+        while True:
+            with self._lock:
+                if self._stopping:
+                    break
+                if not self._running and not self._waiting:
+                    self._lock.wait(_IDLE_WAIT_S)
+            try:
+                self._expire_waiting()
+                self._admit()
+                if self._running:
+                    self._round()
+                elif self._waiting:
+                    time.sleep(_IDLE_WAIT_S)  # the executor is not ready (a worker group forming)
+            except Exception:  # a bug here must not kill the thread that serves every request
+                log.exception("scheduler round failed; failing the running requests")
+                self._fail_running(RuntimeError("internal scheduler error (see the master log)"))
+        self._fail_running(RequestAborted("the server is stopping"))
+        with self._lock:
+            waiting, self._waiting = list(self._waiting), collections.deque()
+        for request, _ in waiting:
+            self._settle(request, RequestAborted("the server is stopping"))
+
+    def _expire_waiting(self) -> None:
+        """Cancelled or expired requests leave the queue at once."""
+        expired = []
+        with self._lock:
+            for item in list(self._waiting):
+                try:
+                    item[0].abort.check()
+                except RequestAborted as error:
+                    self._waiting.remove(item)
+                    expired.append((item[0], error))
+        for request, error in expired:
+            self._settle(request, error)
+
+    def _admit(self) -> None:
+        while self._free and self._waiting and self.executor.ready():
+            with self._lock:
+                request, generation = self._waiting.popleft()
+            sequence = self._free.pop(0)
+            try:
+                self.executor.begin(request.params, request.params.branches + 1, sequence)
+            except Exception as error:
+                self._free.insert(0, sequence)
+                if not self.executor.ready():  # the group went away: wait for the next one
+                    with self._lock:
+                        self._waiting.appendleft((request, generation))
+                    return
+                self._settle(request, error)
+                continue
+            now = time.perf_counter()
+            generation.began = now
+            self._running.append(_Running(request, generation, sequence, now))
+            self.observer.admitted(now - request.arrived)
+        self._report_occupancy()
+
+    def _round(self) -> None:
+        planned = []
+        for run in list(self._running):
+            try:
+                run.request.abort.check()
+            except RequestAborted as error:
+                self._finish(run, error)
+                continue
+            plan = run.generation.plan()
+            if plan is None:
+                self._complete(run)
+            else:
+                planned.append((run, plan))
+        if not planned:
+            return
+        asks = [
+            Ask(plan, run.request.params.branches, run.request.pin_branches, run.waited, run.sequence)
+            for run, plan in planned
+        ]
+        grants = grant(asks, self.budget_tokens, self.executor.executors)
+        chosen, parts = [], []
+        for (run, _), granted in zip(planned, grants, strict=True):
+            if granted is None:
+                run.waited += 1
+                continue
+            run.waited = 0
+            verify = run.generation.verify(granted)
+            chosen.append(run)
+            parts.append(VerifyPart(run.sequence, verify.start, verify.n_stage, verify.windows))
+        try:
+            outcomes = self.executor.verify_many(parts)
+        except Exception as error:
+            # The forward failed: none of these requests can go on. When the executor itself is gone
+            # (a lost worker group) no running request can.
+            for run in chosen if self.executor.ready() else list(self._running):
+                self._finish(run, error)
+            return
+        commits = []
+        for run, outcome in zip(chosen, outcomes, strict=True):
+            if isinstance(outcome, Exception):
+                self._finish(run, outcome)
+            else:
+                commits.append((run.sequence, run.generation.apply(outcome)))
+        self.executor.commit_many(commits)
+        ran = [(ask.wanted, g) for ask, g in zip(asks, grants, strict=True) if g is not None]
+        self.observer.round(len(parts), [g for _, g in ran], [wanted for wanted, _ in ran])
+        now = time.perf_counter()
+        for run in chosen:
+            if run not in self._running:
+                continue
+            event = run.generation.event()
+            if run.first_token is None and event.fills:
+                run.first_token = now
+            if run.request.on_step is not None:
+                try:
+                    run.request.on_step(event)
+                except Exception as error:  # the caller's stream broke: this request ends, not the batch
+                    log.exception("on_step callback failed")
+                    self._finish(run, error)
+                    continue
+            if run.generation.finished:
+                self._complete(run)
+
+    # -- endings --------------------------------------------------------------------------------------
+
+    def _complete(self, run: _Running) -> None:
+        result = run.generation.result()
+        stop, eos_ids = run.request.stop, self.decoder.eos_ids
+        cut = cut_at_stop(result, self.decode, stop) if stop else None
+        if cut is not None:
+            (text, result), reason = cut, "stop"
+        else:
+            text = self.decode(result.output_ids)
+            reason = "eos" if result.output_ids and result.output_ids[-1] in eos_ids else "length"
+        arrived = run.request.arrived
+        ttft = run.first_token - arrived if run.first_token is not None else 0.0
+        self._finish(run, Completion(text, result, reason, run.admitted - arrived, ttft))
+
+    def _finish(self, run: _Running, outcome: Outcome) -> None:
+        if run in self._running:
+            self._running.remove(run)
+            self.executor.release(run.sequence)
+            self._free.append(run.sequence)
+            self._free.sort()
+        self._settle(run.request, outcome)
+        self._report_occupancy()
+
+    def _fail_running(self, error: Exception) -> None:
+        for run in list(self._running):
+            self._finish(run, error)
+
+    def _settle(self, request: Request, outcome: Outcome) -> None:
+        self.observer.finished(request, outcome)
+        if request.on_done is not None:
+            try:
+                request.on_done(outcome)
+            except Exception:  # a caller's callback must not take the scheduler down
+                log.exception("on_done callback failed")
+
+    def _report_occupancy(self) -> None:
+        self.observer.occupancy(len(self._waiting), len(self._running), self.executor.max_batch)
