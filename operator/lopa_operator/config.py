@@ -33,6 +33,8 @@ LIMIT_KEYS = {
     "maxNewTokens": "max_new_tokens",
     "maxPromptTokens": "max_prompt_tokens",
     "queueSize": "queue_size",
+    "maxBatch": "max_batch",
+    "maxStepTokens": "max_step_tokens",
     "requestTimeoutSeconds": "request_timeout_s",
 }
 FLOAT_KEYS = {"tau_add", "tau_act", "tau_conf", "alpha", "beta", "temperature", "top_p"}

@@ -24,6 +24,8 @@ DEFAULTS: dict[str, Any] = {
         "maxNewTokens": 1024,
         "maxPromptTokens": 2048,
         "queueSize": 64,
+        "maxBatch": 8,
+        "maxStepTokens": 0,
         "requestTimeoutSeconds": 300,
     },
     "collective": {"joinTimeoutSeconds": 600, "stepTimeoutSeconds": 60},

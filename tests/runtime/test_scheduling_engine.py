@@ -18,9 +18,9 @@ from lopa.bundled import tasks
 from lopa.bundled.defaults import model_defaults
 from lopa.decoding.generation import StepEvent
 from lopa.engine import LocalEngine, bundled_model_dir
-from lopa.params import DecodingParams
 from lopa.scheduling.request import Completion
 from lopa.scheduling.scheduler import Observer
+from lopa.testing.mixed import MixedRequest, mixed_requests
 
 
 class Rounds(Observer):
@@ -35,24 +35,8 @@ class Rounds(Observer):
             self.granted.append(list(granted))
 
 
-def mixed_requests() -> list[tuple[str, DecodingParams, list[str]]]:
-    defaults = model_defaults(bundled_model_dir())
-    examples = tasks.held_out(16)
-    out = []
-    for i, example in enumerate(examples):
-        params = defaults.with_overrides(
-            branches=(0, 1, 3, 5)[i % 4],
-            attention=("full", "block_causal")[(i // 4) % 2],
-            max_new_tokens=(56, 40, 48)[i % 3],
-            **({"temperature": 0.7, "seed": 11 + i} if i in (5, 10) else {}),
-        )
-        stop = [".", "!"] if i % 5 == 2 else []  # cuts the answer at its first dot or end mark
-        out.append((example.prompt, params, stop))
-    return out
-
-
-def run_all(engine: LocalEngine, requests: list, concurrent: bool) -> list[Completion]:
-    call: Callable[[tuple], Completion] = lambda r: engine.generate(r[0], r[1], stop=r[2])  # noqa: E731
+def run_all(engine: LocalEngine, requests: list[MixedRequest], concurrent: bool) -> list[Completion]:
+    call: Callable[[MixedRequest], Completion] = lambda r: engine.generate(r.prompt, r.params, stop=r.stop)  # noqa: E731
     if not concurrent:
         return [call(r) for r in requests]
     with ThreadPoolExecutor(len(requests)) as pool:

@@ -19,24 +19,51 @@ def run_lopa(*args: str, timeout: float = 300) -> subprocess.CompletedProcess:
     return subprocess.run(command, capture_output=True, text=True, timeout=timeout, env=worker_env())
 
 
-def test_bench_serving_reports_the_step_split(tmp_path: Path, checkpoint: Path) -> None:
+def test_bench_serving_reports_the_step_split_and_the_concurrency_sweep(
+    tmp_path: Path, checkpoint: Path
+) -> None:
     out = tmp_path / "serving.json"
     done = run_lopa(
-        "bench", "serving", "--model", str(checkpoint), "--workers", "1,2", "--requests", "2",
-        "--concurrency", "2", "--branches", "2", "--block-size", "8", "--max-new-tokens", "16",
+        "bench", "serving", "--model", str(checkpoint), "--workers", "1,2", "--requests", "4",
+        "--concurrency", "1,4", "--branches", "2", "--block-size", "8", "--max-new-tokens", "16",
         "--json", str(out),
     )
     assert done.returncode == 0, done.stderr[-3000:]
-    rows = json.loads(out.read_text())
-    assert [r["workers"] for r in rows] == [1, 2]
-    assert "| workers |" in done.stdout  # the table after the per-row JSON lines
-    for row in rows:
+    report = json.loads(out.read_text())
+    splits, sweep = report["step_split"], report["concurrency"]
+    assert [r["workers"] for r in splits] == [1, 2]
+    assert "| workers | concurrency |" in done.stdout  # the tables after the per-row JSON lines
+    for row in splits:
         assert row["forward_ms"] > 0 and row["coordination_ms"] >= 0 and row["commit_ms"] >= 0
         # the phases are parts of the master's step; step_ms also holds its decoding rules
         phases = row["forward_ms"] + row["coordination_ms"] + row["commit_ms"]
         assert phases <= row["step_ms"] * 1.05
         assert abs(row["overhead_ms"] - row["coordination_ms"] - row["commit_ms"]) < 0.01
-        assert row["tpf"] >= 1 and row["tokens_per_s_single"] > 0 and row["tokens_per_s_2_concurrent"] > 0
+        assert row["tpf"] >= 1
+    assert [(r["workers"], r["concurrency"]) for r in sweep] == [(1, 1), (1, 4), (2, 1), (2, 4)]
+    for row in sweep:
+        assert row["requests"] == 4 and row["tokens"] > 0 and row["tok_s"] > 0 and row["tpf"] >= 1
+        assert 0 < row["p50_s"] <= row["p99_s"] and 0 <= row["mean_branches"] <= 2
+    assert sweep[0]["speedup"] == sweep[2]["speedup"] == 1.0
+
+
+def test_bench_serving_rejects_bad_levels() -> None:
+    done = run_lopa("bench", "serving", "--concurrency", "1,0", timeout=60)
+    assert done.returncode == 2 and "--concurrency: every level must be >= 1" in done.stderr
+
+
+def test_bench_concurrency_sweeps_the_local_engine(tmp_path: Path) -> None:
+    out = tmp_path / "concurrency.json"
+    done = run_lopa("bench", "concurrency", "--levels", "1,3", "--requests", "3", "--branches", "1",
+                    "--json", str(out))
+    assert done.returncode == 0, done.stderr[-3000:]
+    rows = json.loads(out.read_text())
+    assert [r["concurrency"] for r in rows] == [1, 3] and "| concurrency |" in done.stdout
+    for row in rows:
+        assert row["requests"] == 3 and row["tokens"] > 0 and row["tpf"] >= 1
+        assert 0 <= row["mean_branches"] <= 1 and 0 < row["p50_s"] <= row["p99_s"]
+    done = run_lopa("bench", "concurrency", "--levels", "x", timeout=60)
+    assert done.returncode == 2 and "--levels: not a comma-separated list of integers: 'x'" in done.stderr
 
 
 def test_bench_transport_measures_both_transports(tmp_path: Path) -> None:

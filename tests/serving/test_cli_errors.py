@@ -132,6 +132,9 @@ def test_client_generate_help_explains_every_flag(capsys: pytest.CaptureFixture[
         (["--listen", "bogus"], "lopa serve: error: --listen: must be HOST:PORT, got 'bogus'"),
         (["--metrics-port", "99999"], "lopa serve: error: --metrics-port: must be in [0, 65535], got 99999"),
         (["--workers", "0"], "lopa serve: error: --workers: must be >= 1, got 0"),
+        (["--max-batch", "0"], "lopa serve: error: --max-batch: must be in [1, 256], got 0"),
+        (["--max-step-tokens", "-5"],
+         "lopa serve: error: --max-step-tokens: must be >= 0 (0 = the device's default), got -5"),
     ],
 )
 def test_serve_checks_its_flags_before_starting_anything(
@@ -263,6 +266,9 @@ def test_serve_with_logs_reports_why_a_child_failed_and_where(checkpoint: Path, 
         ("model", {"device": "npu"}, "workers.backend: 'gloo' does not match model.device 'npu'"),
         ("master", {"listen": "not-an-address"}, "master.listen"),
         ("master", {"metrics_port": 99999}, "master.metrics_port"),
+        ("limits", {"max_batch": 0}, "limits.max_batch: must be in [1, 256], got 0"),
+        ("limits", {"max_batch": 257}, "limits.max_batch: must be in [1, 256], got 257"),
+        ("limits", {"max_step_tokens": -1}, "limits.max_step_tokens: must be >= 0"),
     ],
 )
 @pytest.mark.parametrize("command", [["master"], ["worker", "--rank", "0"]])

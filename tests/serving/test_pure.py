@@ -235,3 +235,17 @@ def test_unknown_keys_list_the_known_ones_in_the_documented_order() -> None:
         parse_config({"decoding": {"nope": 1}})
     known = ", ".join(f.name for f in dataclasses.fields(DecodingParams))
     assert str(error.value) == f"decoding.nope: unknown key (known: {known})"
+
+
+def test_kv_caches_that_cannot_fit_fail_at_start_naming_max_batch() -> None:
+    from lopa.serving.model_dir import check_kv_fits, kv_cache_bytes
+    from lopa.testing import tiny_config
+
+    model = tiny_config()
+    config = parse_config({"limits": {"max_batch": 256}})
+    huge = 1 << 34  # tokens per cache: no machine has that much memory for 256 of them
+    with pytest.raises(ConfigError, match=r"^limits\.max_batch: 256 KV caches of 17179869184 tokens need "):
+        check_kv_fits(config, model, huge, torch.device("cpu"), element_size=4)
+    fits = check_kv_fits(config, model, 64, torch.device("cpu"), element_size=4)
+    assert fits == kv_cache_bytes(model, 64, 256, 4) == 256 * 64 * model.num_hidden_layers * 2 * (
+        model.num_key_value_heads * model.head_dim * 4)

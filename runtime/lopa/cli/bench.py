@@ -12,7 +12,7 @@ from lopa.bench.report import plot, table, write_json
 from lopa.bench.tpf import KS, MODES, run_sweep
 from lopa.bundled import tasks
 from lopa.bundled.defaults import model_defaults
-from lopa.cli import bench_step
+from lopa.cli import bench_concurrency, bench_step
 from lopa.engine import LocalEngine, bundled_model_dir
 from lopa.params import MAX_BRANCHES, AttentionMode, InvalidParameter
 from lopa.serving import bench as serving_bench
@@ -42,6 +42,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     tpf.add_argument("--conf", default=None, choices=["prob", "neg_entropy", "margin"], help="Conf kind")
     tpf.set_defaults(handler=run)
     bench_step.add_parsers(kinds)
+    bench_concurrency.add_parser(kinds)
     serving_bench.add_parser(kinds)
     transport_bench.add_parser(kinds)
 

@@ -26,6 +26,8 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     gen.add_argument("--stop", action="append", default=[], help="stop sequence (repeatable)")
     gen.add_argument("--max-new-tokens", type=int, default=None,
                      help="generation budget (default: the server's, see `lopa client info`)")
+    gen.add_argument("--pin-branches", action="store_true",
+                     help="under load, wait for room for every branch instead of being granted fewer")
     gen.add_argument("--timeout", type=float, default=None, help="deadline in seconds (default: none)")
     gen.add_argument("--json", action="store_true",
                      help="print one JSON object (text, finish reason, stats) instead of text")
@@ -80,7 +82,8 @@ def generate(client: Any, args: argparse.Namespace) -> int:
     if args.timeout is not None and not args.timeout > 0:
         raise InvalidParameter("timeout", f"must be > 0 (seconds), got {args.timeout}")
     overrides = {name: getattr(args, name) for name in OVERRIDES}
-    kwargs = dict(max_new_tokens=args.max_new_tokens, stop=args.stop, chat=args.chat, **overrides)
+    kwargs = dict(max_new_tokens=args.max_new_tokens, stop=args.stop, chat=args.chat,
+                  pin_branches=args.pin_branches, **overrides)
     if args.stream:
         text, last = "", None
         for chunk in client.stream(args.prompt, timeout=args.timeout, **kwargs):
@@ -100,9 +103,10 @@ def generate(client: Any, args: argparse.Namespace) -> int:
         print(json.dumps({"text": text, "finish_reason": reason, "forwards": stats.forwards,
                           "tokens": stats.tokens, "tpf": round(stats.tpf, 4),
                           "tokens_per_s": round(stats.tokens_per_s, 2), "wall_s": round(stats.wall_s, 4),
-                          "ttft_s": round(stats.ttft_s, 4)}))
+                          "ttft_s": round(stats.ttft_s, 4),
+                          "mean_branches": round(stats.mean_branches, 3)}))
     else:
         print(f"-- {stats.tokens} tokens in {stats.forwards} forwards: TPF {stats.tpf:.2f}, "
               f"{stats.tokens_per_s:.1f} tokens/s, {stats.wall_s:.3f} s wall, ttft {stats.ttft_s:.3f} s, "
-              f"finish: {reason}", file=sys.stderr)
+              f"{stats.mean_branches:.2f} lookahead branches/round, finish: {reason}", file=sys.stderr)
     return 0

@@ -17,6 +17,7 @@ from lopa.cli.preflight import device_problem, listen_problem
 from lopa.params import InvalidParameter
 from lopa.serving.config import (
     DTYPES,
+    MAX_BATCH,
     MAX_PORT,
     ConfigError,
     ModelConfig,
@@ -95,6 +96,11 @@ def check_flags(args: argparse.Namespace) -> None:
         raise InvalidParameter("prompt", "is empty")
     if args.workers < 1:
         raise InvalidParameter("workers", f"must be >= 1, got {args.workers}")
+    if args.max_batch is not None and not 1 <= args.max_batch <= MAX_BATCH:
+        raise InvalidParameter("max_batch", f"must be in [1, {MAX_BATCH}], got {args.max_batch}")
+    if args.max_step_tokens is not None and args.max_step_tokens < 0:
+        got = args.max_step_tokens
+        raise InvalidParameter("max_step_tokens", f"must be >= 0 (0 = the device's default), got {got}")
     if not 0 <= args.metrics_port <= MAX_PORT:
         raise InvalidParameter("metrics_port", f"must be in [0, {MAX_PORT}], got {args.metrics_port}")
     problem = listen_problem(args.listen)

@@ -1,25 +1,27 @@
-"""`lopa bench serving`: step time split (forward / coordination / commit) and tokens/s on loopback.
+"""`lopa bench serving`: step time split (forward / coordination / commit) and a concurrency sweep.
 
-For each worker count it starts a LocalCluster (the `lopa serve` launcher), reads the split from the
-master's Prometheus histograms (so the numbers are the ones production exports), and measures
-tokens/s for one request at a time and for N concurrent requests (queued: the workers hold one).
+For each worker count it starts a LocalCluster (the `lopa serve` launcher), runs the concurrency
+sweep of lopa.bench.concurrency against it (the same requests 1, 2, 4, 8, 16 in flight, batched by
+the master), and reads the step split of the one-at-a-time level from the master's Prometheus
+histograms (so the numbers are the ones production exports).
 """
 
 from __future__ import annotations
 
 import argparse
 import dataclasses
+import json
 import tempfile
-import time
 import urllib.request
 from collections.abc import Sequence
-from concurrent.futures import ThreadPoolExecutor
 from enum import Enum
 from pathlib import Path
 
 from prometheus_client.parser import text_string_to_metric_families
 
+from lopa.bench.concurrency import Answer, parse_levels, run_level, with_ratios
 from lopa.bench.rows import finish, show_row
+from lopa.params import InvalidParameter
 from lopa.serving.client import LopaClient
 from lopa.serving.config import MasterConfig, ServingConfig, parse_config
 from lopa.serving.launcher import LocalCluster, free_ports, loopback_config
@@ -55,14 +57,23 @@ def step_split(before: dict, after: dict) -> dict[str, float]:
 
 
 def bench_workers(
-    config: ServingConfig, workers: int, requests: int, concurrency: int, kw: dict,
+    config: ServingConfig, workers: int, requests: int, levels: Sequence[int], kw: dict,
     prompts: Sequence[str] = PROMPTS,
-) -> dict:
-    """One worker count; prompts[:WARMUP] warm up, the measured requests cycle through the rest."""
+) -> tuple[dict, list[dict]]:
+    """One worker count: its step split row and its sweep rows. prompts[:WARMUP] warm up, the
+    measured requests cycle through the rest."""
     warmup, measured = list(prompts[:WARMUP]), list(prompts[WARMUP:]) or list(prompts)
     metrics_port = free_ports(1)[0]
     config = dataclasses.replace(config, master=MasterConfig(metrics_port=metrics_port))
     config = loopback_config(config, workers)
+    decoded: list[tuple[int, float, int]] = []  # (tokens, master's decode wall s, forwards) per request
+
+    def send(index: int) -> Answer:
+        stats = client.generate(measured[index % len(measured)], timeout=600, **kw).stats
+        decoded.append((stats.tokens, stats.wall_s, stats.forwards))
+        return Answer(stats.tokens, stats.forwards, stats.mean_branches)
+
+    rows: list[dict] = []
     with tempfile.TemporaryDirectory(prefix="lopa-bench-") as tmp:
         cluster = LocalCluster(config, Path(tmp), log_dir=Path(tmp))
         cluster.start()
@@ -70,33 +81,27 @@ def bench_workers(
             with LopaClient(cluster.address) as client:
                 for prompt in warmup:
                     client.generate(prompt, timeout=600, **kw)
-                before = scrape(metrics_port)
-                tokens, wall, steps = 0, 0.0, 0
-                for i in range(requests):
-                    stats = client.generate(measured[i % len(measured)], timeout=600, **kw).stats
-                    tokens, wall, steps = tokens + stats.tokens, wall + stats.wall_s, steps + stats.forwards
-                split = step_split(before, scrape(metrics_port))
-                began = time.perf_counter()
-                with ThreadPoolExecutor(concurrency) as pool:
-                    replies = list(pool.map(
-                        lambda i: client.generate(measured[i % len(measured)], timeout=600, **kw),
-                        range(concurrency),
-                    ))
-                elapsed = time.perf_counter() - began
+                for level in levels:
+                    before, decoded[:] = scrape(metrics_port), []
+                    rows.append({"workers": workers, **run_level(send, requests, level)})
+                    with_ratios(rows)
+                    show_row(rows[-1])
+                    if len(rows) == 1:
+                        split, lone = step_split(before, scrape(metrics_port)), list(decoded)
         finally:
             cluster.stop()
+    tokens, wall, steps = (sum(column) for column in zip(*lone, strict=True))
     step_ms = 1000 * wall / steps if steps else 0.0
     overhead = split["coordination"] + split["commit"]
     return {
         "workers": workers,
+        "concurrency": levels[0],
         "step_ms": round(step_ms, 3),
         **{f"{p}_ms": round(v, 3) for p, v in split.items()},
         "overhead_ms": round(overhead, 3),
         "overhead_pct": round(100 * overhead / step_ms, 1) if step_ms else 0.0,
         "tpf": round(tokens / steps, 3) if steps else 0.0,
-        "tokens_per_s_single": round(tokens / wall, 1) if wall else 0.0,
-        f"tokens_per_s_{concurrency}_concurrent": round(sum(r.stats.tokens for r in replies) / elapsed, 1),
-    }
+    }, rows
 
 
 def add_parser(kinds: argparse._SubParsersAction) -> None:
@@ -112,15 +117,21 @@ def add_parser(kinds: argparse._SubParsersAction) -> None:
         help="use a random 4-layer model (hidden 256, vocab 2048) instead: the transport, not the model",
     )
     parser.add_argument("--workers", default="1,2,4", help="worker counts, comma-separated")
-    parser.add_argument("--requests", type=int, default=8, help="sequential requests per worker count")
-    parser.add_argument("--concurrency", type=int, default=8)
+    parser.add_argument("--requests", type=int, default=32, help="requests per concurrency level")
+    parser.add_argument("--concurrency", default="1,2,4,8,16",
+                        help="requests in flight, comma-separated; the step split is of the first level")
+    parser.add_argument("--max-batch", type=int, default=None,
+                        help="limits.max_batch of the served group (default: the largest level)")
+    parser.add_argument("--max-step-tokens", type=int, default=None,
+                        help="limits.max_step_tokens, the branch budget (default: the device's)")
     parser.add_argument("--branches", type=int, default=3)
     parser.add_argument("--attention", default=None, choices=["full", "block_causal"],
                         help="default: the bundled model's default, else full")
     parser.add_argument("--max-new-tokens", type=int, default=None,
                         help="default: the bundled model's default, else 64")
     parser.add_argument("--block-size", type=int, default=None, help="default: the model's (server) default")
-    parser.add_argument("--json", default=None, help="also write the rows to this file")
+    parser.add_argument("--json", default=None,
+                        help="also write {step_split: rows, concurrency: rows} to this file")
     parser.set_defaults(handler=run)
 
 
@@ -138,23 +149,42 @@ def synthetic_model(directory: Path) -> Path:
     return directory
 
 
+def check(args: argparse.Namespace) -> list[int]:
+    try:
+        levels = parse_levels(args.concurrency)
+    except ValueError as error:
+        raise InvalidParameter("concurrency", str(error)) from None
+    if args.requests < 1:
+        raise InvalidParameter("requests", f"must be >= 1, got {args.requests}")
+    return levels
+
+
 def run(args: argparse.Namespace) -> int:
+    levels = check(args)
     if args.synthetic:
         with tempfile.TemporaryDirectory(prefix="lopa-bench-model-") as tmp:
             args.model, args.synthetic = str(synthetic_model(Path(tmp))), False
             return run(args)
-    raw = {"model": {"path": args.model or ""}, "limits": {"queue_size": max(64, args.concurrency)}}
-    config = parse_config(raw)
-    kw, prompts = workload(args)
-    rows = []
+    limits = {"queue_size": max(64, *levels), "max_batch": args.max_batch or max(levels)}
+    if args.max_step_tokens is not None:
+        limits["max_step_tokens"] = args.max_step_tokens
+    config = parse_config({"model": {"path": args.model or ""}, "limits": limits})
+    kw, prompts = workload(args, args.requests)
+    splits, sweeps = [], []
     for workers in [int(w) for w in args.workers.split(",") if w.strip()]:
-        rows.append(bench_workers(config, workers, args.requests, args.concurrency, kw, prompts))
-        show_row(rows[-1])
-    finish(rows, args.json)
+        split, rows = bench_workers(config, workers, args.requests, levels, kw, prompts)
+        splits.append(split)
+        sweeps.extend(rows)
+    print("step split (the first level):")
+    finish(splits, None)
+    print("concurrency sweep:")
+    finish(sweeps, None)
+    if args.json:
+        Path(args.json).write_text(json.dumps({"step_split": splits, "concurrency": sweeps}, indent=2) + "\n")
     return 0
 
 
-def workload(args: argparse.Namespace) -> tuple[dict, list[str]]:
+def workload(args: argparse.Namespace, requests: int) -> tuple[dict, list[str]]:
     """Request options and prompts: the bundled model gets its held-out task prompts and its own decoding
     defaults (a generic prompt makes its TPF meaningless); the command line's branches / block / attention /
     length settings override. Another model gets the generic prompts, full attention and 64 tokens."""
@@ -171,5 +201,5 @@ def workload(args: argparse.Namespace) -> tuple[dict, list[str]]:
     defaults = dataclasses.asdict(model_defaults(model_path("")))
     kw = {k: v.value if isinstance(v, Enum) else v for k, v in defaults.items()}
     kw.update({k: v for k, v in cli.items() if v is not None})
-    examples = tasks.held_out(WARMUP + max(args.requests, args.concurrency))
+    examples = tasks.held_out(WARMUP + requests)
     return kw, [e.prompt for e in examples]

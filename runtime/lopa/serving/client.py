@@ -46,9 +46,11 @@ class LopaClient:
         max_new_tokens: int | None = None,
         stop: Sequence[str] = (),
         chat: bool = False,
+        pin_branches: bool = False,
         **decoding: Any,
     ) -> lopa_pb2.GenerateRequest:
-        request = lopa_pb2.GenerateRequest(stop=list(stop), chat=chat)
+        """pin_branches: under load, wait for room for every branch asked instead of getting fewer."""
+        request = lopa_pb2.GenerateRequest(stop=list(stop), chat=chat, pin_branches=pin_branches)
         if isinstance(prompt, str):
             request.prompt = prompt
         else:

@@ -1,0 +1,106 @@
+"""A concurrency sweep: the same requests with 1, 2, 4, 8, 16 in flight.
+
+Closed loop: `concurrency` clients each send their next request as soon as the last one answered,
+until every request of the level was sent. Per level: aggregate tokens/s (all tokens over the
+level's wall time), per-request tokens/s (tokens over that request's own latency, averaged), p50 and
+p99 latency (queueing included), TPF and the lookahead branches granted per round. Every row holds
+its ratios to the first level (one request at a time), measured in the same run.
+
+Transport-free: a `Send` maps a request index to its Answer, so the local engine (`lopa bench
+concurrency`) and a served group (`lopa bench serving`) share the sweep and its table.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+
+LEVELS = (1, 2, 4, 8, 16)
+
+
+@dataclass(frozen=True)
+class Answer:
+    tokens: int
+    forwards: int
+    mean_branches: float  # lookahead branches granted per round
+
+
+Send = Callable[[int], Answer]
+
+
+def percentile(values: Sequence[float], q: float) -> float:
+    """The q-th percentile (0-100), linear between the closest ranks."""
+    ordered = sorted(values)
+    if len(ordered) == 1:
+        return ordered[0]
+    position = (len(ordered) - 1) * q / 100
+    low = int(position)
+    high = min(low + 1, len(ordered) - 1)
+    return ordered[low] + (ordered[high] - ordered[low]) * (position - low)
+
+
+def run_level(send: Send, requests: int, concurrency: int) -> dict:
+    answers: list[tuple[Answer, float]] = []
+
+    def timed(index: int) -> tuple[Answer, float]:
+        began = time.perf_counter()
+        answer = send(index)
+        return answer, time.perf_counter() - began
+
+    began = time.perf_counter()
+    with ThreadPoolExecutor(concurrency) as pool:
+        answers = list(pool.map(timed, range(requests)))
+    wall = time.perf_counter() - began
+    tokens = sum(a.tokens for a, _ in answers)
+    forwards = sum(a.forwards for a, _ in answers)
+    latencies = [s for _, s in answers]
+    return {
+        "concurrency": concurrency,
+        "requests": requests,
+        "tokens": tokens,
+        "wall_s": round(wall, 3),
+        "tok_s": round(tokens / wall, 1),
+        "per_request_tok_s": round(statistics.mean(a.tokens / s for a, s in answers), 1),
+        "p50_s": round(percentile(latencies, 50), 3),
+        "p99_s": round(percentile(latencies, 99), 3),
+        "tpf": round(tokens / forwards, 3) if forwards else 0.0,
+        "mean_branches": round(statistics.mean(a.mean_branches for a, _ in answers), 3),
+    }
+
+
+def sweep(
+    send: Send, requests: int, levels: Sequence[int] = LEVELS, warmup: int = 2,
+    show: Callable[[dict], None] = lambda row: None,
+) -> list[dict]:
+    """One row per level, `warmup` requests first (not measured); see with_ratios."""
+    for index in range(warmup):
+        send(index % requests)
+    rows: list[dict] = []
+    for level in levels:
+        rows.append(run_level(send, requests, level))
+        with_ratios(rows)
+        show(rows[-1])
+    return rows
+
+
+def with_ratios(rows: list[dict]) -> list[dict]:
+    """Adds to the last row speedup (its tok_s over the first row's) and p99_x_lone (its p99 latency
+    over the first row's p50: a lone request's latency when the first level is 1)."""
+    first, row = rows[0], rows[-1]
+    row["speedup"] = round(row["tok_s"] / first["tok_s"], 2)
+    row["p99_x_lone"] = round(row["p99_s"] / first["p50_s"], 2)
+    return rows
+
+
+def parse_levels(text: str) -> list[int]:
+    """'1,2,4' -> [1, 2, 4]; ValueError naming what is wrong."""
+    try:
+        levels = [int(v) for v in text.split(",") if v.strip()]
+    except ValueError:
+        raise ValueError(f"not a comma-separated list of integers: {text!r}") from None
+    if not levels or min(levels) < 1:
+        raise ValueError(f"every level must be >= 1, got {text!r}")
+    return levels

@@ -1,0 +1,78 @@
+"""`lopa bench concurrency`: the concurrency sweep on the local engine (one process, no transport).
+
+The same requests one at a time and with 2, 4, 8, 16 in flight on one LocalEngine, side by side in
+one run; `lopa bench serving --concurrency ...` runs the same sweep against a served group.
+"""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+from lopa.bench.concurrency import Answer, parse_levels, sweep
+from lopa.bench.rows import finish, show_row
+from lopa.params import MAX_BRANCHES, InvalidParameter
+
+
+def add_parser(kinds: argparse._SubParsersAction) -> None:
+    parser = kinds.add_parser(
+        "concurrency",
+        help="the local engine at 1, 2, 4, 8, 16 concurrent requests: tokens/s, latency, TPF, branches",
+        description="Send the same held-out requests with N in flight for each N (continuous batching "
+        "on one LocalEngine); print one row per N with its ratios to N=1, and a table.",
+    )
+    parser.add_argument("--model", default=None, help="checkpoint directory (default: the bundled model)")
+    parser.add_argument("--levels", default="1,2,4,8,16", help="requests in flight, comma-separated")
+    parser.add_argument("--requests", type=int, default=32, help="requests per level (default 32)")
+    parser.add_argument("--branches", type=int, default=3, help="lookahead branches k each request asks")
+    parser.add_argument("--max-step-tokens", type=int, default=None,
+                        help="branch budget per forward (default: the device's, cpu 1024)")
+    parser.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's)")
+    parser.add_argument("--json", default=None, help="also write the rows to this file")
+    parser.set_defaults(handler=run)
+
+
+def check(args: argparse.Namespace) -> list[int]:
+    try:
+        levels = parse_levels(args.levels)
+    except ValueError as error:
+        raise InvalidParameter("levels", str(error)) from None
+    if args.requests < 1:
+        raise InvalidParameter("requests", f"must be >= 1, got {args.requests}")
+    if not 0 <= args.branches <= MAX_BRANCHES:
+        raise InvalidParameter("branches", f"must be in [0, {MAX_BRANCHES}], got {args.branches}")
+    if args.max_step_tokens is not None and args.max_step_tokens < 1:
+        raise InvalidParameter("max_step_tokens", f"must be >= 1, got {args.max_step_tokens}")
+    if args.threads is not None and args.threads < 1:
+        raise InvalidParameter("threads", f"must be >= 1, got {args.threads}")
+    return levels
+
+
+def run(args: argparse.Namespace) -> int:
+    levels = check(args)
+    import torch
+
+    from lopa.bundled import tasks
+    from lopa.bundled.defaults import model_defaults
+    from lopa.engine import LocalEngine, bundled_model_dir
+
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    model_dir = Path(args.model) if args.model else bundled_model_dir()
+    engine = LocalEngine.from_dirs(model_dir, max_batch=max(levels), max_step_tokens=args.max_step_tokens)
+    params = model_defaults(model_dir).with_overrides(branches=args.branches)
+    prompts = [e.prompt for e in tasks.held_out(args.requests)]
+    budget = engine.scheduler.budget_tokens
+    print(f"local engine, {model_dir.name}, k={args.branches}, budget {budget} tokens/forward, "
+          f"{torch.get_num_threads()} threads, {args.requests} requests per level", flush=True)
+
+    def send(index: int) -> Answer:
+        result = engine.generate(prompts[index % len(prompts)], params).result
+        return Answer(result.tokens, result.forwards, result.mean_branches)
+
+    try:
+        rows = sweep(send, args.requests, levels, show=show_row)
+    finally:
+        engine.close()
+    finish(rows, args.json)
+    return 0
