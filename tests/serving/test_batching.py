@@ -66,6 +66,8 @@ def same(reply: object, reference: Completion) -> bool:
 
 
 def test_sixteen_concurrent_requests_equal_each_alone(served: tuple, alone: list[Completion]) -> None:
+    """Every answer equals the local engine's lone one, the two sampled with a seed included: each
+    candidate samples from its own stream of (seed, candidate), wherever it is verified."""
     workers, client, metrics_port = served
     with ThreadPoolExecutor(len(REQUESTS)) as pool:
         replies = list(pool.map(lambda r: send(client, r), REQUESTS))

@@ -181,20 +181,19 @@ def test_bench_serving_uses_held_out_prompts_and_model_defaults_on_the_bundled_m
     from lopa.serving.model_dir import model_path
 
     def args(**kw: object) -> argparse.Namespace:
-        base = {"model": None, "requests": 3, "concurrency": 4, "branches": 2, "block_size": None,
-                "attention": None, "max_new_tokens": None}
+        base = {"model": None, "branches": 2, "block_size": None, "attention": None, "max_new_tokens": None}
         return argparse.Namespace(**{**base, **kw})
 
-    kw, prompts = bench.workload(args())
+    kw, prompts = bench.workload(args(), 4)
     defaults = model_defaults(model_path(""))
     assert prompts == [e.prompt for e in tasks.held_out(bench.WARMUP + 4)]
     assert kw["branches"] == 2 and kw["block_size"] == defaults.block_size
     assert kw["tau_conf"] == defaults.tau_conf and kw["max_new_tokens"] == defaults.max_new_tokens
     assert kw["attention"] == defaults.attention.value and kw["conf"] == defaults.conf.value
     assert lopa_pb2.GenerateRequest(decoding={k: v for k, v in kw.items() if k != "max_new_tokens"})
-    kw, _ = bench.workload(args(block_size=4, attention="block_causal", max_new_tokens=16))
+    kw, _ = bench.workload(args(block_size=4, attention="block_causal", max_new_tokens=16), 4)
     assert (kw["block_size"], kw["attention"], kw["max_new_tokens"]) == (4, "block_causal", 16)
-    kw, prompts = bench.workload(args(model="/some/checkpoint"))
+    kw, prompts = bench.workload(args(model="/some/checkpoint"), 4)
     assert prompts == bench.PROMPTS and kw == {"attention": "full", "max_new_tokens": 64, "branches": 2}
 
 

@@ -4,7 +4,7 @@ several requests (sequences) in one ragged forward."""
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 
 import torch
 
@@ -13,6 +13,8 @@ from lopa.decoding.rules import PositionStat
 from lopa.execution.protocol import WindowBatch, WindowModel
 from lopa.execution.sampling import position_stats
 from lopa.params import DecodingParams
+
+_STREAM_STRIDE = 0x9E3779B97F4A7C15  # spreads the candidates' seeds over 64 bits (golden ratio)
 
 
 class OutputPlan:
@@ -50,6 +52,9 @@ class VerifyPart:
     start: int
     n_stage: int
     windows: Sequence[BranchWindow]
+    # Each window's candidate index in the request's round (None: its index in windows). A worker
+    # verifying a share of the candidates passes theirs, so each samples from its own stream.
+    candidates: Sequence[int] | None = None
 
 
 # Per part: its statistics per candidate, or the error that failed this part alone.
@@ -61,10 +66,20 @@ class SequenceState:
     """What the executor keeps of one running request between rounds."""
 
     params: DecodingParams
-    generator: torch.Generator | None
+    device: torch.device
     last_logit: torch.Tensor | None = None  # raw output at the last cached token
     staged_last: torch.Tensor | None = None  # [R, V]: each row's output at index u-1
     staged_count: int = 0
+    streams: dict[int, torch.Generator] = field(default_factory=dict)
+
+    def stream(self, candidate: int) -> torch.Generator:
+        """Candidate c's sampling stream, seeded from (seed, c): a sampled answer depends on the seed
+        alone, never on which worker, slot or batch verified the candidate."""
+        generator = self.streams.get(candidate)
+        if generator is None:
+            seed = (self.params.seed + candidate * _STREAM_STRIDE) % 2**64
+            generator = self.streams[candidate] = torch.Generator(device=self.device).manual_seed(seed)
+        return generator
 
 
 class LocalExecutor:
@@ -98,8 +113,7 @@ class LocalExecutor:
 
     def begin(self, params: DecodingParams, num_candidates: int, sequence: int = 0) -> None:
         self.model.reset(num_candidates, sequence)
-        generator = torch.Generator(device=self.device).manual_seed(params.seed)
-        self._states[sequence] = SequenceState(params, generator)
+        self._states[sequence] = SequenceState(params, torch.device(self.device))
 
     def release(self, sequence: int) -> None:
         """The sequence's request ended: forget it (its cache is reset by the next begin)."""
@@ -152,11 +166,28 @@ class LocalExecutor:
             # the stored last logit (uniform when nothing is cached yet).
             stored = state.last_logit if state.last_logit is not None else torch.zeros_like(masked[0])
             masked[list(plan.from_stored)] = stored.to(masked.dtype)
-        tokens, probs, confs = position_stats(masked, state.params, state.generator)
+        if state.params.greedy:
+            tokens, probs, confs = position_stats(masked, state.params)
+        else:
+            tokens, probs, confs = self._sample(state, part, masked)
         # One device-to-host copy per part: the statistics are all the decoder reads.
         host = torch.stack((tokens.double(), probs.double(), confs.double())).cpu()
         ids, p, c = host.tolist()
         return self._split(part.windows, [int(t) for t in ids], p, c)
+
+    @staticmethod
+    def _sample(
+        state: SequenceState, part: VerifyPart, masked: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Each window's positions sampled from its candidate's own stream."""
+        candidates = part.candidates if part.candidates is not None else range(len(part.windows))
+        sizes = [len(w.masked) for w in part.windows]
+        rows = [
+            position_stats(chunk, state.params, state.stream(candidate))
+            for chunk, candidate in zip(masked.split(sizes), candidates, strict=True)
+            if chunk.shape[0]
+        ]
+        return tuple(torch.cat(column) for column in zip(*rows, strict=True))  # type: ignore[return-value]
 
     def commit(self, candidate: int, sequence: int = 0) -> None:
         state = self.state(sequence)

@@ -11,7 +11,7 @@ Commits follow algorithm.md section 5, for several requests at once:
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 
@@ -36,22 +36,30 @@ class CommitOrder:
 class ShardExecutor(LocalExecutor):
     """A LocalExecutor over this worker's rows, plus the distributed commits."""
 
-    def __init__(self, model: DreamWindowModel, rank: int, broadcast: Broadcast, pad_id: int = 0) -> None:
+    def __init__(
+        self, model: DreamWindowModel, rank: int, broadcast: Broadcast, pad_id: int = 0, world_size: int = 1
+    ) -> None:
         super().__init__(model, device=model.device, pad_id=pad_id)
         self.window_model = model
-        self.rank = rank
+        self.rank, self.world_size = rank, world_size
         self.broadcast = broadcast
         self._received: torch.Tensor | None = None
 
     def verify_round(self, parts: Sequence[VerifyPart]) -> list[PartOutcome]:
         """Verify this worker's rows of every part; a part without rows here stages nothing (the
         commit will bring its K/V) and gets no statistics."""
-        with_rows = [p for p in parts if p.windows]
+        with_rows = [replace(p, candidates=self.candidates(p)) for p in parts if p.windows]
         for part in parts:
             if not part.windows:
                 self.drop_staged(part.sequence)
         outcomes = iter(self.verify_many(with_rows) if with_rows else [])
         return [next(outcomes) if p.windows else [] for p in parts]
+
+    def candidates(self, part: VerifyPart) -> list[int]:
+        """The request-wide index of each of this worker's windows (the inverse of placement.rank_of:
+        its slot s holds candidate s * W + (rank - sequence) mod W)."""
+        first = (self.rank - part.sequence) % self.world_size
+        return [slot * self.world_size + first for slot in range(len(part.windows))]
 
     def commit_round(self, commits: Sequence[CommitOrder]) -> None:
         """Apply the previous round's winners: local ones first, then one broadcast per winner rank."""

@@ -45,15 +45,16 @@ _SERVER_OPTIONS = [
 ]
 
 
-def params_of(begin: worker_pb2.Begin, rank: int = 0) -> DecodingParams:
-    """The sampling knobs of a request; each rank draws its own stream (rank 0 = the local executor's)."""
+def params_of(begin: worker_pb2.Begin) -> DecodingParams:
+    """The sampling knobs of a request (each candidate samples from its own stream of the seed:
+    lopa.execution.local.SequenceState.stream)."""
     return DecodingParams(
         attention=begin.attention,
         conf=begin.conf,
         temperature=begin.temperature,
         top_p=begin.top_p,
         top_k=begin.top_k,
-        seed=(begin.seed + rank * 1_000_003) % (1 << 63),
+        seed=begin.seed,
         beta=begin.beta,
     )
 
@@ -143,7 +144,7 @@ class WorkerService(worker_pb2_grpc.WorkerServicer):
                 raise ValueError(f"sequence {part.sequence} outside [0, max_batch={self.max_batch})")
             if part.HasField("begin"):
                 try:
-                    shard.begin(params_of(part.begin, self.rank), max(1, part.begin.num_slots), part.sequence)
+                    shard.begin(params_of(part.begin), max(1, part.begin.num_slots), part.sequence)
                     self._beta[part.sequence] = part.begin.beta or 1.0
                 except Exception as error:  # bad sampling settings: this request fails, not the round
                     errors[index] = self._local_failure(error)
@@ -250,7 +251,8 @@ def serve_worker(config: ServingConfig, rank: int, stop: threading.Event | None 
             workers.join_timeout_s,
             workers.step_timeout_s,
         )
-        service.ready(group, ShardExecutor(window_model, rank, group.broadcast, pad_id=loaded.special.pad))
+        shard = ShardExecutor(window_model, rank, group.broadcast, loaded.special.pad, workers.count)
+        service.ready(group, shard)
         if metrics is not None:
             metrics.joined.set(1)
         log.info("rank %d ready (group %s, %d workers)", rank, group.group_id, workers.count)
