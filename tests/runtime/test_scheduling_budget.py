@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 from lopa.decoding.generation import RoundPlan
 from lopa.scheduling.budget import Ask, default_budget, executor_tokens, grant
 
@@ -58,6 +60,11 @@ def test_the_budget_is_per_executor_with_rows_spread_from_each_slot() -> None:
     assert grant(asks, budget=20, executors=1) == [0, 0]
 
 
-def test_defaults_per_device_kind() -> None:
-    assert default_budget("cpu") == 1024
-    assert default_budget("cuda:3") == default_budget("npu") == 512
+def test_defaults_per_device_kind_are_the_documented_ones() -> None:
+    cpu, cuda = default_budget("cpu"), default_budget("cuda:3")
+    assert default_budget("npu") == cuda
+    stated = f"cpu {cpu}, cuda/npu {cuda}"
+    repo = Path(__file__).resolve().parents[2]
+    for doc in ("README.md", "docs/lopa.yaml", "runtime/lopa/cli/serve.py"):
+        words = (repo / doc).read_text().replace("#", " ").split()  # wrapped comment lines joined
+        assert stated in " ".join(words), doc

@@ -84,3 +84,13 @@ def test_bench_transport_rejects_bad_flags() -> None:
     assert done.returncode == 2 and "--busy-ms: not a comma-separated list of numbers" in done.stderr
     done = run_lopa("bench", "transport", "--rounds", "0", timeout=60)
     assert done.returncode == 2 and "--rounds: must be >= 1" in done.stderr
+
+
+def test_bench_serving_runs_on_the_bundled_model_by_default(tmp_path: Path) -> None:
+    """Its served defaults are the model's own: the paper's 256 new tokens would not fit it."""
+    out = tmp_path / "serving.json"
+    done = run_lopa("bench", "serving", "--workers", "1", "--requests", "2", "--concurrency", "1,2",
+                    "--max-new-tokens", "16", "--json", str(out))
+    assert done.returncode == 0, done.stderr[-3000:]
+    sweep = json.loads(out.read_text())["concurrency"]
+    assert [r["concurrency"] for r in sweep] == [1, 2] and all(r["tpf"] >= 1 for r in sweep)

@@ -26,7 +26,7 @@ def add_parser(kinds: argparse._SubParsersAction) -> None:
     parser.add_argument("--requests", type=int, default=32, help="requests per level (default 32)")
     parser.add_argument("--branches", type=int, default=3, help="lookahead branches k each request asks")
     parser.add_argument("--max-step-tokens", type=int, default=None,
-                        help="branch budget per forward (default: the device's, cpu 1024)")
+                        help="branch budget per forward (default: the device's, cpu 640)")
     parser.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's)")
     parser.add_argument("--json", default=None, help="also write the rows to this file")
     parser.set_defaults(handler=run)

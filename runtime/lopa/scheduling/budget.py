@@ -19,9 +19,10 @@ from lopa.decoding.generation import RoundPlan
 
 # Tokens per forward per executor (limits.max_step_tokens) by device kind. Accelerators: a 7B
 # forward stays memory-bound up to ~200-300 query tokens on an H100, so 512 keeps a batch near the
-# cost of one request's round. CPU: a forward's cost grows with its tokens from the start, but the
-# per-forward overhead of small models dominates below ~1000 tokens (see runtime/BENCHMARKS.md).
-DEFAULT_BUDGET_TOKENS = {"cpu": 1024, "cuda": 512, "npu": 512}
+# cost of one request's round. CPU: a forward's cost grows with its tokens from the start (a lone
+# request already keeps the cores busy), so under load tokens per row count most: 640 keeps ~1.5
+# lookaheads per request at 8 concurrent, the best throughput measured (runtime/BENCHMARKS.md).
+DEFAULT_BUDGET_TOKENS = {"cpu": 640, "cuda": 512, "npu": 512}
 
 
 def default_budget(device: str) -> int:

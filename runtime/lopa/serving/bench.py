@@ -23,8 +23,9 @@ from lopa.bench.concurrency import Answer, parse_levels, run_level, with_ratios
 from lopa.bench.rows import finish, show_row
 from lopa.params import InvalidParameter
 from lopa.serving.client import LopaClient
-from lopa.serving.config import MasterConfig, ServingConfig, parse_config
+from lopa.serving.config import MasterConfig, ServingConfig, parse_config, with_model_defaults
 from lopa.serving.launcher import LocalCluster, free_ports, loopback_config
+from lopa.serving.model_dir import model_path
 
 PHASES = ("forward", "coordination", "commit")
 PROMPTS = ["12+34=", "Write a haiku about the sea.", "def fib(n):", "The capital of France is"]
@@ -169,6 +170,9 @@ def run(args: argparse.Namespace) -> int:
     if args.max_step_tokens is not None:
         limits["max_step_tokens"] = args.max_step_tokens
     config = parse_config({"model": {"path": args.model or ""}, "limits": limits})
+    # The served defaults are the model's own (as `lopa serve` does): a config without decoding keys
+    # would otherwise default to the paper's 256 new tokens, more than the bundled model holds.
+    config = with_model_defaults(config, model_path(config.model.path))
     kw, prompts = workload(args, args.requests)
     splits, sweeps = [], []
     for workers in [int(w) for w in args.workers.split(",") if w.strip()]:
@@ -196,7 +200,6 @@ def workload(args: argparse.Namespace, requests: int) -> tuple[dict, list[str]]:
         return kw, list(PROMPTS)
     from lopa.bundled import tasks
     from lopa.bundled.defaults import model_defaults
-    from lopa.serving.model_dir import model_path
 
     defaults = dataclasses.asdict(model_defaults(model_path("")))
     kw = {k: v.value if isinstance(v, Enum) else v for k, v in defaults.items()}
