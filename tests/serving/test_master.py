@@ -157,7 +157,7 @@ def test_concurrent_requests_match_sequential_and_queue_is_bounded(
         except grpc.RpcError as error:
             return error.code()
 
-    with ThreadPoolExecutor(16) as pool:  # 16 fit: one running + a queue of 16
+    with ThreadPoolExecutor(16) as pool:  # 16 fit: 8 running (limits.max_batch) + a queue of 16
         results = list(pool.map(call, range(16)))
     assert results == expected
     with ThreadPoolExecutor(40) as pool:  # 40 at once: past the bound they are refused, none is lost
