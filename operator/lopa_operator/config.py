@@ -86,6 +86,9 @@ def render(name: str, namespace: str, spec: dict[str, Any]) -> dict[str, Any]:
         }
         # The kubelet's gRPC readiness probe speaks plaintext: the master repeats its health there.
         doc["master"]["health_port"] = names.HEALTH_PORT
+    if (spec.get("service") or {}).get("httpPort"):
+        doc["master"]["http_port"] = names.HTTP_PORT  # the Service maps httpPort onto it
+        doc["master"]["model_name"] = name  # OpenAI clients name the LoPADeployment as the model
     return doc
 
 

@@ -20,6 +20,7 @@ RENDEZVOUS_PORT = 29500
 METRICS_PORT = 9090
 # With spec.tls: the master's plaintext grpc.health.v1 (master.health_port), for the kubelet's probe.
 HEALTH_PORT = 50053
+HTTP_PORT = 8000  # the master's OpenAI-compatible HTTP API (spec.service.httpPort enables it)
 
 CONFIG_HASH_ANNOTATION = f"{GROUP}/config-hash"
 POD_INDEX_LABEL = "apps.kubernetes.io/pod-index"

@@ -143,12 +143,18 @@ def worker_template(name: str, spec: dict[str, Any], config_hash: str) -> dict[s
     return _template(name, names.ROLE_WORKER, config_hash, pod)
 
 
-def _master_probe(tls: bool) -> dict[str, Any]:
+def _master_probe(tls: dict[str, Any] | None, http: bool) -> dict[str, Any]:
     # grpc.health.v1 reports SERVING only once every worker joined the group (and NOT_SERVING again
     # when one is lost). The kubelet's gRPC probe speaks no TLS: with TLS the master also serves the
     # same health status alone, in plaintext, on master.health_port (rendered by config.render).
+    # With the HTTP API on, its /health (the same status) is probed instead, over HTTPS under TLS,
+    # unless client certificates are required (the kubelet has none).
+    timing = {"periodSeconds": 5, "failureThreshold": 3}
+    if http and not (tls and tls.get("requireClientCert")):
+        scheme = "HTTPS" if tls else "HTTP"
+        return {"httpGet": {"path": "/health", "port": "http", "scheme": scheme}, **timing}
     port = names.HEALTH_PORT if tls else names.CLIENT_PORT
-    return {"grpc": {"port": port}, "periodSeconds": 5, "failureThreshold": 3}
+    return {"grpc": {"port": port}, **timing}
 
 
 def master_template(name: str, spec: dict[str, Any], config_hash: str) -> dict[str, Any]:
@@ -160,6 +166,9 @@ def master_template(name: str, spec: dict[str, Any], config_hash: str) -> dict[s
         {"name": "metrics", "containerPort": names.METRICS_PORT, "protocol": "TCP"},
     ]
     tls = spec.get("tls")
+    http = bool((spec.get("service") or {}).get("httpPort"))
+    if http:
+        ports.append({"name": "http", "containerPort": names.HTTP_PORT, "protocol": "TCP"})
     if tls:
         ports.append({"name": "health", "containerPort": names.HEALTH_PORT, "protocol": "TCP"})
         mounts.append({"name": TLS_VOLUME, "mountPath": names.TLS_DIR, "readOnly": True})
@@ -179,7 +188,7 @@ def master_template(name: str, spec: dict[str, Any], config_hash: str) -> dict[s
         "ports": ports,
         "resources": copy.deepcopy((spec.get("master") or {}).get("resources") or {}),
         "volumeMounts": mounts,
-        "readinessProbe": _master_probe(bool(tls)),
+        "readinessProbe": _master_probe(tls, http),
     }
     # The workers' tolerations (the automatic device one included) but not their device requests:
     # with spec.nodeSelector picking tainted accelerator nodes the master must tolerate the taint

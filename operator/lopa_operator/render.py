@@ -64,6 +64,8 @@ def client_service(name: str, namespace: str, spec: dict[str, Any]) -> dict[str,
             # the outside (master_metrics_service has it, in-cluster).
             "ports": [
                 {"name": "grpc", "port": service["port"], "targetPort": "grpc", "appProtocol": "grpc"},
+                *([{"name": "http", "port": service["httpPort"], "targetPort": "http", "appProtocol": "http"}]
+                  if service.get("httpPort") else []),
             ],
         },
     }

@@ -136,3 +136,31 @@ def test_metrics_are_not_on_the_client_service() -> None:
     assert metrics["spec"]["ports"] == [port]
     master = objs["Deployment/m-master"]["spec"]["template"]["spec"]["containers"][0]
     assert {"name": "metrics", "containerPort": names.METRICS_PORT, "protocol": "TCP"} in master["ports"]
+
+
+def test_the_http_api_renders_its_port_service_probe_and_config() -> None:
+    """Issue 13: spec.service.httpPort turns on the master's OpenAI-compatible API."""
+    objs = by_kind(render.children("h", "ns", {"service": {"httpPort": 8080}}))
+    master = objs["Deployment/h-master"]["spec"]["template"]["spec"]["containers"][0]
+    assert {"name": "http", "containerPort": names.HTTP_PORT, "protocol": "TCP"} in master["ports"]
+    assert master["readinessProbe"] == {"httpGet": {"path": "/health", "port": "http", "scheme": "HTTP"},
+                                        "periodSeconds": 5, "failureThreshold": 3}
+    ports = objs["Service/h"]["spec"]["ports"] if "Service/h" in objs else next(
+        o["spec"]["ports"] for k, o in objs.items() if k.startswith("Service/") and any(
+            p["name"] == "http" for p in o["spec"]["ports"]))
+    assert {"name": "http", "port": 8080, "targetPort": "http", "appProtocol": "http"} in ports
+    doc = yaml.safe_load(objs["ConfigMap/h-config"]["data"][names.CONFIG_FILE])
+    config = parse_config(doc)  # the rendered config loads in the runtime
+    validate(config)
+    assert (config.master.http_port, config.master.model_name) == (names.HTTP_PORT, "h")
+    assert names.HTTP_PORT not in (names.CLIENT_PORT, names.METRICS_PORT, names.HEALTH_PORT)
+    # Under TLS the probe speaks HTTPS; with client certificates required the kubelet cannot, so
+    # the plaintext gRPC health port is probed as before.
+    tls = {"service": {"httpPort": 8080}, "tls": {"secretName": "s"}}
+    _, master_spec = pod_specs("t", tls)
+    assert master_spec["containers"][0]["readinessProbe"]["httpGet"]["scheme"] == "HTTPS"
+    _, master_spec = pod_specs("m", {**tls, "tls": {"secretName": "s", "requireClientCert": True}})
+    assert master_spec["containers"][0]["readinessProbe"]["grpc"] == {"port": names.HEALTH_PORT}
+    plain = by_kind(render.children("p", "ns", {}))
+    assert not any(p["name"] == "http" for o in plain.values() if o["kind"] == "Service"
+                   for p in o["spec"]["ports"])

@@ -79,7 +79,8 @@ def test_config_matches_docs_shape() -> None:
         "demo",
         "default",
         specs.with_defaults(
-            {"accelerator": {"type": "nvidia"}, "branchParallelism": 2, "tls": {"secretName": "s"}}
+            {"accelerator": {"type": "nvidia"}, "branchParallelism": 2, "tls": {"secretName": "s"},
+             "service": {"httpPort": 8000}}
         ),
     )
 

@@ -57,6 +57,11 @@ CASES = [
         {"decoding": {"blockSize": 64, "maxNewTokens": 56}},
         "spec.decoding.blockSize must not exceed spec.decoding.maxNewTokens",
     ),
+    ("http-on-the-grpc-port", {"service": {"port": 8000, "httpPort": 8000}},
+     "service.httpPort must differ from service.port"),
+    ("max-batch-zero", {"limits": {"maxBatch": 0}}, "spec.limits.maxBatch"),
+    ("max-batch-over-256", {"limits": {"maxBatch": 257}}, "spec.limits.maxBatch"),
+    ("negative-step-tokens", {"limits": {"maxStepTokens": -1}}, "spec.limits.maxStepTokens"),
     (
         "backoff-over-max",
         {"failurePolicy": {"backoffSeconds": 600, "maxBackoffSeconds": 60}},

@@ -45,6 +45,8 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
                         help="weights dtype (default: the config file's model.dtype, else float32)")
     parser.add_argument("--listen", default="127.0.0.1:50051",
                         help="client API address, HOST:PORT (default: %(default)s)")
+    parser.add_argument("--http-port", type=int, default=0,
+                        help="serve the OpenAI-compatible HTTP API on this port too (default: 0 = off)")
     parser.add_argument("--metrics-port", type=int, default=0,
                         help="master Prometheus metrics port (default: 0 = no metrics endpoint)")
     parser.add_argument("--max-batch", type=int, default=None,
@@ -78,7 +80,9 @@ def run(args: argparse.Namespace) -> int:
             address = cluster.start(timeout=args.start_timeout)
             if args.prompt is not None:
                 return one_shot(address, args.prompt, args.workers)
-            print(f"lopa: serving on {address} with {args.workers} workers (Ctrl-C to stop)", flush=True)
+            http = f", HTTP (OpenAI API) on port {config.master.http_port}" if config.master.http_port else ""
+            workers = args.workers
+            print(f"lopa: serving on {address}{http} with {workers} workers (Ctrl-C to stop)", flush=True)
             return cluster.supervise()
         except KeyboardInterrupt:
             print("lopa: stopping", flush=True)
@@ -101,6 +105,8 @@ def check_flags(args: argparse.Namespace) -> None:
     if args.max_step_tokens is not None and args.max_step_tokens < 0:
         got = args.max_step_tokens
         raise InvalidParameter("max_step_tokens", f"must be >= 0 (0 = the device's default), got {got}")
+    if not 0 <= args.http_port <= MAX_PORT:
+        raise InvalidParameter("http_port", f"must be in [0, {MAX_PORT}], got {args.http_port}")
     if not 0 <= args.metrics_port <= MAX_PORT:
         raise InvalidParameter("metrics_port", f"must be in [0, {MAX_PORT}], got {args.metrics_port}")
     problem = listen_problem(args.listen)
@@ -135,7 +141,9 @@ def serving_config(args: argparse.Namespace) -> ServingConfig:
     if args.max_step_tokens is not None:
         limits = dataclasses.replace(limits, max_step_tokens=args.max_step_tokens)
     config = dataclasses.replace(base, decoding=decoding, limits=limits,
-                                 master=dataclasses.replace(base.master, metrics_port=args.metrics_port))
+                                 master=dataclasses.replace(
+                                     base.master, metrics_port=args.metrics_port,
+                                     http_port=args.http_port or base.master.http_port))
     config = loopback_config(config, args.workers, args.listen)
     validate(config)
     usable_max_length(config, model_path(model.path))  # what the children would refuse, refused now

@@ -67,9 +67,13 @@ def chat_prompt_ids(tokenizer: Any, prompt: str) -> list[int]:
     Raises InvalidParameter("chat") when the checkpoint has no template (transformers' own error
     is a ValueError that reads like a crash).
     """
+    return chat_ids(tokenizer, [{"role": "user", "content": prompt}])
+
+
+def chat_ids(tokenizer: Any, messages: list[dict[str, str]]) -> list[int]:
+    """A conversation through the checkpoint's chat template, ending where the reply starts."""
     if not getattr(tokenizer, "chat_template", None):
         raise InvalidParameter("chat", NO_CHAT_TEMPLATE)
-    messages = [{"role": "user", "content": prompt}]
     # Render then encode: apply_chat_template's tokenized return type differs across transformers
     # versions (a list of ids in 4.x, a BatchEncoding in 5.x); the template holds its own specials.
     text = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)

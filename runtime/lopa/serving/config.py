@@ -75,6 +75,8 @@ class MasterConfig:
     listen: str = "0.0.0.0:50051"
     metrics_port: int = 9090  # 0 = no metrics endpoint
     health_port: int = 0  # plaintext grpc.health.v1 only (for the kubelet's probe under TLS); 0 = off
+    http_port: int = 0  # the OpenAI-compatible HTTP API (TLS when tls is set); 0 = off
+    model_name: str = ""  # the model id of the HTTP API; "" = the model directory's name
 
 
 @dataclass(frozen=True)
@@ -235,6 +237,10 @@ def _check_master(master: MasterConfig) -> None:
     _address("master.listen", master.listen)
     _port("master.metrics_port", master.metrics_port)  # 0 = no metrics endpoint
     _port("master.health_port", master.health_port)  # 0 = no separate health endpoint
+    _port("master.http_port", master.http_port)  # 0 = no HTTP API
+    ports = [p for p in (master.metrics_port, master.health_port, master.http_port) if p]
+    if len(ports) != len(set(ports)):
+        raise ConfigError(f"master: metrics_port, health_port and http_port must differ, got {ports}")
 
 
 def _check_workers(workers: WorkersConfig) -> None:

@@ -22,7 +22,11 @@ from lopa.serving.metrics import MasterMetrics
 from lopa.serving.requests import JobSpec
 from lopa.serving.streaming import DeltaTracker
 
-__all__ = ["Job", "JobRunner", "MasterObserver", "QueueFull", "stats_of"]
+__all__ = ["GroupUnavailable", "Job", "JobRunner", "MasterObserver", "QueueFull", "stats_of"]
+
+
+class GroupUnavailable(Exception):
+    """No worker group is attached: a request cannot be queued."""
 
 
 @dataclass

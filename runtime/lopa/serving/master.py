@@ -29,7 +29,7 @@ from lopa.scheduling.request import Completion, QueueFull, RequestAborted
 from lopa.scheduling.scheduler import Scheduler
 from lopa.serving.config import ServingConfig
 from lopa.serving.distributed import DistributedExecutor, StepTiming
-from lopa.serving.jobs import Job, JobRunner, MasterObserver, stats_of
+from lopa.serving.jobs import GroupUnavailable, Job, JobRunner, MasterObserver, stats_of
 from lopa.serving.links import WorkerGroup, WorkerLost
 from lopa.serving.listen import NO_REUSEPORT, add_port
 from lopa.serving.metrics import MasterMetrics
@@ -120,31 +120,59 @@ class LopaService(lopa_pb2_grpc.LopaServicer):
 
     # -- helpers ------------------------------------------------------------------------------------
 
-    async def _submit(self, request: lopa_pb2.GenerateRequest, context: Any, stream: bool) -> Job:
-        await self._refuse_undecodable(request, context)
+    def open_job(self, request: lopa_pb2.GenerateRequest, stream: bool, remaining_s: float | None) -> Job:
+        """Validate and queue one request, whatever its transport (gRPC or HTTP): InvalidParameter
+        naming the field, GroupUnavailable, or QueueFull; counted in the request metrics."""
         try:
             spec = self._spec(request)
-        except InvalidParameter as error:
+        except InvalidParameter:
             self.metrics.requests.labels("invalid").inc()
-            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(error))
+            raise
         if not self.group.attached:
             self.metrics.requests.labels("unavailable").inc()
-            await context.abort(grpc.StatusCode.UNAVAILABLE, "the worker group is not ready (see health)")
+            raise GroupUnavailable("the worker group is not ready (see health)")
         job = Job(spec, asyncio.get_running_loop(), stream=stream)
         timeout = self.config.limits.request_timeout_s
-        remaining = context.time_remaining()
-        if remaining is not None:
-            timeout = min(timeout, remaining)
+        if remaining_s is not None:
+            timeout = min(timeout, remaining_s)
         job.abort.deadline = time.monotonic() + timeout
         try:
             self.runner.submit(job)
-        except InvalidParameter as error:
+        except InvalidParameter:
             self.metrics.requests.labels("invalid").inc()
-            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(error))
-        except QueueFull as error:
+            raise
+        except QueueFull:
             self.metrics.requests.labels("rejected").inc()
-            await context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, str(error))
+            raise
         return job
+
+    def settle(self, outcome: Any) -> Completion | BaseException:
+        """A job's outcome, counted: the Completion, or the error to report (see status_of)."""
+        if isinstance(outcome, Completion):
+            self.metrics.requests.labels("ok").inc()
+            return outcome
+        label = _status_of(outcome)[1]
+        self.metrics.requests.labels(label).inc()
+        if label == "error":
+            log.error("request failed", exc_info=outcome)
+        return outcome
+
+    def cancelled(self, job: Job) -> None:
+        """The client went away (or its deadline passed): stop the job between rounds."""
+        job.abort.cancelled.set()
+        self.metrics.requests.labels("cancelled").inc()
+
+    async def _submit(self, request: lopa_pb2.GenerateRequest, context: Any, stream: bool) -> Job:
+        await self._refuse_undecodable(request, context)
+        try:
+            return self.open_job(request, stream, context.time_remaining())
+        except InvalidParameter as error:
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(error))
+        except GroupUnavailable as error:
+            await context.abort(grpc.StatusCode.UNAVAILABLE, str(error))
+        except QueueFull as error:
+            await context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, str(error))
+        raise AssertionError("unreachable")
 
     async def _refuse_undecodable(self, request: Any, context: Any) -> None:
         if isinstance(request, Undecodable):
@@ -171,19 +199,14 @@ class LopaService(lopa_pb2_grpc.LopaServicer):
         try:
             return await awaitable
         except asyncio.CancelledError:  # client cancelled or its deadline passed: stop between steps
-            job.abort.cancelled.set()
-            self.metrics.requests.labels("cancelled").inc()
+            self.cancelled(job)
             raise
 
     async def _settle(self, outcome: Any, context: Any) -> Completion:
-        if isinstance(outcome, Completion):
-            self.metrics.requests.labels("ok").inc()
-            return outcome
-        code, label = _status_of(outcome)
-        self.metrics.requests.labels(label).inc()
-        if code is grpc.StatusCode.INTERNAL:
-            log.error("request failed", exc_info=outcome)
-        await context.abort(code, str(outcome))
+        settled = self.settle(outcome)
+        if isinstance(settled, Completion):
+            return settled
+        await context.abort(_status_of(settled)[0], str(settled))
         raise AssertionError("unreachable")
 
 
@@ -196,6 +219,15 @@ def _status_of(error: BaseException) -> tuple[grpc.StatusCode, str]:
         return (grpc.StatusCode.DEADLINE_EXCEEDED, "deadline") if error.deadline else (
             grpc.StatusCode.CANCELLED, "cancelled")
     return grpc.StatusCode.INTERNAL, "error"
+
+
+def served_model_name(config: ServingConfig, path: Path) -> str:
+    """master.model_name, else the checkpoint directory's name ("lopa-bundled" for the bundled one)."""
+    if config.master.model_name:
+        return config.master.model_name
+    from lopa.engine import bundled_model_dir
+
+    return "lopa-bundled" if path.resolve() == bundled_model_dir().resolve() else path.name
 
 
 async def serve_master(config: ServingConfig, started: asyncio.Event | None = None) -> None:
@@ -237,6 +269,13 @@ async def serve_master(config: ServingConfig, started: asyncio.Event | None = No
     await server.start()
     if health_server is not None:
         await health_server.start()
+    http = None
+    if config.master.http_port:
+        from lopa.serving.http_api import start_http
+
+        name = served_model_name(config, path)
+        http = await start_http(service, name, config.master.http_port, config.tls)
+        log.info("OpenAI-compatible HTTP API on port %d, model %r", config.master.http_port, name)
     group.listeners.append(on_group)
     group.start()
     service.runner.start()
@@ -247,6 +286,8 @@ async def serve_master(config: ServingConfig, started: asyncio.Event | None = No
     try:
         await server.wait_for_termination()
     finally:
+        if http is not None:
+            await http.cleanup()
         service.runner.stop()
         group.stop()
         if health_server is not None:

@@ -1,0 +1,222 @@
+"""The master's OpenAI-compatible HTTP API (aiohttp, on the master's own asyncio loop).
+
+    POST /v1/completions        POST /v1/chat/completions   (stream: true -> server-sent events)
+    GET  /v1/models             GET  /health (200 once the group serves, else 503)   GET /live
+
+Why aiohttp: it runs on the event loop grpc.aio already drives in the master, so an HTTP request
+enters the very same LopaService.open_job as a gRPC one (one queue, one validation, one set of
+limits and metrics), with no second server thread; it is already in the stack (kopf) and streams
+server-sent events with a plain StreamResponse.
+
+Errors use OpenAI's shape {"error": {"message", "type", "param", "code"}}: 400 naming the body
+field, 429 when the queue is full, 503 when the worker group is lost or not formed, 504 when the
+request's deadline passed, 500 otherwise. A client that disconnects cancels its request.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import ssl
+import time
+import uuid
+from typing import Any
+
+from aiohttp import web
+
+from lopa.model.tokenizer import NO_CHAT_TEMPLATE, chat_ids
+from lopa.params import InvalidParameter
+from lopa.proto import lopa_pb2
+from lopa.scheduling.request import Completion, QueueFull, RequestAborted
+from lopa.serving.config import TlsConfig
+from lopa.serving.jobs import GroupUnavailable
+from lopa.serving.links import WorkerLost
+from lopa.serving.openai_body import Parsed, body_field, chat_request, completion_request
+
+FINISH = {"eos": "stop", "stop": "stop", "length": "length"}
+NO_TEMPLATE_HINT = "the model has no chat template; send a plain prompt to /v1/completions"
+
+
+def error_response(status: int, message: str, kind: str, param: str | None = None) -> web.Response:
+    body = {"error": {"message": message, "type": kind, "param": param, "code": None}}
+    return web.json_response(body, status=status)
+
+
+def invalid(error: InvalidParameter, chat: bool) -> web.Response:
+    param = body_field(error.field, chat)
+    reason = str(error).split(": ", 1)[1] if ": " in str(error) else str(error)
+    return error_response(400, f"{param}: {reason}", "invalid_request_error", param)
+
+
+def failure(error: BaseException) -> web.Response:
+    """A request that was queued and did not complete."""
+    if isinstance(error, WorkerLost):
+        return error_response(503, str(error), "service_unavailable")
+    if isinstance(error, RequestAborted):
+        if error.deadline:
+            return error_response(504, str(error), "timeout")
+        return error_response(499, str(error), "cancelled")
+    if isinstance(error, InvalidParameter):
+        return error_response(400, str(error), "invalid_request_error", error.field)
+    return error_response(500, "internal error (see the master log)", "server_error")
+
+
+class OpenAIApi:
+    def __init__(self, service: Any, served_model: str) -> None:
+        self.service, self.model = service, served_model
+
+    def app(self) -> web.Application:
+        app = web.Application(client_max_size=8 << 20)
+        app.router.add_post("/v1/completions", self.completions)
+        app.router.add_post("/v1/chat/completions", self.chat_completions)
+        app.router.add_get("/v1/models", self.models)
+        app.router.add_get("/health", self.health)
+        app.router.add_get("/live", self.live)
+        return app
+
+    # -- endpoints ----------------------------------------------------------------------------------
+
+    async def models(self, request: web.Request) -> web.Response:
+        entry = {"id": self.model, "object": "model", "created": 0, "owned_by": "lopa"}
+        return web.json_response({"object": "list", "data": [entry]})
+
+    async def health(self, request: web.Request) -> web.Response:
+        ready = self.service.group.attached
+        status = {"status": "SERVING" if ready else "NOT_SERVING"}
+        return web.json_response(status, status=200 if ready else 503)
+
+    async def live(self, request: web.Request) -> web.Response:
+        return web.json_response({"status": "alive"})
+
+    async def completions(self, request: web.Request) -> web.StreamResponse:
+        return await self._serve(request, chat=False)
+
+    async def chat_completions(self, request: web.Request) -> web.StreamResponse:
+        return await self._serve(request, chat=True)
+
+    # -- the shared path ----------------------------------------------------------------------------
+
+    def _render(self, messages: list[dict[str, str]]) -> list[int]:
+        try:
+            return chat_ids(self.service.tokenizer, messages)
+        except InvalidParameter as error:
+            if NO_CHAT_TEMPLATE in str(error):
+                raise InvalidParameter("messages", NO_TEMPLATE_HINT) from None
+            raise
+
+    async def _serve(self, request: web.Request, chat: bool) -> web.StreamResponse:
+        try:
+            body = await request.json()
+        except (json.JSONDecodeError, UnicodeDecodeError):
+            return error_response(400, "body: not valid JSON", "invalid_request_error", "body")
+        try:
+            parsed = (chat_request(body, self.model, self._render) if chat
+                      else completion_request(body, self.model))
+        except InvalidParameter as error:
+            self.service.metrics.requests.labels("invalid").inc()
+            return invalid(error, chat)
+        try:
+            job = self.service.open_job(parsed.request, parsed.stream, None)  # counts its refusals
+        except InvalidParameter as error:
+            return invalid(error, chat)
+        except QueueFull as error:
+            return error_response(429, str(error), "rate_limit_exceeded")
+        except GroupUnavailable as error:
+            return error_response(503, str(error), "service_unavailable")
+        ident = f"{'chatcmpl' if chat else 'cmpl'}-{uuid.uuid4().hex}"
+        try:
+            if parsed.stream:
+                return await self._stream(request, job, parsed, ident, chat)
+            outcome = self.service.settle(await job.done)
+        except (asyncio.CancelledError, ConnectionResetError):
+            self.service.cancelled(job)  # the client went away: stop the job between rounds
+            raise
+        if not isinstance(outcome, Completion):
+            return failure(outcome)
+        return web.json_response(self._response(outcome, parsed, ident, chat))
+
+    def _response(self, c: Completion, parsed: Parsed, ident: str, chat: bool) -> dict[str, Any]:
+        choice: dict[str, Any] = {"index": 0, "finish_reason": FINISH[c.finish_reason], "logprobs": None}
+        if chat:
+            choice["message"] = {"role": "assistant", "content": c.text}
+        else:
+            choice["text"] = c.text
+        return {"id": ident, "object": "chat.completion" if chat else "text_completion",
+                "created": int(time.time()), "model": parsed.model, "choices": [choice],
+                "usage": usage(c), "lopa": lopa_stats(c)}
+
+    async def _stream(
+        self, request: web.Request, job: Any, parsed: Parsed, ident: str, chat: bool
+    ) -> web.StreamResponse:
+        headers = {"Content-Type": "text/event-stream", "Cache-Control": "no-cache"}
+        response = web.StreamResponse(headers=headers)
+        await response.prepare(request)
+        created, kind = int(time.time()), "chat.completion.chunk" if chat else "text_completion"
+
+        async def send(delta: str, finish: str | None = None, extra: dict | None = None,
+                       first: bool = False) -> None:
+            if chat:
+                piece = {"role": "assistant", "content": delta} if first else {"content": delta}
+                choice: dict[str, Any] = {"index": 0, "delta": piece, "finish_reason": finish}
+            else:
+                choice = {"index": 0, "text": delta, "finish_reason": finish, "logprobs": None}
+            event = {"id": ident, "object": kind, "created": created, "model": parsed.model,
+                     "choices": [choice], **(extra or {})}
+            await response.write(f"data: {json.dumps(event)}\n\n".encode())
+
+        first = True
+        while True:
+            item = await job.chunks.get()
+            if isinstance(item, lopa_pb2.GenerateChunk):
+                if item.last:
+                    break
+                if item.text or first:
+                    await send(item.text, first=first)
+                    first = False
+                continue
+            break
+        outcome = self.service.settle(await job.done)
+        if isinstance(outcome, Completion):
+            tail = item.text if isinstance(item, lopa_pb2.GenerateChunk) else ""
+            await send(tail, FINISH[outcome.finish_reason],
+                       {"usage": usage(outcome), "lopa": lopa_stats(outcome)}, first=first)
+        else:  # the status line is sent: the error travels as an event, as OpenAI's servers do
+            failed = json.loads(failure(outcome).text)
+            await response.write(f"data: {json.dumps(failed)}\n\n".encode())
+        await response.write(b"data: [DONE]\n\n")
+        await response.write_eof()
+        return response
+
+
+def usage(c: Completion) -> dict[str, int]:
+    prompt, completion = len(c.result.prompt_ids), len(c.result.output_ids)
+    return {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion}
+
+
+def lopa_stats(c: Completion) -> dict[str, float]:
+    r = c.result
+    return {"forwards": r.forwards, "tokens": r.tokens, "tpf": round(r.tpf, 4),
+            "mean_branches": round(r.mean_branches, 4), "tokens_per_s": round(r.tokens_per_s, 2),
+            "wall_s": round(r.wall_s, 4), "ttft_s": round(c.ttft_s, 4), "queue_s": round(c.queue_s, 4)}
+
+
+def ssl_context(tls: TlsConfig) -> ssl.SSLContext | None:
+    """The master's certificate for HTTPS too (client certificates required when client_ca is set)."""
+    if not tls.enabled:
+        return None
+    context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    context.load_cert_chain(tls.cert, tls.key)
+    if tls.client_ca:
+        context.load_verify_locations(tls.client_ca)
+        context.verify_mode = ssl.CERT_REQUIRED
+    return context
+
+
+async def start_http(service: Any, served_model: str, port: int, tls: TlsConfig) -> web.AppRunner:
+    """Serve the API on 0.0.0.0:port; handler_cancellation: a disconnect cancels the handler, which
+    cancels the request (see OpenAIApi._serve)."""
+    runner = web.AppRunner(OpenAIApi(service, served_model).app(), handler_cancellation=True,
+                           access_log=None)
+    await runner.setup()
+    await web.TCPSite(runner, "0.0.0.0", port, ssl_context=ssl_context(tls), reuse_port=False).start()
+    return runner

@@ -1,0 +1,161 @@
+"""OpenAI request bodies -> the client API's GenerateRequest (pure: no I/O, no server state).
+
+`/v1/completions` and `/v1/chat/completions` bodies map onto the same GenerateRequest a gRPC client
+sends, so both transports share one validation and one request pipeline. OpenAI fields map where
+they exist (prompt / messages, max_tokens, stop, temperature, top_p, seed, n = 1, stream); the LoPA
+knobs are extra body fields with the gRPC override names. Errors are InvalidParameter naming the
+body field (never a proto path), so the HTTP layer can answer in OpenAI's error shape.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from lopa.params import InvalidParameter
+from lopa.proto import lopa_pb2
+
+# The LoPA knobs a body may carry, with the JSON types they accept (the ranges are the server's).
+LOPA_FIELDS: dict[str, tuple[type, ...]] = {
+    "branches": (int,), "block_size": (int,), "tau_add": (int, float), "tau_act": (int, float),
+    "tau_conf": (int, float), "conf": (str,), "alpha": (int, float), "beta": (int, float),
+    "attention": (str,), "top_k": (int,),
+}
+OPENAI_SAMPLING: dict[str, tuple[type, ...]] = {"temperature": (int, float), "top_p": (int, float),
+                                                 "seed": (int,)}
+# Accepted and ignored: they change nothing about the answer.
+IGNORED = frozenset({"user", "stream_options", "metadata", "store"})
+COMMON = frozenset({"model", "max_tokens", "stop", "n", "stream", "pin_branches",
+                    *LOPA_FIELDS, *OPENAI_SAMPLING, *IGNORED})
+COMPLETION_FIELDS = COMMON | {"prompt"}
+CHAT_FIELDS = COMMON | {"messages", "max_completion_tokens"}
+ROLES = frozenset({"system", "user", "assistant", "developer"})
+
+
+@dataclass(frozen=True)
+class Parsed:
+    request: lopa_pb2.GenerateRequest
+    stream: bool
+    model: str
+
+
+def _typed(body: dict[str, Any], name: str, types: tuple[type, ...]) -> Any:
+    value = body.get(name)
+    if value is None:
+        return None
+    # bool is an int in Python, never a number in a request
+    if (isinstance(value, bool) and bool not in types) or not isinstance(value, types):
+        names = {float: "a number", int: "an integer", str: "a string", bool: "a boolean"}
+        kind = " or ".join(names[t] for t in types if not (t is int and float in types))
+        raise InvalidParameter(name, f"must be {kind}, got {value!r}")
+    return value
+
+
+def _common(body: dict[str, Any], known: frozenset[str], served_model: str) -> tuple[lopa_pb2.GenerateRequest,
+                                                                                    bool, str]:
+    if not isinstance(body, dict):
+        raise InvalidParameter("body", "must be a JSON object")
+    unknown = sorted(set(body) - known)
+    if unknown:
+        raise InvalidParameter(unknown[0], "is not supported by this server")
+    model = _typed(body, "model", (str,))
+    if not model:
+        raise InvalidParameter("model", f"is required (this server serves {served_model!r})")
+    if model != served_model:
+        raise InvalidParameter("model", f"unknown model {model!r}; this server serves {served_model!r}")
+    n = _typed(body, "n", (int,))
+    if n is not None and n != 1:
+        raise InvalidParameter("n", f"only n = 1 is supported, got {n}")
+    stream = _typed(body, "stream", (bool,)) or False
+    request = lopa_pb2.GenerateRequest(pin_branches=bool(_typed(body, "pin_branches", (bool,))))
+    stop = body.get("stop")
+    if isinstance(stop, str):
+        stop = [stop]
+    if stop is not None and not (isinstance(stop, list) and all(isinstance(s, str) for s in stop)):
+        raise InvalidParameter("stop", "must be a string or a list of strings")
+    request.stop.extend(stop or [])
+    for name, types in {**OPENAI_SAMPLING, **LOPA_FIELDS}.items():
+        value = _typed(body, name, types)
+        if value is not None:
+            _assign(request.decoding, name, value)
+    return request, stream, model
+
+
+def _assign(message: Any, name: str, value: Any) -> None:
+    """message.name = value; the range errors protobuf would raise (negative into unsigned) named."""
+    try:
+        setattr(message, name, value)
+    except (ValueError, TypeError) as error:
+        raise InvalidParameter(name, f"is out of range: {value!r} ({error})") from None
+
+
+def _max_tokens(body: dict[str, Any], request: lopa_pb2.GenerateRequest, name: str) -> None:
+    value = _typed(body, name, (int,))
+    if value is None:
+        return
+    if value < 1:
+        raise InvalidParameter(name, f"must be >= 1, got {value}")
+    _assign(request, "max_new_tokens", value)
+
+
+def completion_request(body: Any, served_model: str) -> Parsed:
+    request, stream, model = _common(body, COMPLETION_FIELDS, served_model)
+    prompt = body.get("prompt")
+    if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], (str, list)):
+        prompt = prompt[0]  # a batch of one
+    if isinstance(prompt, str):
+        if not prompt:
+            raise InvalidParameter("prompt", "is empty")
+        request.prompt = prompt
+    elif isinstance(prompt, list) and prompt and all(isinstance(t, int) and not isinstance(t, bool)
+                                                     for t in prompt):
+        try:
+            request.prompt_token_ids.extend(prompt)
+        except ValueError:
+            raise InvalidParameter("prompt", "token ids must fit in 32 bits") from None
+    elif isinstance(prompt, list) and len(prompt) > 1:
+        raise InvalidParameter("prompt", "one prompt per request (a list of several is a batch)")
+    else:
+        raise InvalidParameter("prompt", "is required: a non-empty string or list of token ids")
+    _max_tokens(body, request, "max_tokens")
+    return Parsed(request, stream, model)
+
+
+def chat_request(body: Any, served_model: str, render: Callable[[list[dict[str, str]]], list[int]]) -> Parsed:
+    """render: messages -> prompt ids through the model's chat template (InvalidParameter when it
+    has none)."""
+    request, stream, model = _common(body, CHAT_FIELDS, served_model)
+    messages = body.get("messages")
+    if not isinstance(messages, list) or not messages:
+        raise InvalidParameter("messages", "is required: a non-empty list of {role, content}")
+    turns = []
+    for i, message in enumerate(messages):
+        if not isinstance(message, dict) or message.get("role") not in ROLES:
+            raise InvalidParameter(f"messages[{i}].role", f"must be one of {sorted(ROLES)}")
+        content = message.get("content")
+        if isinstance(content, list):  # content parts: text only
+            if not all(isinstance(p, dict) and p.get("type") == "text" for p in content):
+                raise InvalidParameter(f"messages[{i}].content", "only text parts are supported")
+            content = "".join(str(p.get("text", "")) for p in content)
+        if not isinstance(content, str):
+            raise InvalidParameter(f"messages[{i}].content", "must be a string")
+        turns.append({"role": message["role"], "content": content})
+    try:
+        ids = render(turns)
+    except InvalidParameter as error:
+        raise InvalidParameter("messages", str(error).split(": ", 1)[1]) from None
+    request.prompt_token_ids.extend(ids)
+    _max_tokens(body, request, "max_tokens")
+    _max_tokens(body, request, "max_completion_tokens")
+    return Parsed(request, stream, model)
+
+
+def body_field(field: str, chat: bool) -> str:
+    """The body field an error of the shared pipeline is about (its names are the gRPC ones)."""
+    name = field.removeprefix("decoding.")
+    if name == "max_new_tokens":
+        return "max_tokens"
+    if name in ("prompt", "prompt_token_ids", "chat"):
+        return "messages" if chat else "prompt"
+    return name

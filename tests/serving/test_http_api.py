@@ -1,0 +1,173 @@
+"""The OpenAI-compatible HTTP API, called with the official `openai` package, beside gRPC.
+
+A real `lopa master` + 2 workers on the bundled model with master.http_port set: the completion's
+text equals the gRPC answer to the same request, a stream concatenates to it, the model is listed,
+bad values are 400 naming the parameter, chat on a model without a template is a clear 400, and
+16 HTTP requests beside 16 gRPC ones all complete or get 429 (none lost).
+"""
+
+from __future__ import annotations
+
+import json
+import socket
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+
+import grpc
+import openai
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+
+from lopa.bundled import tasks
+from lopa.engine import bundled_model_dir
+from lopa.serving.client import LopaClient
+from lopa.serving.config import ConfigError, parse_config, with_model_defaults
+from lopa.serving.launcher import LocalCluster, free_ports, loopback_config
+
+MODEL = "lopa-bundled"
+PROMPTS = [e.prompt for e in tasks.held_out(16)]
+
+
+@pytest.fixture(scope="module")
+def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[LocalCluster, int]]:
+    port, metrics = free_ports(2)
+    raw = {"model": {"path": str(bundled_model_dir())}, "limits": {"queue_size": 4},
+           "master": {"metrics_port": metrics, "http_port": port}}
+    config = loopback_config(with_model_defaults(parse_config(raw), bundled_model_dir()), workers=2)
+    work = tmp_path_factory.mktemp("http")
+    cluster = LocalCluster(config, work, log_dir=work)
+    cluster.start(timeout=180)
+    yield cluster, port
+    cluster.stop()
+
+
+@pytest.fixture(scope="module")
+def api(served: tuple[LocalCluster, int]) -> openai.OpenAI:
+    return openai.OpenAI(base_url=f"http://127.0.0.1:{served[1]}/v1", api_key="unused", max_retries=0)
+
+
+@pytest.fixture(scope="module")
+def grpc_client(served: tuple[LocalCluster, int]) -> Iterator[LopaClient]:
+    with LopaClient(served[0].address) as client:
+        yield client
+
+
+def test_completion_equals_grpc_and_streams_the_same_text(
+    api: openai.OpenAI, grpc_client: LopaClient
+) -> None:
+    reference = grpc_client.generate(PROMPTS[0], timeout=120, branches=3)
+    done = api.completions.create(model=MODEL, prompt=PROMPTS[0], extra_body={"branches": 3})
+    assert done.choices[0].text == reference.text and reference.text
+    assert done.choices[0].finish_reason == ("length" if reference.finish_reason == "length" else "stop")
+    assert done.usage.completion_tokens == len(reference.token_ids)
+    lopa = done.model_extra["lopa"]
+    assert lopa["forwards"] == reference.stats.forwards and lopa["mean_branches"] > 0
+    stream = api.completions.create(model=MODEL, prompt=PROMPTS[0], stream=True, extra_body={"branches": 3})
+    pieces = list(stream)
+    assert "".join(p.choices[0].text for p in pieces) == reference.text
+    assert len(pieces) > 2 and pieces[-1].choices[0].finish_reason == done.choices[0].finish_reason
+    with_stop = api.completions.create(model=MODEL, prompt=PROMPTS[0], stop=["."], max_tokens=40)
+    grpc_stop = grpc_client.generate(PROMPTS[0], timeout=120, stop=["."], max_new_tokens=40)
+    assert with_stop.choices[0].text == grpc_stop.text
+
+
+def test_models_and_health(api: openai.OpenAI, served: tuple[LocalCluster, int]) -> None:
+    assert [m.id for m in api.models.list().data] == [MODEL]
+    with urllib.request.urlopen(f"http://127.0.0.1:{served[1]}/health", timeout=5) as reply:
+        assert reply.status == 200 and json.load(reply) == {"status": "SERVING"}
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "param", "message"),
+    [
+        ({"extra_body": {"tau_conf": 2.0}}, "tau_conf", "tau_conf: must be in"),
+        ({"n": 2}, "n", "n: only n = 1 is supported, got 2"),
+        ({"model": "gpt-4"}, "model", "model: unknown model 'gpt-4'; this server serves 'lopa-bundled'"),
+        ({"prompt": ""}, "prompt", "prompt: is empty"),
+        ({"max_tokens": 100000}, "max_tokens", "max_tokens: 100000 exceeds the server limit"),
+        ({"extra_body": {"branches": "three"}}, "branches", "branches: must be an integer, got 'three'"),
+        ({"extra_body": {"echo_back": 1}}, "echo_back", "echo_back: is not supported by this server"),
+    ],
+)
+def test_bad_values_are_400_naming_the_parameter(
+    api: openai.OpenAI, kwargs: dict, param: str, message: str
+) -> None:
+    call = {"model": MODEL, "prompt": PROMPTS[1], **kwargs}
+    with pytest.raises(openai.BadRequestError) as caught:
+        api.completions.create(**call)
+    error = caught.value.body
+    assert error["param"] == param and error["type"] == "invalid_request_error"
+    assert error["message"].startswith(message), error["message"]
+
+
+def test_chat_without_a_template_is_a_clear_400(api: openai.OpenAI) -> None:
+    with pytest.raises(openai.BadRequestError) as caught:
+        api.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "hi"}])
+    assert caught.value.body["param"] == "messages"
+    assert "no chat template; send a plain prompt to /v1/completions" in caught.value.body["message"]
+
+
+def test_http_beside_grpc_under_load_loses_nothing(api: openai.OpenAI, grpc_client: LopaClient) -> None:
+    """8 slots + a queue of 4: of 32 concurrent requests some get 429 / RESOURCE_EXHAUSTED."""
+
+    def over_http(i: int) -> str:
+        try:
+            return api.completions.create(model=MODEL, prompt=PROMPTS[i], max_tokens=24).choices[0].text
+        except openai.RateLimitError:
+            return "429"
+
+    def over_grpc(i: int) -> str:
+        try:
+            return grpc_client.generate(PROMPTS[i], timeout=120, max_new_tokens=24).text
+        except grpc.RpcError as error:
+            assert error.code() == grpc.StatusCode.RESOURCE_EXHAUSTED, error
+            return "429"
+
+    with ThreadPoolExecutor(32) as pool:
+        http = [pool.submit(over_http, i) for i in range(16)]
+        rpc = [pool.submit(over_grpc, i) for i in range(16)]
+        answers = [f.result() for f in http], [f.result() for f in rpc]
+    refused = sum(a == "429" for side in answers for a in side)
+    assert 0 < refused < 32
+    for side in answers:  # whatever was answered is the same request's answer on either transport
+        for i, text in enumerate(side):
+            other = answers[1][i] if side is answers[0] else answers[0][i]
+            assert text == "429" or other == "429" or text == other
+
+
+def test_http_port_clashes_are_refused() -> None:
+    with pytest.raises(ConfigError, match=r"^master: metrics_port, health_port and http_port must differ"):
+        parse_config({"master": {"metrics_port": 9000, "http_port": 9000}})
+
+
+def test_a_body_that_is_not_json_is_400(served: tuple[LocalCluster, int]) -> None:
+    request = urllib.request.Request(f"http://127.0.0.1:{served[1]}/v1/completions", data=b"{not json",
+                                     headers={"Content-Type": "application/json"})
+    with pytest.raises(urllib.error.HTTPError) as caught:
+        urllib.request.urlopen(request, timeout=10)
+    assert caught.value.code == 400 and json.load(caught.value)["error"]["param"] == "body"
+
+
+def cancelled_count(cluster: LocalCluster) -> float:
+    url = f"http://127.0.0.1:{cluster.config.master.metrics_port}/metrics"
+    text = urllib.request.urlopen(url, timeout=5).read().decode()
+    samples = text_string_to_metric_families(text)
+    return sum(s.value for f in samples for s in f.samples
+               if s.name == "lopa_requests_total" and s.labels.get("outcome") == "cancelled")
+
+
+def test_a_client_that_disconnects_cancels_its_request(served: tuple[LocalCluster, int]) -> None:
+    cluster, port = served
+    before = cancelled_count(cluster)
+    body = json.dumps({"model": MODEL, "prompt": PROMPTS[2], "stream": True}).encode()
+    with socket.create_connection(("127.0.0.1", port), timeout=30) as conn:
+        conn.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                     + f"Content-Length: {len(body)}\r\n\r\n".encode() + body)
+        assert conn.recv(4096).startswith(b"HTTP/1.1 200")  # the stream began
+    deadline = time.monotonic() + 10
+    while cancelled_count(cluster) <= before and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert cancelled_count(cluster) == before + 1
