@@ -23,9 +23,12 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from lopa.bundled import tasks
 from lopa.engine import bundled_model_dir
+from lopa.scheduling.request import RequestAborted
 from lopa.serving.client import LopaClient
 from lopa.serving.config import ConfigError, parse_config, with_model_defaults
+from lopa.serving.http_api import failure
 from lopa.serving.launcher import LocalCluster, free_ports, loopback_config
+from lopa.serving.links import WorkerLost
 
 MODEL = "lopa-bundled"
 PROMPTS = [e.prompt for e in tasks.held_out(16)]
@@ -171,3 +174,18 @@ def test_a_client_that_disconnects_cancels_its_request(served: tuple[LocalCluste
     while cancelled_count(cluster) <= before and time.monotonic() < deadline:
         time.sleep(0.1)
     assert cancelled_count(cluster) == before + 1
+
+
+@pytest.mark.parametrize(
+    ("error", "status", "kind"),
+    [
+        (WorkerLost("worker rank 1 lost"), 503, "service_unavailable"),
+        (RequestAborted("deadline passed", deadline=True), 504, "timeout"),
+        (RuntimeError("bug"), 500, "server_error"),
+    ],
+)
+def test_failures_map_to_openai_statuses(error: BaseException, status: int, kind: str) -> None:
+    response = failure(error)
+    body = json.loads(response.text)
+    assert response.status == status and body["error"]["type"] == kind
+    assert "bug" not in body["error"]["message"]  # internals stay in the master log
