@@ -69,8 +69,16 @@ def _resources(base: dict[str, Any] | None, limits: dict[str, str]) -> dict[str,
     return out
 
 
+DRAIN_MARGIN_S = 15  # beyond the longest request: the workers' quiet period, process exit
+
+
 def _common_pod_spec(spec: dict[str, Any], tolerations: list[dict[str, Any]]) -> dict[str, Any]:
-    pod: dict[str, Any] = {"enableServiceLinks": False}
+    # On SIGTERM the master drains (no new request; queued and running ones finish, at most
+    # limits.requestTimeoutSeconds) and the workers serve its steps until it goes quiet: the grace
+    # period covers that, so a rollout or scale-down loses no request in flight.
+    limits = {**specs.DEFAULTS["limits"], **(spec.get("limits") or {})}
+    grace = limits["requestTimeoutSeconds"] + DRAIN_MARGIN_S
+    pod: dict[str, Any] = {"enableServiceLinks": False, "terminationGracePeriodSeconds": grace}
     if spec.get("serviceAccountName"):
         pod["serviceAccountName"] = spec["serviceAccountName"]
     if spec.get("imagePullSecrets"):

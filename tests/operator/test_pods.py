@@ -164,3 +164,11 @@ def test_the_http_api_renders_its_port_service_probe_and_config() -> None:
     plain = by_kind(render.children("p", "ns", {}))
     assert not any(p["name"] == "http" for o in plain.values() if o["kind"] == "Service"
                    for p in o["spec"]["ports"])
+
+
+def test_pods_get_a_grace_period_that_covers_the_drain() -> None:
+    """Issue 12, item 4: SIGTERM drains requests for up to limits.requestTimeoutSeconds."""
+    worker, master = pod_specs("g", {"limits": {"requestTimeoutSeconds": 120}})
+    assert worker["terminationGracePeriodSeconds"] == master["terminationGracePeriodSeconds"] == 135
+    worker, _ = pod_specs("d", {})
+    assert worker["terminationGracePeriodSeconds"] == specs.DEFAULTS["limits"]["requestTimeoutSeconds"] + 15

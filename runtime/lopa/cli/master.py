@@ -43,16 +43,25 @@ def master_config(path: str) -> ServingConfig:
 
 
 async def _serve_until_signalled(config: ServingConfig) -> None:
-    """Serve until SIGTERM (how Kubernetes stops pods) or SIGINT, then shut down in order.
+    """Serve until SIGTERM (how Kubernetes stops pods): then drain (no new request, the queued and
+    running ones finish, at most limits.request_timeout_s) and shut down in order. A second SIGTERM,
+    or SIGINT, stops at once.
 
-    The signals cancel the serving task inside the event loop; raising KeyboardInterrupt from a
-    signal handler instead can land in the middle of any object's construction at shutdown.
+    The signals act inside the event loop; raising KeyboardInterrupt from a signal handler instead
+    can land in the middle of any object's construction at shutdown.
     """
     from lopa.serving.master import serve_master
 
-    serving = asyncio.ensure_future(serve_master(config))
+    drain = asyncio.Event()
+    serving = asyncio.ensure_future(serve_master(config, drain=drain))
     loop = asyncio.get_running_loop()
-    for stop_signal in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(stop_signal, serving.cancel)
+
+    def on_term() -> None:
+        if drain.is_set():
+            serving.cancel()
+        drain.set()
+
+    loop.add_signal_handler(signal.SIGTERM, on_term)
+    loop.add_signal_handler(signal.SIGINT, serving.cancel)
     with contextlib.suppress(asyncio.CancelledError):
         await serving

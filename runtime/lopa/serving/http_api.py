@@ -81,7 +81,7 @@ class OpenAIApi:
         return web.json_response({"object": "list", "data": [entry]})
 
     async def health(self, request: web.Request) -> web.Response:
-        ready = self.service.group.attached
+        ready = self.service.group.attached and not self.service.draining
         status = {"status": "SERVING" if ready else "NOT_SERVING"}
         return web.json_response(status, status=200 if ready else 503)
 

@@ -62,6 +62,12 @@ class LopaService(lopa_pb2_grpc.LopaServicer):
             decoder, self.executor, self.decode, limits.queue_size, self.budget, MasterObserver(metrics)
         )
         self.runner = JobRunner(scheduler, self.decode, self.special.mask)
+        self.draining = False  # SIGTERM: no new request; the queued and running ones finish
+
+    def busy(self) -> bool:
+        """Requests queued or decoding (what a drain waits for)."""
+        scheduler = self.runner.scheduler
+        return bool(scheduler.waiting or scheduler.running)
 
     def decode(self, ids: list[int]) -> str:
         return self.tokenizer.decode(list(ids), skip_special_tokens=True)
@@ -128,6 +134,9 @@ class LopaService(lopa_pb2_grpc.LopaServicer):
         except InvalidParameter:
             self.metrics.requests.labels("invalid").inc()
             raise
+        if self.draining:
+            self.metrics.requests.labels("unavailable").inc()
+            raise GroupUnavailable("the master is shutting down (draining its requests): retry elsewhere")
         if not self.group.attached:
             self.metrics.requests.labels("unavailable").inc()
             raise GroupUnavailable("the worker group is not ready (see health)")
@@ -221,6 +230,22 @@ def _status_of(error: BaseException) -> tuple[grpc.StatusCode, str]:
     return grpc.StatusCode.INTERNAL, "error"
 
 
+async def drain_requests(service: LopaService, health: HealthServicer, group: WorkerGroup,
+                         limit_s: float) -> None:
+    """Stop admitting (health NOT_SERVING, new requests UNAVAILABLE), let the queued and running
+    requests finish, for at most the longest a request may last; stop early if the group is gone
+    (nothing more can finish)."""
+    service.draining = True
+    for name in ("", SERVICE):
+        await health.set(name, health_pb2.HealthCheckResponse.NOT_SERVING)
+    deadline = time.monotonic() + limit_s
+    log.info("draining: %d running, %d queued (at most %.0f s)", service.runner.scheduler.running,
+             service.runner.scheduler.waiting, limit_s)
+    while service.busy() and group.attached and time.monotonic() < deadline:
+        await asyncio.sleep(0.05)
+    log.info("drained" if not service.busy() else "drain ended with requests left (group lost or timeout)")
+
+
 def served_model_name(config: ServingConfig, path: Path) -> str:
     """master.model_name, else the checkpoint directory's name ("lopa-bundled" for the bundled one)."""
     if config.master.model_name:
@@ -230,8 +255,10 @@ def served_model_name(config: ServingConfig, path: Path) -> str:
     return "lopa-bundled" if path.resolve() == bundled_model_dir().resolve() else path.name
 
 
-async def serve_master(config: ServingConfig, started: asyncio.Event | None = None) -> None:
-    """Run the master until cancelled."""
+async def serve_master(
+    config: ServingConfig, started: asyncio.Event | None = None, drain: asyncio.Event | None = None
+) -> None:
+    """Run the master until cancelled, or until `drain` is set and its requests are done."""
     path = model_path(config.model.path)
     metrics = MasterMetrics.create()
     metrics.serve(config.master.metrics_port)
@@ -242,7 +269,7 @@ async def serve_master(config: ServingConfig, started: asyncio.Event | None = No
 
     def on_group(attached: bool) -> None:
         serving = health_pb2.HealthCheckResponse
-        status = serving.SERVING if attached else serving.NOT_SERVING
+        status = serving.SERVING if attached and not service.draining else serving.NOT_SERVING
         metrics.workers_joined.set(group.size if attached else 0)
         if attached:
             metrics.group_attaches.inc()
@@ -284,7 +311,11 @@ async def serve_master(config: ServingConfig, started: asyncio.Event | None = No
     if started is not None:
         started.set()
     try:
-        await server.wait_for_termination()
+        if drain is None:
+            await server.wait_for_termination()
+        else:
+            await drain.wait()
+            await drain_requests(service, health, group, config.limits.request_timeout_s)
     finally:
         if http is not None:
             await http.cleanup()

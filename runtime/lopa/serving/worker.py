@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import logging
 import os
+import signal
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -83,6 +84,7 @@ class WorkerService(worker_pb2_grpc.WorkerServicer):
         self.metrics = metrics
         self._attached = threading.Lock()  # one master stream at a time
         self._beta: dict[int, float] = {}  # per sequence: for the informational branch score
+        self.last_step = time.monotonic()  # a draining worker leaves once its master went quiet
 
     def ready(self, group: collective.Group, shard: ShardExecutor) -> None:
         self.group, self.shard = group, shard
@@ -135,6 +137,7 @@ class WorkerService(worker_pb2_grpc.WorkerServicer):
         it fails its request (a Begin, a request's sampling) or the round's requests (the forward),
         and the reply says so. A failed commit, or an accelerator fault, breaks the group: it
         propagates and the worker leaves."""
+        self.last_step = time.monotonic()
         shard = self.shard
         assert shard is not None
         entered = time.perf_counter()
@@ -256,10 +259,37 @@ def serve_worker(config: ServingConfig, rank: int, stop: threading.Event | None 
         if metrics is not None:
             metrics.joined.set(1)
         log.info("rank %d ready (group %s, %d workers)", rank, group.group_id, workers.count)
-        stop.wait()
+        drain = Drain()
+        if threading.current_thread() is threading.main_thread():
+            # Joined: SIGTERM now drains (until here it stops at once: a join cannot be interrupted).
+            signal.signal(signal.SIGTERM, drain.request)
+        while not stop.wait(0.2):
+            if drain.done(service.last_step, config.limits.request_timeout_s):
+                log.info("rank %d: drained (no step for %.0f s), leaving", rank, QUIET_S)
+                break
     finally:
         server.stop(grace=1.0)
     return exit_code[0] if exit_code else 0
+
+
+QUIET_S = 2.0  # a draining worker leaves once no step arrived for this long
+
+
+class Drain:
+    """SIGTERM came (a pod deletion, which stops the master too): keep serving the master's steps
+    while it drains its requests; leave once it went quiet, or after the longest a request may last."""
+
+    def __init__(self) -> None:
+        self.began: float | None = None
+
+    def request(self, *_: object) -> None:
+        self.began = self.began or time.monotonic()
+
+    def done(self, last_step: float, limit_s: float) -> bool:
+        if self.began is None:
+            return False
+        now = time.monotonic()
+        return now - last_step >= QUIET_S or now - self.began >= limit_s
 
 
 def start_server(service: WorkerService, address: str, key: str = "workers.listen_port") -> grpc.Server:
