@@ -100,6 +100,17 @@ def backoff_seconds(policy: dict[str, Any], recent: int) -> float:
     return float(min(policy["backoffSeconds"] * 2 ** (recent - 1), policy["maxBackoffSeconds"]))
 
 
+def exit_reason(pod: Pod) -> str:
+    """' (OOMKilled, exit code 137)' from the last container termination the kubelet reported."""
+    for c in (pod.get("status") or {}).get("containerStatuses") or []:
+        for state in (c.get("state") or {}, c.get("lastState") or {}):
+            ended = state.get("terminated")
+            if ended:
+                reason = ended.get("reason") or "Terminated"
+                return f" ({reason}, exit code {ended.get('exitCode', '?')})"
+    return ""
+
+
 def _failure(memory: Memory, live: dict[str, Pod]) -> str | None:
     for name, uid, count in memory.members:
         pod = live.get(name)
@@ -108,9 +119,9 @@ def _failure(memory: Memory, live: dict[str, Pod]) -> str | None:
         if pod["metadata"]["uid"] != uid:
             return f"worker pod {name} was replaced"
         if restarts(pod) > count:
-            return f"worker pod {name} restarted"
+            return f"worker pod {name} restarted{exit_reason(pod)}"
         if (pod.get("status") or {}).get("phase") == "Failed":
-            return f"worker pod {name} failed"
+            return f"worker pod {name} failed{exit_reason(pod)}"
     return None
 
 

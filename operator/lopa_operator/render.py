@@ -135,7 +135,10 @@ def group_hash(name: str, namespace: str, spec: dict[str, Any]) -> str:
     text = config.dump(config.render(name, namespace, spec))
     worker = pods.worker_template(name, spec, "")
     master = pods.master_template(name, spec, "")
-    return config.digest(text, worker, master)
+    trigger = spec.get("restartTrigger")
+    # A new restartTrigger value rolls the group like any change (and so clears its restart count);
+    # absent, the hash stays what it was before the field existed: no rollout on operator upgrade.
+    return config.digest(text, worker, master, trigger) if trigger else config.digest(text, worker, master)
 
 
 def children(name: str, namespace: str, raw_spec: dict[str, Any]) -> list[dict[str, Any]]:

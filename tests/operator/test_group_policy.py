@@ -256,3 +256,32 @@ def test_transition_time_kept_while_status_unchanged() -> None:
         _conditions(later)["Available"]["lastTransitionTime"]
         == _conditions(first)["Available"]["lastTransitionTime"]
     )
+
+
+def test_a_failed_workers_exit_reason_is_in_the_message() -> None:
+    """Issue 12, item 5: OOMKilled / the exit code reach the condition message and the event."""
+    crashed = pod("d-worker-1", "b", restarts=1)
+    crashed["status"]["containerStatuses"][0]["lastState"] = {
+        "terminated": {"reason": "OOMKilled", "exitCode": 137}}
+    d = group.decide([pod("d-worker-0", "a"), crashed], 2, HASH, formed(), POLICY, NOW)
+    assert d.state == "Restarting"
+    assert d.message.startswith("worker pod d-worker-1 restarted (OOMKilled, exit code 137); recreating")
+    failed = pod("d-worker-0", "a", phase="Failed")
+    failed["status"]["containerStatuses"][0]["state"] = {"terminated": {"reason": "Error", "exitCode": 3}}
+    d = group.decide([failed, pod("d-worker-1", "b")], 2, HASH, formed(), POLICY, NOW)
+    assert d.message.startswith("worker pod d-worker-0 failed (Error, exit code 3)")
+
+
+def test_the_restart_trigger_rolls_the_group_only_when_set_or_changed() -> None:
+    from lopa_operator import render
+
+    base = specs.with_defaults({})
+    untouched = render.group_hash("d", "ns", base)
+    assert render.group_hash("d", "ns", {**base, "restartTrigger": ""}) == untouched
+    first = render.group_hash("d", "ns", {**base, "restartTrigger": "2026-11-23T10:00"})
+    second = render.group_hash("d", "ns", {**base, "restartTrigger": "2026-11-23T11:00"})
+    assert len({untouched, first, second}) == 3
+    # A new hash makes every pod stale: the group rolls and its consecutive restarts start over.
+    exhausted = formed(recent_restarts=POLICY["maxGroupRestarts"])
+    d = group.decide([pod("d-worker-0", "a"), pod("d-worker-1", "b")], 2, first, exhausted, POLICY, NOW)
+    assert d.state == "Rolling" and len(d.delete) == 2 and d.memory.recent_restarts == 0

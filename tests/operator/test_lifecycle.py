@@ -176,6 +176,16 @@ def test_restarts_exhausted_is_degraded(kube: KubeCluster, ns: str) -> None:
     assert "maxGroupRestarts=0" in condition(final, "Degraded")["message"]
     assert condition(final, "Available")["status"] == "False"
     assert final["status"]["groupRestarts"] == 0  # bounded: nothing was recreated
+    # Issue 12, item 5: bumping spec.restartTrigger recreates the Degraded group, count cleared.
+    before = {p["metadata"]["uid"] for p in kube.get_json("pods", "-n", ns)["items"]
+              if p["metadata"]["name"].startswith(f"{name}-worker-")}
+    kube.kubectl("patch", "lopadeployment", name, "-n", ns, "--type=merge",
+                 "-p", '{"spec": {"restartTrigger": "retry-1"}}')
+    healed = wait_status(kube, ns, name, is_available, timeout=90, description="Available again")
+    assert healed["status"]["recentGroupRestarts"] == 0
+    after = {p["metadata"]["uid"] for p in kube.get_json("pods", "-n", ns)["items"]
+             if p["metadata"]["name"].startswith(f"{name}-worker-")}
+    assert after and not after & before
 
 
 def test_too_many_gpus_is_unschedulable_naming_resource(kube: KubeCluster, ns: str) -> None:
