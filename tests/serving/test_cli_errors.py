@@ -133,6 +133,7 @@ def test_client_generate_help_explains_every_flag(capsys: pytest.CaptureFixture[
         (["--metrics-port", "99999"], "lopa serve: error: --metrics-port: must be in [0, 65535], got 99999"),
         (["--workers", "0"], "lopa serve: error: --workers: must be >= 1, got 0"),
         (["--max-batch", "0"], "lopa serve: error: --max-batch: must be in [1, 256], got 0"),
+        (["--http-port", "70000"], "lopa serve: error: --http-port: must be in [0, 65535], got 70000"),
         (["--max-step-tokens", "-5"],
          "lopa serve: error: --max-step-tokens: must be >= 0 (0 = the device's default), got -5"),
     ],
@@ -152,6 +153,10 @@ def test_serve_with_a_config_file_without_decoding_uses_the_models_defaults(tmp_
     assert serve.serving_config(args).decoding == model_defaults(model_path(""))
     args = build_parser().parse_args(["serve", "--config", str(config), "--branches", "3"])
     assert serve.serving_config(args).decoding == model_defaults(model_path("")).with_overrides(branches=3)
+    args = build_parser().parse_args(["serve", "--config", str(config), "--http-port", "8123",
+                                      "--max-batch", "4", "--max-step-tokens", "300"])
+    served = serve.serving_config(args)
+    assert (served.master.http_port, served.limits.max_batch, served.limits.max_step_tokens) == (8123, 4, 300)
 
 
 def test_supervise_reports_a_dead_master() -> None:
