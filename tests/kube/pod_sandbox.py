@@ -1,0 +1,182 @@
+"""The pod's view of the machine: its network namespace, hostname, /etc/hosts, DNS and volumes.
+
+`prepare()` writes the pod's files under its own directory and returns the command line that starts
+the container process: `nsenter --net` (the pod's network namespace, see `netns`) execs `unshare
+--mount --uts` (a private mount namespace and hostname), which execs a short shell script that
+makes the mounts and then execs the container's argv. Every step execs, so the process the harness
+started *is* the container process: its pid, signals and exit code are the container's.
+
+The script, in the new mount namespace only (nothing leaks to the host's mounts):
+- a volume mount point that does not exist on this machine (say /etc/lopa) is created inside an
+  overlay mounted over its deepest existing ancestor directory (/etc), so the host's /etc is
+  never written; a mount point nested in another volume's mount is created in that volume's files;
+- every volume directory (or its subPath) is bind-mounted at its mountPath, remounted read-only when
+  the mount says readOnly (ConfigMap, Secret, downwardAPI and projected volumes always are);
+- /etc/hosts (the kubelet's managed file: localhost and the pod's own name, its FQDN when it has a
+  subdomain), /etc/resolv.conf (dnsPolicy ClusterFirst: the cluster DNS, the search list
+  `<ns>.svc.cluster.local svc.cluster.local cluster.local`, ndots:5) and /etc/hostname are bound
+  over the host's; the UTS hostname is the pod's hostname.
+
+Where it differs from a container runtime: the root filesystem is the host's (no image), no PID,
+IPC or user namespace (the process runs as root and sees the host's processes), no cgroup limits;
+every dnsPolicy is treated as ClusterFirst; a mount point directly under / (say /models) is refused.
+"""
+
+from __future__ import annotations
+
+import os
+import shlex
+import shutil
+from pathlib import Path
+
+from .pod_plan import Mount, PodPlan, Unsupported
+
+CLUSTER_DOMAIN = "cluster.local"
+HOSTS_HEADER = """# Kubernetes-managed hosts file.
+127.0.0.1\tlocalhost
+::1\tlocalhost ip6-localhost ip6-loopback
+fe00::0\tip6-localnet
+fe00::0\tip6-mcastprefix
+fe00::1\tip6-allnodes
+fe00::2\tip6-allrouters
+"""
+READ_ONLY_KINDS = ("configMap", "secret", "downwardAPI", "projected")
+
+
+def _tool(name: str) -> str:
+    found = shutil.which(name, path="/usr/sbin:/usr/bin:/sbin:/bin")
+    if not found:
+        raise Unsupported(f"the {name} command is missing")
+    return found
+
+
+def fqdn(plan: PodPlan) -> str:
+    """The pod's own fully qualified name (hostname.subdomain.ns.svc.cluster.local), or ''."""
+    if not plan.subdomain:
+        return ""
+    return f"{plan.hostname}.{plan.subdomain}.{plan.namespace}.svc.{CLUSTER_DOMAIN}"
+
+
+def hosts_file(plan: PodPlan, pod_ip: str) -> str:
+    names = [fqdn(plan), plan.hostname] if plan.subdomain else [plan.hostname]
+    return HOSTS_HEADER + pod_ip + "\t" + "\t".join(names) + "\n"
+
+
+def resolv_conf(namespace: str, dns_ip: str) -> str:
+    search = f"{namespace}.svc.{CLUSTER_DOMAIN} svc.{CLUSTER_DOMAIN} {CLUSTER_DOMAIN}"
+    return f"search {search}\nnameserver {dns_ip}\noptions ndots:5\n"
+
+
+def write_volumes(plan: PodPlan, pod_dir: Path) -> dict[str, Path]:
+    """Writes every volume's files under pod_dir/volumes; returns volume name -> its directory."""
+    dirs: dict[str, Path] = {}
+    for name, files in plan.volumes.items():
+        root = pod_dir / "volumes" / name
+        root.mkdir(parents=True, exist_ok=True)
+        for relative, (content, mode) in files.items():
+            target = root / relative
+            target.parent.mkdir(parents=True, exist_ok=True)
+            target.write_bytes(content)
+            target.chmod(mode)
+        dirs[name] = root
+    return dirs
+
+
+def prepare(
+    plan: PodPlan, pod_dir: Path, netns_path: Path, pod_ip: str, dns_ip: str, read_only: set[str]
+) -> list[str]:
+    """Writes the pod's files and returns the argv that starts its container process.
+
+    `read_only`: the volumes a kubelet always mounts read-only (see READ_ONLY_KINDS).
+    """
+    pod_dir.mkdir(parents=True, exist_ok=True)
+    volumes = write_volumes(plan, pod_dir)
+    etc = pod_dir / "etc"
+    etc.mkdir(exist_ok=True)
+    (etc / "hosts").write_text(hosts_file(plan, pod_ip))
+    (etc / "resolv.conf").write_text(resolv_conf(plan.namespace, dns_ip))
+    (etc / "hostname").write_text(plan.hostname + "\n")
+
+    script = ["set -e"]
+    binds: list[tuple[Path, str, bool]] = []
+    for mount in sorted(plan.mounts, key=lambda m: len(Path(m.path).parts)):
+        if mount.volume not in volumes:
+            raise Unsupported(f"volumeMount {mount.path}: no volume named {mount.volume!r}")
+        source = volumes[mount.volume] / mount.sub_path if mount.sub_path else volumes[mount.volume]
+        if mount.sub_path and not source.exists():
+            source.mkdir(parents=True)  # the kubelet creates a missing subPath as a directory
+        binds.append((source, mount.path, mount.read_only or mount.volume in read_only))
+    for name in ("hosts", "resolv.conf", "hostname"):
+        binds.append((etc / name, f"/etc/{name}", False))
+
+    overlays: dict[Path, Path] = {}
+    for source, target, _ in binds:
+        parent = _enclosing_bind(target, binds)
+        if parent is not None:  # nested in another volume: make the mount point in its files
+            inner = parent[0] / os.path.relpath(target, parent[1])
+            _make_point(inner, source)
+        elif not Path(target).exists():
+            ancestor = _existing_ancestor(target)
+            if ancestor not in overlays:
+                overlays[ancestor] = _overlay_dirs(pod_dir, len(overlays))
+                upper, work = overlays[ancestor] / "upper", overlays[ancestor] / "work"
+                options = f"lowerdir={ancestor},upperdir={upper},workdir={work}"
+                script.append(f"mount -t overlay overlay -o {options} {ancestor}")
+            script.append(f"{'mkdir -p' if source.is_dir() else 'touch'} {shlex.quote(target)}")
+    for source, target, ro in binds:
+        script.append(f"mount --bind {shlex.quote(str(source))} {shlex.quote(target)}")
+        if ro:
+            script.append(f"mount -o remount,bind,ro {shlex.quote(target)}")
+    script.append(f"hostname {shlex.quote(plan.hostname)}")
+    script.append(f"cd {shlex.quote(plan.working_dir)}")
+    script.append('exec "$@"')
+    (pod_dir / "start.sh").write_text("\n".join(script) + "\n")
+    return [
+        _tool("nsenter"), f"--net={netns_path}", "--",
+        _tool("unshare"), "--mount", "--uts", "--propagation", "private", "--",
+        _tool("sh"), str(pod_dir / "start.sh"), *plan.argv,
+    ]
+
+
+def _enclosing_bind(target: str, binds: list[tuple[Path, str, bool]]) -> tuple[Path, str] | None:
+    """The bind (source, path) whose path strictly contains `target`, innermost first."""
+    best: tuple[Path, str] | None = None
+    for source, path, _ in binds:
+        inside = target != path and Path(target).is_relative_to(path)
+        if inside and (best is None or len(path) > len(best[1])):
+            best = (source, path)
+    return best
+
+
+def _make_point(path: Path, source: Path) -> None:
+    if source.is_dir():
+        path.mkdir(parents=True, exist_ok=True)
+    else:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.touch()
+
+
+def _existing_ancestor(target: str) -> Path:
+    for parent in Path(target).parents:
+        if parent.exists():
+            resolved = parent.resolve()
+            if resolved == Path("/"):
+                raise Unsupported(f"mount point {target}: a new directory directly under / is not supported")
+            return resolved
+    raise Unsupported(f"mount point {target}: not an absolute path")
+
+
+def _overlay_dirs(pod_dir: Path, index: int) -> Path:
+    base = pod_dir / "overlay" / str(index)
+    (base / "upper").mkdir(parents=True, exist_ok=True)
+    (base / "work").mkdir(parents=True, exist_ok=True)
+    return base
+
+
+def read_only_volumes(pod: dict[str, object]) -> set[str]:
+    spec = pod["spec"]
+    assert isinstance(spec, dict)
+    return {v["name"] for v in spec.get("volumes") or [] if any(k in v for k in READ_ONLY_KINDS)}
+
+
+__all__ = ["Mount", "fqdn", "hosts_file", "prepare", "read_only_volumes", "resolv_conf"]

@@ -1,0 +1,223 @@
+"""End to end (issue 14): the pods the operator renders run, form their group and answer.
+
+The CPU sample (manifests/samples/cpu.yaml: 2 branch workers) is applied with the operator
+running; the scheduler binds its pods to the process node of `kube.pod_runner` (the kwok nodes
+are cordoned for this module), which runs each pod's container as a process in its own network
+namespace: the real `lopa master` and `lopa worker`, with the command, env, ConfigMap mount, DNS
+names, ports and probes the operator rendered. Requests go the way a client in the cluster sends
+them: a client pod runs `lopa client generate` against the LoPADeployment's status.endpoint
+(the client Service's name), resolved by the cluster DNS and forwarded by the Service proxy.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+from lopa_op_helpers import (
+    OperatorProcess,
+    delete_all,
+    is_available,
+    load_sample,
+    lopa,
+    pods,
+    running_operator,
+    wait_status,
+)
+
+from kube import netns
+from kube.cluster import KubeCluster
+from kube.nodes import DEFAULT_NODES
+from kube.pod_runner import PodRunner
+
+pytestmark = pytest.mark.slow
+
+NAME = "lopa-cpu"
+PROMPT = "case:imx.soe.wxy.mhf.txf.jkk.xjc.vex.oyq.ekj.ypl.dfg="
+GROUP_TIMEOUT = 240.0  # CPU workers loading torch and the model on a 2-core CI machine
+
+
+@pytest.fixture(scope="module")
+def runner(kube: KubeCluster) -> Iterator[PodRunner]:
+    why = netns.available()
+    if why:
+        pytest.skip(f"running pods as processes {why}")
+    nodes = [node.name for node in DEFAULT_NODES]
+    kube.kubectl("cordon", *nodes)  # every pod of this module goes to the process node
+    try:
+        with PodRunner(kube) as pod_runner:
+            yield pod_runner
+    finally:
+        kube.kubectl("uncordon", *nodes, check=False)
+
+
+@pytest.fixture(scope="module")
+def operator(kube: KubeCluster, tmp_path_factory: pytest.TempPathFactory) -> Iterator[OperatorProcess]:
+    with running_operator(kube, tmp_path_factory.mktemp("operator") / "operator.log") as op:
+        yield op
+
+
+@pytest.fixture(scope="module")
+def ns(kube: KubeCluster, runner: PodRunner, operator: OperatorProcess) -> Iterator[str]:
+    name = f"t-pods-run-{os.getpid()}"
+    kube.kubectl("create", "namespace", name)
+    kube.kubectl("label", "namespace", name, "lopa.dev/test=true")
+    kube.wait_for(
+        lambda: runner.api.get(f"/api/v1/namespaces/{name}/serviceaccounts/default"),
+        timeout=30, description="the default ServiceAccount",
+    )
+    try:
+        sample = load_sample("cpu.yaml")
+        sample[0]["spec"]["branchParallelism"] = max(2, sample[0]["spec"].get("branchParallelism", 1))
+        kube.apply(sample, namespace=name)
+        yield name
+    finally:
+        print(f"--- operator log (tail) ---\n{chr(10).join(operator.log().splitlines()[-40:])}")
+        print(runner.report())
+        delete_all(kube, name)
+        kube.kubectl("delete", "namespace", name, "--wait=false", check=False)
+
+
+@pytest.fixture(scope="module")
+def expected() -> dict[int, dict[str, Any]]:
+    """`lopa generate` on the bundled model with the sample's settings, per branch count."""
+    out = {}
+    for branches in (3, 0):
+        result = subprocess.run(
+            [sys.executable, "-m", "lopa", "generate", "--prompt", PROMPT, "--branches", str(branches),
+             "--json"],
+            capture_output=True, text=True, timeout=180, check=True,
+        )
+        out[branches] = json.loads(result.stdout)
+    return out
+
+
+def available(kube: KubeCluster, ns: str, what: str) -> dict[str, Any]:
+    return wait_status(kube, ns, NAME, is_available, timeout=GROUP_TIMEOUT, description=what)
+
+
+def ask(kube: KubeCluster, runner: PodRunner, ns: str, tag: str) -> dict[str, Any]:
+    """One request from a client pod through the client Service's name; its JSON answer."""
+    endpoint = lopa(kube, ns, NAME)["status"]["endpoint"]
+    image = pods(kube, ns, NAME, "master")[0]["spec"]["containers"][0]["image"]
+    name = f"client-{tag}"
+    command = ["lopa", "client", "generate", "--address", endpoint, "--prompt", PROMPT, "--json",
+               "--timeout", "120"]
+    runner.api.post(f"/api/v1/namespaces/{ns}/pods", {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": name},
+        "spec": {
+            "restartPolicy": "Never",
+            "containers": [{"name": "client", "image": image, "command": command}],
+        },
+    })
+
+    def finished() -> dict[str, Any] | None:
+        pod = runner.api.get(f"/api/v1/namespaces/{ns}/pods/{name}")
+        return pod if pod and pod["status"].get("phase") in ("Succeeded", "Failed") else None
+
+    done = kube.wait_for(finished, timeout=180, description=f"client pod {name} to finish")
+    log = runner.log(ns, name)
+    assert done["status"]["phase"] == "Succeeded", f"client pod failed:\n{log}"
+    line = next(line for line in reversed(log.splitlines()) if line.startswith("{"))
+    return dict(json.loads(line))
+
+
+def workers(kube: KubeCluster, ns: str) -> dict[str, dict[str, Any]]:
+    return {p["metadata"]["name"]: p for p in pods(kube, ns, NAME, "worker")}
+
+
+def test_sample_runs_serves_and_answers_like_lopa_generate(
+    kube: KubeCluster, runner: PodRunner, ns: str, expected: dict[int, dict[str, Any]]
+) -> None:
+    obj = available(kube, ns, "the CPU sample Available with its pods running as processes")
+    assert obj["status"]["readyWorkers"] == 2
+    group = workers(kube, ns)
+    assert sorted(group) == [f"{NAME}-worker-0", f"{NAME}-worker-1"]
+    (master,) = pods(kube, ns, NAME, "master")
+    addresses = set()
+    for pod in [*group.values(), master]:
+        assert pod["spec"]["nodeName"] == runner.node
+        assert runner.pid(ns, pod["metadata"]["name"]), f"{pod['metadata']['name']} has no process"
+        addresses.add(pod["status"]["podIP"])
+    assert len(addresses) == 3  # one network namespace (and address) per pod
+    answer = ask(kube, runner, ns, "first")
+    assert answer["finish_reason"] == expected[3]["finish_reason"]
+    assert answer["text"] == expected[3]["text"]
+    assert answer["tokens"] == expected[3]["tokens"]
+    assert answer["mean_branches"] == pytest.approx(3.0)
+
+
+def test_a_killed_worker_restarts_the_whole_group(kube: KubeCluster, runner: PodRunner, ns: str,
+                                                   expected: dict[int, dict[str, Any]]) -> None:
+    before = available(kube, ns, "the group Available before the kill")
+    restarts = int(before["status"].get("groupRestarts") or 0)
+    old = {name: pod["metadata"]["uid"] for name, pod in workers(kube, ns).items()}
+    victim = f"{NAME}-worker-1"
+    runner.kill(ns, victim, signal.SIGKILL)
+
+    def failed() -> bool:  # its pod reports the crash: Failed, terminated by SIGKILL
+        pod = runner.api.get(f"/api/v1/namespaces/{ns}/pods/{victim}")
+        if pod is None or pod["metadata"]["uid"] != old[victim]:
+            raise AssertionError(f"{victim} was replaced before it was seen Failed")
+        state = pod["status"]["containerStatuses"][0]["state"]
+        return pod["status"]["phase"] == "Failed" and state["terminated"]["exitCode"] == 137
+
+    kube.wait_for(failed, timeout=15, interval=0.1, description=f"{victim} Failed")
+    after = wait_status(
+        kube, ns, NAME,
+        lambda o: is_available(o) and int(o["status"].get("groupRestarts") or 0) > restarts,
+        timeout=GROUP_TIMEOUT, description="the recreated group Available",
+    )
+    assert after["status"]["groupRestarts"] == restarts + 1
+    new = {name: pod["metadata"]["uid"] for name, pod in workers(kube, ns).items()}
+    assert sorted(new) == sorted(old)
+    assert not set(new.values()) & set(old.values())  # every worker recreated, not only the victim
+    answer = ask(kube, runner, ns, "after-restart")
+    assert answer["text"] == expected[3]["text"]
+
+
+def test_a_decoding_change_rolls_the_group_and_shows_in_the_answer(
+    kube: KubeCluster, runner: PodRunner, ns: str, expected: dict[int, dict[str, Any]]
+) -> None:
+    before = available(kube, ns, "the group Available before the change")
+    old = {p["metadata"]["uid"] for p in pods(kube, ns, NAME) + pods(kube, ns, NAME, "master")}
+    kube.kubectl("patch", "lopadeployment", NAME, "-n", ns, "--type=merge",
+                 "-p", json.dumps({"spec": {"decoding": {"branches": 0}}}))
+    after = wait_status(
+        kube, ns, NAME,
+        lambda o: is_available(o) and o["status"]["configHash"] != before["status"]["configHash"],
+        timeout=GROUP_TIMEOUT, description="the rolled group Available",
+    )
+    assert after["status"]["groupRestarts"] == before["status"]["groupRestarts"]  # a roll is no failure
+    now = {p["metadata"]["uid"] for p in pods(kube, ns, NAME) + pods(kube, ns, NAME, "master")}
+    assert not now & old
+    answer = ask(kube, runner, ns, "d2f")
+    assert answer["mean_branches"] == 0
+    assert answer["text"] == expected[0]["text"]
+    assert answer["tokens"] == expected[0]["tokens"]
+
+
+def test_stop_leaves_no_process_namespace_or_node(kube: KubeCluster, runner: PodRunner, ns: str) -> None:
+    group = pods(kube, ns, NAME) + pods(kube, ns, NAME, "master")
+    pids = [runner.pid(ns, p["metadata"]["name"]) for p in group]
+    assert all(pids) and runner.running() >= 3
+    started = time.monotonic()
+    runner.stop()  # what the fixture's teardown (and atexit) does when a test fails
+    assert time.monotonic() - started < 30
+    for pid in pids:
+        assert pid is not None
+        with pytest.raises(ProcessLookupError):
+            os.kill(pid, 0)
+    left = netns.ip("netns", "list").stdout
+    assert f"lopa-{os.getpid()}-" not in left
+    assert netns.ip("link", "show", runner.network.bridge, check=False).returncode != 0
+    assert runner.api.get(f"/api/v1/nodes/{runner.node}") is None
