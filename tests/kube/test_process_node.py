@@ -1,0 +1,104 @@
+"""The process-node harness's own parts, without a control plane: `$(VAR)` expansion, the pod
+sandbox (volumes at their mount paths, hostname, cluster names through the DNS server's search
+list) and the removal of what a SIGKILLed run left behind."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import pytest
+
+from kube import cluster_dns, netns, pod_sandbox
+from kube.pod_plan import Mount, PodPlan, expand
+
+needs_netns = pytest.mark.skipif(bool(netns.available()), reason=f"pod networks: {netns.available()}")
+
+
+def test_expand_follows_kubernetes_rules() -> None:
+    env = {"RANK": "1", "EMPTY": ""}
+    assert expand("--rank=$(RANK)", env) == "--rank=1"
+    assert expand("$$(RANK) $(MISSING) $(EMPTY)x", env) == "$(RANK) $(MISSING) x"
+    assert expand("$(RANK", env) == "$(RANK"
+    assert expand("a$b$", env) == "a$b$"
+
+
+def _plan(argv: list[str]) -> PodPlan:
+    return PodPlan(
+        uid="u1", name="w-0", namespace="ns1", container="c", argv=argv,
+        env={"PATH": "/usr/bin:/bin", "GREETING": "hi"}, ports={},
+        mounts=[
+            Mount("config", "/etc/lopa-harness-test", read_only=True),
+            Mount("scratch", "/etc/lopa-harness-test/inner"),
+        ],
+        volumes={"config": {"lopa.yaml": (b"k: v\n", 0o644)}, "scratch": {}},
+        readiness=None, liveness=None, hostname="w-0", subdomain="ws", grace_seconds=30, working_dir="/",
+    )
+
+
+@needs_netns
+def test_sandbox_has_volumes_hostname_and_cluster_names(tmp_path: Path) -> None:
+    network = netns.PodNetwork()
+    records = {"w-1.ws.ns1.svc.cluster.local": ["10.9.8.7"], "empty.ns1.svc.cluster.local": []}
+    dns = cluster_dns.ClusterDNS(network.gateway, records.get)
+    try:
+        name, address = network.add()
+        script = """
+            hostname; echo $GREETING; cat /etc/lopa-harness-test/lopa.yaml
+            touch /etc/lopa-harness-test/x 2>/dev/null && echo writable || echo read-only
+            touch /etc/lopa-harness-test/inner/x && echo inner-writable
+            getent hosts w-0 | cut -f1 -d' '
+            getent hosts w-1.ws.ns1.svc | cut -f1 -d' '
+            getent hosts empty.ns1.svc || echo no-address
+            getent hosts example.com || echo outside
+        """
+        plan = _plan(["sh", "-c", textwrap.dedent(script)])
+        netns_path = network.netns_path(name)
+        argv = pod_sandbox.prepare(plan, tmp_path, netns_path, address, network.gateway, {"config"})
+        result = subprocess.run(argv, env=plan.env, capture_output=True, text=True, timeout=30, check=False)
+        assert result.returncode == 0, result.stderr
+        assert result.stdout.split() == [
+            "w-0", "hi", "k:", "v", "read-only", "inner-writable",
+            address, "10.9.8.7", "no-address", "outside",
+        ]
+        assert not Path("/etc/lopa-harness-test").exists()  # the mount point lived in the pod's overlay
+    finally:
+        dns.close()
+        network.close()
+
+
+LEAVER = """
+import subprocess, sys, time
+from kube import netns
+from kube.processes import die_with_parent
+network = netns.PodNetwork()
+name, _ = network.add()
+argv = ["nsenter", f"--net={network.netns_path(name)}", "sleep", "300"]
+child = subprocess.Popen(argv, preexec_fn=die_with_parent)
+print(name, network.bridge, child.pid, flush=True)
+time.sleep(300)
+"""
+
+
+@needs_netns
+def test_a_sigkilled_run_leaves_nothing_for_long() -> None:
+    tests_dir = str(Path(__file__).resolve().parents[1])
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([tests_dir, os.environ.get("PYTHONPATH", "")])}
+    leaver = subprocess.Popen([sys.executable, "-c", LEAVER], stdout=subprocess.PIPE, text=True, env=env)
+    assert leaver.stdout is not None
+    name, bridge, child = leaver.stdout.readline().split()
+    leaver.send_signal(signal.SIGKILL)
+    leaver.wait(timeout=10)
+    deadline = time.monotonic() + 10
+    while Path(f"/proc/{child}").exists() and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not Path(f"/proc/{child}").exists()  # died with its parent (PR_SET_PDEATHSIG)
+    assert name in netns.ip("netns", "list").stdout  # left behind until the next run
+    netns.remove_stale()
+    assert name not in netns.ip("netns", "list").stdout
+    assert netns.ip("link", "show", bridge, check=False).returncode != 0
