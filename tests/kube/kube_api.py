@@ -8,6 +8,7 @@ a DNS server and a Service proxy would, without generated model classes.
 from __future__ import annotations
 
 import json
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlencode
@@ -90,6 +91,26 @@ class Api:
             if error.status in (404, 409):
                 return None
             raise
+
+    def watch(self, path: str, resource_version: str, seconds: int, **query: Any) -> Iterator[dict[str, Any]]:
+        """The watch events of `path` after `resource_version`, for at most `seconds`."""
+        query.update(watch="1", resourceVersion=resource_version, timeoutSeconds=str(seconds))
+        url = f"{self.server}{path}?{urlencode(query)}"
+        reply = self.pool.request("GET", url, headers=self.headers, preload_content=False, retries=False,
+                                  timeout=urllib3.Timeout(connect=5.0, read=seconds + 5.0))
+        try:
+            if reply.status >= 400:
+                raise ApiError(reply.status, "WATCH", path, reply.read().decode(errors="replace"))
+            buffer = b""
+            for chunk in reply.stream(4096):
+                buffer += chunk
+                while b"\n" in buffer:
+                    line, buffer = buffer.split(b"\n", 1)
+                    if line.strip():
+                        yield json.loads(line)
+        finally:
+            reply.close()  # a watch left early is not drained: its connection is dropped
+            reply.release_conn()
 
     def close(self) -> None:
         self.pool.clear()

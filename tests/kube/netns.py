@@ -46,7 +46,7 @@ def available() -> str | None:
     """Why pod networks cannot be made here, or None when they can."""
     if os.geteuid() != 0:
         return "needs root (network namespaces, veth pairs, mounts)"
-    for tool in ("ip", "nsenter", "unshare", "mount"):
+    for tool in ("ip", "nsenter", "mount", "sh"):
         if subprocess.run(["which", tool], capture_output=True, check=False).returncode != 0:
             return f"needs the {tool} command"
     if "overlay" not in Path("/proc/filesystems").read_text():

@@ -80,6 +80,7 @@ class PodPlan:
     subdomain: str
     grace_seconds: float
     working_dir: str
+    share_pid: bool = False  # spec.shareProcessNamespace
 
     def port(self, value: int | str) -> int:
         """A probe's port: a number, or the name of one of the container's ports."""
@@ -127,6 +128,7 @@ def plan(pod: dict[str, Any], api: Api, pod_ip: str, host_ip: str) -> PodPlan:
         subdomain=spec.get("subdomain", ""),
         grace_seconds=float(spec.get("terminationGracePeriodSeconds", 30)),
         working_dir=container.get("workingDir") or "/",
+        share_pid=bool(spec.get("shareProcessNamespace")),
     )
 
 

@@ -66,6 +66,7 @@ class _Pod:
     log_path: Path
     container: pod_status.ContainerState
     prober: Prober
+    pid: int  # the container's process (PID 1 of its PID namespace, or a child of a "pause")
     reported: dict[str, Any] | None = None
     term_deadline: float | None = None  # set once SIGTERM was sent
 
@@ -76,6 +77,8 @@ class PodRunner:
     node: str = NODE_NAME
     work_dir: Path = field(default_factory=lambda: Path(tempfile.mkdtemp(prefix="lopa-pods-")))
     events: list[str] = field(default_factory=list)  # what it did, for failure messages
+    # Containers still alive when their grace period ran out (SIGKILLed), as "namespace/name".
+    grace_kills: list[str] = field(default_factory=list)
 
     def __post_init__(self) -> None:
         self.api = Api(self.kube.kubeconfig)
@@ -141,7 +144,7 @@ class PodRunner:
         """The pid of the running container process of pod `name`, if any."""
         for pod in list(self._pods.values()):
             if (pod.namespace, pod.name) == (namespace, name) and pod.process.poll() is None:
-                return pod.process.pid
+                return pod.pid
         return None
 
     def kill(self, namespace: str, name: str, sig: int = signal.SIGKILL) -> int:
@@ -242,15 +245,14 @@ class PodRunner:
             start_new_session=True,  # its own process group, like a container's processes
             preexec_fn=die_with_parent,  # dies with the test process, however it dies
         )
-        container = pod_status.ContainerState(
-            plan.container, f"process://{process.pid}", obj["spec"]["containers"][0].get("image", ""),
-            pod_status.now(),
-        )
+        pid = _container_pid(process, pod_dir / pod_sandbox.LAUNCHED if plan.share_pid else None)
+        image = obj["spec"]["containers"][0].get("image", "")
+        container = pod_status.ContainerState(plan.container, f"process://{pid}", image, pod_status.now())
         pod = _Pod(meta["namespace"], meta["name"], uid, name, address, plan, process, log, log_path,
-                   container, Prober(plan, address, process.pid))
+                   container, Prober(plan, address, pid), pid)
         self._pods[uid] = pod
         self._logs[(pod.namespace, pod.name)] = log_path
-        self._event(f"{where}: started pid {process.pid} at {address}: {' '.join(plan.argv)}")
+        self._event(f"{where}: started pid {pid} at {address}: {' '.join(plan.argv)}")
         self._report(obj, pod)
 
     def _refuse(self, obj: dict[str, Any], why: str) -> None:
@@ -275,15 +277,18 @@ class PodRunner:
             pod.container.finished_at = pod_status.now()
             pod.prober.stop()
             pod.log.close()
-            self._event(f"{pod.namespace}/{pod.name}: pid {pod.process.pid} exited {pod.container.exit_code}")
+            self._event(f"{pod.namespace}/{pod.name}: pid {pod.pid} exited {pod.container.exit_code}")
             return
         if code is None and not pod.prober.state.live and pod.term_deadline is None:
             pod.container.message = pod.prober.state.last_error
             self._event(f"{pod.namespace}/{pod.name}: {pod.container.message}; stopping")
             self._signal(pod, pod.plan.grace_seconds)
         if code is None and pod.term_deadline is not None and time.monotonic() >= pod.term_deadline:
+            pod.term_deadline = float("inf")  # once
+            self.grace_kills.append(f"{pod.namespace}/{pod.name}")
+            self._event(f"{pod.namespace}/{pod.name}: still running after its grace period; SIGKILL")
             with contextlib.suppress(ProcessLookupError):
-                os.killpg(pod.process.pid, signal.SIGKILL)  # the grace period is over
+                os.killpg(pod.process.pid, signal.SIGKILL)
         pod.container.ready = pod.prober.state.ready
 
     def _report(self, obj: dict[str, Any], pod: _Pod) -> None:
@@ -293,10 +298,11 @@ class PodRunner:
             pod.reported = patch
 
     def _signal(self, pod: _Pod, grace: float) -> None:
-        """SIGTERM now; the loop sends SIGKILL once `grace` seconds have passed."""
+        """SIGTERM to the container's process now (as a runtime stops a container; its PID 1 ignores
+        it without a handler); the loop sends SIGKILL once `grace` seconds have passed."""
         pod.term_deadline = time.monotonic() + grace
         with contextlib.suppress(ProcessLookupError):
-            os.killpg(pod.process.pid, signal.SIGTERM)
+            os.kill(pod.pid, signal.SIGTERM)
 
     def _terminate(self, obj: dict[str, Any], pod: _Pod | None) -> None:
         meta = obj["metadata"]
@@ -327,3 +333,25 @@ class PodRunner:
             pod.log.close()
         self.network.remove(pod.netns, pod.ip)
         self._pods.pop(pod.uid, None)
+
+
+def _container_pid(process: subprocess.Popen[bytes], launched: Path | None, timeout: float = 10.0) -> int:
+    """The container's pid: the child of `process` (pod_launcher), PID 1 of the pod's PID namespace;
+    beside a "pause" (`launched`: the file it writes once the container runs) that one's child.
+    `process` itself if it exited first."""
+    deadline = time.monotonic() + timeout
+    pid, depth = process.pid, 1
+    while time.monotonic() < deadline and process.poll() is None:
+        try:
+            children = Path(f"/proc/{pid}/task/{pid}/children").read_text().split()
+        except OSError:
+            children = []
+        # The "pause" shell's only child is the container once it wrote `launched` (before,
+        # it may be one of the mount commands).
+        if children and (depth == 1 or (launched is not None and launched.exists())):
+            pid, depth = int(children[0]), depth + 1
+            if depth > (2 if launched else 1):
+                return pid
+        else:
+            time.sleep(0.01)
+    return pid

@@ -1,10 +1,14 @@
 """The pod's view of the machine: its network namespace, hostname, /etc/hosts, DNS and volumes.
 
 `prepare()` writes the pod's files under its own directory and returns the command line that starts
-the container process: `nsenter --net` (the pod's network namespace, see `netns`) execs `unshare
---mount --uts` (a private mount namespace and hostname), which execs a short shell script that
-makes the mounts and then execs the container's argv. Every step execs, so the process the harness
-started *is* the container process: its pid, signals and exit code are the container's.
+the container: `nsenter --net` (the pod's network namespace, see `netns`) execs `pod_launcher` (new
+mount, UTS and PID namespaces), whose child, PID 1 of the new PID namespace, runs a short shell
+script that makes the mounts and then execs the container's argv. So, as in a container, the
+container's process is PID 1: a signal it has no handler for (SIGTERM included) does nothing to
+it, only SIGKILL does. With spec.shareProcessNamespace the script stays PID 1 (like the pod's
+pause process) and runs the container's argv as its child, which then dies of SIGTERM by default.
+Either way the exit status of the process the harness started is the container's (killed by
+signal n: killed by n too, or exit code 128 + n), and the pod's processes are one process group.
 
 The script, in the new mount namespace only (nothing leaks to the host's mounts):
 - a volume mount point that does not exist on this machine (say /etc/lopa) is created inside an
@@ -17,9 +21,10 @@ The script, in the new mount namespace only (nothing leaks to the host's mounts)
   `<ns>.svc.cluster.local svc.cluster.local cluster.local`, ndots:5) and /etc/hostname are bound
   over the host's; the UTS hostname is the pod's hostname.
 
-Where it differs from a container runtime: the root filesystem is the host's (no image), no PID,
-IPC or user namespace (the process runs as root and sees the host's processes), no cgroup limits;
-every dnsPolicy is treated as ClusterFirst; a mount point directly under / (say /models) is refused.
+Where it differs from a container runtime: the root filesystem is the host's (no image), no IPC or
+user namespace (the process runs as root), no cgroup limits, /proc is remounted for the PID
+namespace but /sys is the host's; every dnsPolicy is treated as ClusterFirst; a mount point
+directly under / (say /models) is refused.
 """
 
 from __future__ import annotations
@@ -27,6 +32,7 @@ from __future__ import annotations
 import os
 import shlex
 import shutil
+import sys
 from pathlib import Path
 
 from .pod_plan import Mount, PodPlan, Unsupported
@@ -41,6 +47,8 @@ fe00::1\tip6-allnodes
 fe00::2\tip6-allrouters
 """
 READ_ONLY_KINDS = ("configMap", "secret", "downwardAPI", "projected")
+LAUNCHER = Path(__file__).with_name("pod_launcher.py")
+LAUNCHED = "launched"  # written by the "pause" shell once the container runs (shareProcessNamespace)
 
 
 def _tool(name: str) -> str:
@@ -129,12 +137,15 @@ def prepare(
             script.append(f"mount -o remount,bind,ro {shlex.quote(target)}")
     script.append(f"hostname {shlex.quote(plan.hostname)}")
     script.append(f"cd {shlex.quote(plan.working_dir)}")
-    script.append('exec "$@"')
+    if plan.share_pid:  # PID 1 is the "pause" shell; it reaps the container and passes on its status
+        # `echo` is a builtin (no child process): once the file exists, the only child is the container.
+        script += ['"$@" &', f"echo $! > {shlex.quote(str(pod_dir / LAUNCHED))}", "wait $!", "exit $?"]
+    else:
+        script.append('exec "$@"')
     (pod_dir / "start.sh").write_text("\n".join(script) + "\n")
     return [
         _tool("nsenter"), f"--net={netns_path}", "--",
-        _tool("unshare"), "--mount", "--uts", "--propagation", "private", "--",
-        _tool("sh"), str(pod_dir / "start.sh"), *plan.argv,
+        sys.executable, "-I", "-S", str(LAUNCHER), str(pod_dir / "start.sh"), *plan.argv,
     ]
 
 

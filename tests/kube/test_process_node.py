@@ -16,6 +16,7 @@ import pytest
 
 from kube import cluster_dns, netns, pod_sandbox
 from kube.pod_plan import Mount, PodPlan, expand
+from kube.pod_runner import _container_pid
 
 needs_netns = pytest.mark.skipif(bool(netns.available()), reason=f"pod networks: {netns.available()}")
 
@@ -28,8 +29,8 @@ def test_expand_follows_kubernetes_rules() -> None:
     assert expand("a$b$", env) == "a$b$"
 
 
-def _plan(argv: list[str]) -> PodPlan:
-    return PodPlan(
+def _plan(argv: list[str], share_pid: bool = False) -> PodPlan:
+    return PodPlan(share_pid=share_pid,
         uid="u1", name="w-0", namespace="ns1", container="c", argv=argv,
         env={"PATH": "/usr/bin:/bin", "GREETING": "hi"}, ports={},
         mounts=[
@@ -102,3 +103,28 @@ def test_a_sigkilled_run_leaves_nothing_for_long() -> None:
     netns.remove_stale()
     assert name not in netns.ip("netns", "list").stdout
     assert netns.ip("link", "show", bridge, check=False).returncode != 0
+
+
+@needs_netns
+@pytest.mark.parametrize("share", [False, True])
+def test_the_container_is_pid_1_unless_the_pod_shares_its_pid_namespace(tmp_path: Path, share: bool) -> None:
+    network = netns.PodNetwork()
+    try:
+        name, address = network.add()
+        plan = _plan(["sh", "-c", "echo pid $$; exec sleep 60"], share_pid=share)
+        argv = pod_sandbox.prepare(plan, tmp_path, network.netns_path(name), address, network.gateway, set())
+        process = subprocess.Popen(argv, env=plan.env, stdout=subprocess.PIPE, text=True)
+        assert process.stdout is not None
+        pid = _container_pid(process, tmp_path / pod_sandbox.LAUNCHED if share else None)
+        ns_pid = process.stdout.readline().split()
+        assert (ns_pid[1] != "1") if share else (ns_pid == ["pid", "1"])
+        os.kill(pid, signal.SIGTERM)
+        if share:  # beside a "pause", SIGTERM's default action applies: the container dies of it
+            assert process.wait(timeout=10) == 128 + signal.SIGTERM  # the "pause" exits 128 + n
+        else:  # PID 1 without a handler ignores it, as in a container
+            with pytest.raises(subprocess.TimeoutExpired):
+                process.wait(timeout=1)
+            os.kill(pid, signal.SIGKILL)
+            assert process.wait(timeout=10) == -signal.SIGKILL  # the launcher ends as its child did
+    finally:
+        network.close()

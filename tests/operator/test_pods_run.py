@@ -22,8 +22,10 @@ from typing import Any
 
 import pytest
 from lopa_op_helpers import (
+    RELEASE_NAMESPACE,
     OperatorProcess,
     delete_all,
+    ensure_chart,
     is_available,
     load_sample,
     lopa,
@@ -49,6 +51,12 @@ def runner(kube: KubeCluster) -> Iterator[PodRunner]:
     why = netns.available()
     if why:
         pytest.skip(f"running pods as processes {why}")
+    ensure_chart(kube)  # its operator pod (unused here: the test runs the operator) stays on a kwok node
+    chart_pods = lambda: kube.get_json("pods", "-n", RELEASE_NAMESPACE)["items"]  # noqa: E731
+    kube.wait_for(
+        lambda: all(p["spec"].get("nodeName") for p in chart_pods()), timeout=30,
+        description="the chart's pods scheduled",
+    )
     nodes = [node.name for node in DEFAULT_NODES]
     kube.kubectl("cordon", *nodes)  # every pod of this module goes to the process node
     try:
@@ -153,7 +161,8 @@ def test_sample_runs_serves_and_answers_like_lopa_generate(
     assert answer["finish_reason"] == expected[3]["finish_reason"]
     assert answer["text"] == expected[3]["text"]
     assert answer["tokens"] == expected[3]["tokens"]
-    assert answer["mean_branches"] == pytest.approx(3.0)
+    # Lookahead branches granted per round: up to the 3 asked, fewer in rounds with few masked positions.
+    assert 0 < answer["mean_branches"] <= 3
 
 
 def test_a_killed_worker_restarts_the_whole_group(kube: KubeCluster, runner: PodRunner, ns: str,
@@ -162,16 +171,22 @@ def test_a_killed_worker_restarts_the_whole_group(kube: KubeCluster, runner: Pod
     restarts = int(before["status"].get("groupRestarts") or 0)
     old = {name: pod["metadata"]["uid"] for name, pod in workers(kube, ns).items()}
     victim = f"{NAME}-worker-1"
+    since = runner.api.request("GET", f"/api/v1/namespaces/{ns}/pods")["metadata"]["resourceVersion"]
     runner.kill(ns, victim, signal.SIGKILL)
-
-    def failed() -> bool:  # its pod reports the crash: Failed, terminated by SIGKILL
-        pod = runner.api.get(f"/api/v1/namespaces/{ns}/pods/{victim}")
-        if pod is None or pod["metadata"]["uid"] != old[victim]:
-            raise AssertionError(f"{victim} was replaced before it was seen Failed")
-        state = pod["status"]["containerStatuses"][0]["state"]
-        return pod["status"]["phase"] == "Failed" and state["terminated"]["exitCode"] == 137
-
-    kube.wait_for(failed, timeout=15, interval=0.1, description=f"{victim} Failed")
+    # Its pod reports the crash: Failed, its container terminated by SIGKILL. The StatefulSet
+    # controller replaces a Failed pod at once, so the state is read from the watch, not a poll.
+    seen = []
+    for event in runner.api.watch(f"/api/v1/namespaces/{ns}/pods", since, 20,
+                                  fieldSelector=f"metadata.name={victim}"):
+        pod = event["object"]
+        status = pod.get("status") or {}
+        seen.append((event["type"], pod["metadata"]["uid"] == old[victim], status.get("phase")))
+        terminated = (status.get("containerStatuses") or [{}])[0].get("state", {}).get("terminated") or {}
+        if pod["metadata"]["uid"] == old[victim] and status.get("phase") == "Failed":
+            assert terminated.get("exitCode") == 137
+            break
+    else:
+        raise AssertionError(f"{victim} was never seen Failed: {seen}")
     after = wait_status(
         kube, ns, NAME,
         lambda o: is_available(o) and int(o["status"].get("groupRestarts") or 0) > restarts,
@@ -183,6 +198,8 @@ def test_a_killed_worker_restarts_the_whole_group(kube: KubeCluster, runner: Pod
     assert not set(new.values()) & set(old.values())  # every worker recreated, not only the victim
     answer = ask(kube, runner, ns, "after-restart")
     assert answer["text"] == expected[3]["text"]
+    # Every pod the operator deleted stopped on SIGTERM (a container's PID 1 ignores it by default).
+    assert runner.grace_kills == []
 
 
 def test_a_decoding_change_rolls_the_group_and_shows_in_the_answer(
@@ -204,6 +221,7 @@ def test_a_decoding_change_rolls_the_group_and_shows_in_the_answer(
     assert answer["mean_branches"] == 0
     assert answer["text"] == expected[0]["text"]
     assert answer["tokens"] == expected[0]["tokens"]
+    assert runner.grace_kills == []
 
 
 def test_stop_leaves_no_process_namespace_or_node(kube: KubeCluster, runner: PodRunner, ns: str) -> None:
