@@ -78,7 +78,16 @@ def _common_pod_spec(spec: dict[str, Any], tolerations: list[dict[str, Any]]) ->
     # period covers that, so a rollout or scale-down loses no request in flight.
     limits = {**specs.DEFAULTS["limits"], **(spec.get("limits") or {})}
     grace = limits["requestTimeoutSeconds"] + DRAIN_MARGIN_S
-    pod: dict[str, Any] = {"enableServiceLinks": False, "terminationGracePeriodSeconds": grace}
+    pod: dict[str, Any] = {
+        "enableServiceLinks": False,
+        "terminationGracePeriodSeconds": grace,
+        # The pause process is PID 1, not lopa: a container's PID 1 ignores every signal it has no
+        # handler for, and a worker keeps SIGTERM's default action until it has joined (stop at once,
+        # even inside a collective join). As PID 1, a loading or joining worker ignored SIGTERM and
+        # every roll or group restart that caught one waited out the whole grace period
+        # (tests/operator/test_pods_run.py).
+        "shareProcessNamespace": True,
+    }
     if spec.get("serviceAccountName"):
         pod["serviceAccountName"] = spec["serviceAccountName"]
     if spec.get("imagePullSecrets"):

@@ -172,3 +172,12 @@ def test_pods_get_a_grace_period_that_covers_the_drain() -> None:
     assert worker["terminationGracePeriodSeconds"] == master["terminationGracePeriodSeconds"] == 135
     worker, _ = pod_specs("d", {})
     assert worker["terminationGracePeriodSeconds"] == specs.DEFAULTS["limits"]["requestTimeoutSeconds"] + 15
+
+
+def test_lopa_is_not_pid_1_so_sigterm_stops_a_worker_at_once() -> None:
+    # Until it joins, a worker leaves SIGTERM at its default action; as a container's PID 1 it would
+    # ignore it and hold a roll for the whole grace period.
+    for spec in ({}, {"accelerator": {"type": "nvidia"}}, {"accelerator": {"type": "ascend"}}):
+        worker, master = pod_specs("s", spec)
+        assert worker["shareProcessNamespace"] is True
+        assert master["shareProcessNamespace"] is True
