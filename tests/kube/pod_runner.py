@@ -15,7 +15,7 @@ the kubelet of that node, every `TICK_SECONDS`:
 - Services and EndpointSlices of the namespaces of its pods are re-read for the DNS and the proxy.
 
 `stop()` (also at exit, and by `with`) kills every process, deletes every namespace, the bridge and
-the Node. Processes are started from the loop's thread with PR_SET_PDEATHSIG, so they die with the
+the Node; the pods' files (volumes, logs) stay in the cluster's work dir, removed with it. Processes are started from the loop's thread with PR_SET_PDEATHSIG, so they die with the
 test process even when it is SIGKILLed; namespaces and bridges carry its pid and the next run
 removes such leftovers (`netns.remove_stale`).
 
@@ -29,10 +29,8 @@ from __future__ import annotations
 import atexit
 import contextlib
 import os
-import shutil
 import signal
 import subprocess
-import tempfile
 import threading
 import time
 from dataclasses import dataclass, field
@@ -75,12 +73,14 @@ class _Pod:
 class PodRunner:
     kube: KubeCluster
     node: str = NODE_NAME
-    work_dir: Path = field(default_factory=lambda: Path(tempfile.mkdtemp(prefix="lopa-pods-")))
+    work_dir: Path | None = None  # default: <the cluster's work dir>/pods, removed with it
     events: list[str] = field(default_factory=list)  # what it did, for failure messages
     # Containers still alive when their grace period ran out (SIGKILLed), as "namespace/name".
     grace_kills: list[str] = field(default_factory=list)
 
     def __post_init__(self) -> None:
+        self.work_dir = Path(self.work_dir or self.kube.work_dir / "pods")
+        self.work_dir.mkdir(parents=True, exist_ok=True)
         self.api = Api(self.kube.kubeconfig)
         self._pods: dict[str, _Pod] = {}  # uid -> running (or exited, not yet deleted) pod
         self._waiting: dict[str, str] = {}  # uid -> why it has not started yet
@@ -135,8 +135,6 @@ class PodRunner:
         self.api.close()
         with contextlib.suppress(Exception):
             atexit.unregister(self.stop)
-        if os.environ.get("LOPA_KUBE_KEEP") != "1":
-            shutil.rmtree(self.work_dir, ignore_errors=True)
 
     # ------------------------------------------------------------------ for tests
 
@@ -220,6 +218,7 @@ class PodRunner:
             self._refuse(obj, "startupProbe is not supported")
             return
         name, address = self.network.add()
+        assert self.work_dir is not None
         pod_dir = self.work_dir / f"{meta['namespace']}_{meta['name']}_{uid[:8]}"
         try:
             plan = pod_plan.plan(obj, self.api, address, self.network.gateway)
