@@ -15,9 +15,10 @@ the kubelet of that node, every `TICK_SECONDS`:
 - Services and EndpointSlices of the namespaces of its pods are re-read for the DNS and the proxy.
 
 `stop()` (also at exit, and by `with`) kills every process, deletes every namespace, the bridge and
-the Node; the pods' files (volumes, logs) stay in the cluster's work dir, removed with it. Processes are started from the loop's thread with PR_SET_PDEATHSIG, so they die with the
-test process even when it is SIGKILLed; namespaces and bridges carry its pid and the next run
-removes such leftovers (`netns.remove_stale`).
+the Node; the pods' files (volumes, logs) stay in the cluster's work dir, removed with it.
+Processes are started from the loop's thread with PR_SET_PDEATHSIG, so they die with the test
+process even when it is SIGKILLed; namespaces and bridges carry its pid and the next run removes
+such leftovers (`netns.remove_stale`).
 
 Where it differs from a kubelet (besides what the helper modules say): the pod list is polled, not
 watched; exited containers are not restarted (`pod_status`); images, resources, startupProbe, init

@@ -157,6 +157,8 @@ def test_sample_runs_serves_and_answers_like_lopa_generate(
         assert runner.pid(ns, pod["metadata"]["name"]), f"{pod['metadata']['name']} has no process"
         addresses.add(pod["status"]["podIP"])
     assert len(addresses) == 3  # one network namespace (and address) per pod
+    conditions = {c["type"]: c["status"] for c in master["status"]["conditions"]}
+    assert conditions["Ready"] == "True"  # its gRPC readiness probe: grpc.health.v1 says SERVING
     answer = ask(kube, runner, ns, "first")
     assert answer["finish_reason"] == expected[3]["finish_reason"]
     assert answer["text"] == expected[3]["text"]
