@@ -34,6 +34,7 @@ import signal
 import subprocess
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any
@@ -249,11 +250,17 @@ class PodRunner:
         image = obj["spec"]["containers"][0].get("image", "")
         container = pod_status.ContainerState(plan.container, f"process://{pid}", image, pod_status.now())
         pod = _Pod(meta["namespace"], meta["name"], uid, name, address, plan, process, log, log_path,
-                   container, Prober(plan, address, pid), pid)
+                   container, Prober(plan, address, pid, self._probe_event(where)), pid)
         self._pods[uid] = pod
         self._logs[(pod.namespace, pod.name)] = log_path
         self._event(f"{where}: started pid {pid} at {address}: {' '.join(plan.argv)}")
         self._report(obj, pod)
+
+    def _probe_event(self, where: str) -> Callable[[str, bool, str], None]:
+        def note(kind: str, ok: bool, why: str) -> None:
+            self._event(f"{where}: {kind} {'succeeded' if ok else 'failed: ' + why}")
+
+        return note
 
     def _refuse(self, obj: dict[str, Any], why: str) -> None:
         """A pod the harness cannot run stays Pending with the reason in its container status."""

@@ -81,11 +81,11 @@ class Prober:
     """Probes one running container until `stop()`; `state` is read by the runner."""
 
     def __init__(
-        self, plan: PodPlan, pod_ip: str, pid: int, on_change: Callable[[], None] | None = None
+        self, plan: PodPlan, pod_ip: str, pid: int, on_change: Callable[[str, bool, str], None] | None = None
     ) -> None:
         self.plan, self.pod_ip, self.pid = plan, pod_ip, pid
         self.state = ProbeState(ready=plan.readiness is None)
-        self._on_change = on_change or (lambda: None)
+        self._on_change = on_change or (lambda kind, value, why: None)  # (probe kind, new result, why)
         self._stop = threading.Event()
         self._threads = [
             threading.Thread(target=self._loop, args=(kind, probe), name=f"probe-{kind}", daemon=True)
@@ -116,7 +116,7 @@ class Prober:
             elif not ok and fail >= failures and self.state.live:
                 self.state.live, changed = False, True
             if changed:
-                self._on_change()
+                self._on_change(kind, ok, why)
             self._stop.wait(period)
 
     def stop(self) -> None:

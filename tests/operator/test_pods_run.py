@@ -111,11 +111,28 @@ def available(kube: KubeCluster, ns: str, what: str) -> dict[str, Any]:
     return wait_status(kube, ns, NAME, is_available, timeout=GROUP_TIMEOUT, description=what)
 
 
-def ask(kube: KubeCluster, runner: PodRunner, ns: str, tag: str) -> dict[str, Any]:
-    """One request from a client pod through the client Service's name; its JSON answer."""
+def ask(kube: KubeCluster, runner: PodRunner, ns: str, tag: str, attempts: int = 4) -> dict[str, Any]:
+    """One request from a client pod through the client Service's name; its JSON answer.
+
+    UNAVAILABLE is retried a few times, as a gRPC client should: right after a group restart the
+    master's readiness may still drop (its probe fails 3 times 5 s apart while the group re-forms,
+    and the third failure can land once the new group already serves), taking the master out of
+    the Service's endpoints for one probe period."""
+    for attempt in range(attempts):
+        phase, log = _client_pod(kube, runner, ns, f"client-{tag}-{attempt}")
+        if phase == "Succeeded":
+            line = next(line for line in reversed(log.splitlines()) if line.startswith("{"))
+            return dict(json.loads(line))
+        if "UNAVAILABLE" not in log or attempt == attempts - 1:
+            break
+        time.sleep(3)
+    raise AssertionError(f"client pod failed:\n{log}\n{runner.report()}")
+
+
+def _client_pod(kube: KubeCluster, runner: PodRunner, ns: str, name: str) -> tuple[str, str]:
+    """Runs `lopa client generate` against status.endpoint in pod `name`: (its phase, its output)."""
     endpoint = lopa(kube, ns, NAME)["status"]["endpoint"]
     image = pods(kube, ns, NAME, "master")[0]["spec"]["containers"][0]["image"]
-    name = f"client-{tag}"
     command = ["lopa", "client", "generate", "--address", endpoint, "--prompt", PROMPT, "--json",
                "--timeout", "120"]
     runner.api.post(f"/api/v1/namespaces/{ns}/pods", {
@@ -133,10 +150,7 @@ def ask(kube: KubeCluster, runner: PodRunner, ns: str, tag: str) -> dict[str, An
         return pod if pod and pod["status"].get("phase") in ("Succeeded", "Failed") else None
 
     done = kube.wait_for(finished, timeout=180, description=f"client pod {name} to finish")
-    log = runner.log(ns, name)
-    assert done["status"]["phase"] == "Succeeded", f"client pod failed:\n{log}"
-    line = next(line for line in reversed(log.splitlines()) if line.startswith("{"))
-    return dict(json.loads(line))
+    return done["status"]["phase"], runner.log(ns, name)
 
 
 def workers(kube: KubeCluster, ns: str) -> dict[str, dict[str, Any]]:
