@@ -11,6 +11,7 @@ import asyncio
 import logging
 import time
 from collections.abc import AsyncIterator
+from enum import Enum
 from pathlib import Path
 from typing import Any
 
@@ -22,7 +23,7 @@ from lopa.decoding.decoder import Decoder
 from lopa.model.config import DreamConfig
 from lopa.model.loader import resolve_special_ids
 from lopa.model.tokenizer import chat_prompt_ids, load_tokenizer
-from lopa.params import InvalidParameter
+from lopa.params import DecodingParams, InvalidParameter
 from lopa.proto import lopa_pb2, lopa_pb2_grpc
 from lopa.scheduling.budget import default_budget
 from lopa.scheduling.request import Completion, QueueFull, RequestAborted
@@ -116,12 +117,7 @@ class LopaService(lopa_pb2_grpc.LopaServicer):
             max_new_tokens=limits.max_new_tokens,
             max_prompt_tokens=limits.max_prompt_tokens,
             default_max_new_tokens=d.max_new_tokens,
-            defaults=lopa_pb2.DecodingOverrides(
-                block_size=d.block_size, branches=d.branches, tau_add=d.tau_add, tau_act=d.tau_act,
-                tau_conf=d.tau_conf, conf=d.conf.value, alpha=d.alpha, beta=d.beta,
-                attention=d.attention.value, temperature=d.temperature, top_p=d.top_p, top_k=d.top_k,
-                seed=d.seed,
-            ),
+            defaults=defaults_message(d),
         )
 
     # -- helpers ------------------------------------------------------------------------------------
@@ -244,6 +240,16 @@ async def drain_requests(service: LopaService, health: HealthServicer, group: Wo
     while service.busy() and group.attached and time.monotonic() < deadline:
         await asyncio.sleep(0.05)
     log.info("drained" if not service.busy() else "drain ended with requests left (group lost or timeout)")
+
+
+def defaults_message(d: DecodingParams) -> lopa_pb2.DecodingOverrides:
+    """Every override field of the wire, set to the server's default (derived: a new setting needs
+    no edit here)."""
+    values = {}
+    for name in lopa_pb2.DecodingOverrides.DESCRIPTOR.fields_by_name:
+        value = getattr(d, name)
+        values[name] = value.value if isinstance(value, Enum) else value
+    return lopa_pb2.DecodingOverrides(**values)
 
 
 def served_model_name(config: ServingConfig, path: Path) -> str:
