@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import os
-import socket
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -18,21 +17,12 @@ from lopa.decoding.decoder import Decoder
 from lopa.model.loader import load_model
 from lopa.serving.config import dump_config, load_config, parse_config
 from lopa.serving.distributed import DistributedExecutor
+from lopa.serving.launcher import free_ports
 from lopa.serving.links import WorkerGroup
 from lopa.testing import tiny_config, write_random_checkpoint
 
 REPO = Path(__file__).resolve().parents[2]
 torch.set_num_threads(1)  # tiny models; the CI box has 2 cores shared with the worker processes
-
-
-def free_ports(n: int) -> list[int]:
-    sockets = [socket.socket() for _ in range(n)]
-    for s in sockets:
-        s.bind(("127.0.0.1", 0))
-    ports = [s.getsockname()[1] for s in sockets]
-    for s in sockets:
-        s.close()
-    return ports
 
 
 @pytest.fixture(scope="session")

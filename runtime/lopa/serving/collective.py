@@ -12,7 +12,7 @@ from datetime import timedelta
 import torch
 import torch.distributed as dist
 
-from lopa.serving.config import BACKENDS_OF_DEVICE, backend_mismatch
+from lopa.serving.config import BACKENDS_OF_DEVICE, backend_mismatch, split_address
 
 log = logging.getLogger("lopa.worker")
 
@@ -42,11 +42,13 @@ def prepare_device(device: str) -> None:
         torch.cuda.set_device(target.index or 0)
 
 
-def split_address(address: str) -> tuple[str, int]:
-    host, _, port = address.rpartition(":")
-    if not host or not port.isdigit():
-        raise ValueError(f"workers.rendezvous: expected host:port, got {address!r}")
-    return host.strip("[]"), int(port)
+def rendezvous_address(address: str) -> tuple[str, int]:
+    """(host, port) of workers.rendezvous, brackets of an IPv6 host removed."""
+    try:
+        host, port = split_address(address)
+    except ValueError as error:
+        raise ValueError(f"workers.rendezvous: {error}") from None
+    return host.strip("[]"), port
 
 
 def wait_for_dns(host: str, deadline: float) -> None:
@@ -92,7 +94,7 @@ def join(
     """Join the group; every failure (unreachable, missing peer, timeout) raises JoinError in bounded time."""
     if not 0 <= rank < world_size:
         raise JoinError(f"rank {rank} outside [0, {world_size})")
-    host, port = split_address(rendezvous)
+    host, port = rendezvous_address(rendezvous)
     deadline = time.monotonic() + join_timeout_s
     wait_for_dns(host, deadline)
     remaining = max(1.0, deadline - time.monotonic())
