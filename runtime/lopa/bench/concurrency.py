@@ -18,6 +18,8 @@ from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
+from lopa.params import InvalidParameter
+
 LEVELS = (1, 2, 4, 8, 16)
 
 
@@ -95,12 +97,14 @@ def with_ratios(rows: list[dict]) -> list[dict]:
     return rows
 
 
-def parse_levels(text: str) -> list[int]:
-    """'1,2,4' -> [1, 2, 4]; ValueError naming what is wrong."""
+def sweep_flags(levels: str, levels_flag: str, requests: int) -> list[int]:
+    """The levels of a sweep's comma-separated flag; InvalidParameter naming the flag at fault."""
     try:
-        levels = [int(v) for v in text.split(",") if v.strip()]
+        parsed = [int(v) for v in levels.split(",") if v.strip()]
     except ValueError:
-        raise ValueError(f"not a comma-separated list of integers: {text!r}") from None
-    if not levels or min(levels) < 1:
-        raise ValueError(f"every level must be >= 1, got {text!r}")
-    return levels
+        raise InvalidParameter(levels_flag, f"not a comma-separated list of integers: {levels!r}") from None
+    if not parsed or min(parsed) < 1:
+        raise InvalidParameter(levels_flag, f"every level must be >= 1, got {levels!r}")
+    if requests < 1:
+        raise InvalidParameter("requests", f"must be >= 1, got {requests}")
+    return parsed

@@ -9,7 +9,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from lopa.bench.concurrency import Answer, parse_levels, sweep
+from lopa.bench.concurrency import Answer, sweep, sweep_flags
 from lopa.bench.rows import finish, show_row
 from lopa.params import MAX_BRANCHES, InvalidParameter
 
@@ -33,12 +33,7 @@ def add_parser(kinds: argparse._SubParsersAction) -> None:
 
 
 def check(args: argparse.Namespace) -> list[int]:
-    try:
-        levels = parse_levels(args.levels)
-    except ValueError as error:
-        raise InvalidParameter("levels", str(error)) from None
-    if args.requests < 1:
-        raise InvalidParameter("requests", f"must be >= 1, got {args.requests}")
+    levels = sweep_flags(args.levels, "levels", args.requests)
     if not 0 <= args.branches <= MAX_BRANCHES:
         raise InvalidParameter("branches", f"must be in [0, {MAX_BRANCHES}], got {args.branches}")
     if args.max_step_tokens is not None and args.max_step_tokens < 1:

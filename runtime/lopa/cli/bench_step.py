@@ -113,10 +113,12 @@ def run(args: argparse.Namespace) -> int:
         ),
     }
     floor = step.memory_floor(model, device, int(args.copy_gb * 1e9))
+    # Significant digits, not decimals: a small model on a CPU has a floor of hundredths of a ms and
+    # a bandwidth of hundredths of a TB/s, which three decimals would round away.
     setup.update(
-        copy_TBps=round(floor.bandwidth_tbps, 3),
-        weight_GB=round(floor.weight_bytes / 1e9, 3),
-        floor_ms=round(floor.ms(), 3),
+        copy_TBps=float(f"{floor.bandwidth_tbps:.4g}"),
+        weight_GB=float(f"{floor.weight_bytes / 1e9:.4g}"),
+        floor_ms=float(f"{floor.ms():.4g}"),
     )
     print(json.dumps(setup), flush=True)
     out: list[dict] = []

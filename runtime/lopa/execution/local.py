@@ -3,7 +3,7 @@ several requests (sequences) in one ragged forward."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 
 import torch
@@ -59,6 +59,17 @@ class VerifyPart:
 
 # Per part: its statistics per candidate, or the error that failed this part alone.
 PartOutcome = list[list[PositionStat]] | Exception
+
+
+def verify_alone(
+    verify_many: Callable[[Sequence[VerifyPart]], list[PartOutcome]], part: VerifyPart
+) -> list[list[PositionStat]]:
+    """One request's round through a batched verify (the Decoder's Executor protocol): its
+    statistics, or its error raised."""
+    (outcome,) = verify_many([part])
+    if isinstance(outcome, Exception):
+        raise outcome
+    return outcome
 
 
 @dataclass
@@ -122,10 +133,7 @@ class LocalExecutor:
     def verify(
         self, start: int, n_stage: int, windows: Sequence[BranchWindow], sequence: int = 0
     ) -> list[list[PositionStat]]:
-        (outcome,) = self.verify_many([VerifyPart(sequence, start, n_stage, windows)])
-        if isinstance(outcome, Exception):
-            raise outcome
-        return outcome
+        return verify_alone(self.verify_many, VerifyPart(sequence, start, n_stage, windows))
 
     def verify_many(self, parts: Sequence[VerifyPart]) -> list[PartOutcome]:
         """One forward for every part; a part whose sampling fails gets its error, the others go on

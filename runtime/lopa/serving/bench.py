@@ -19,9 +19,8 @@ from pathlib import Path
 
 from prometheus_client.parser import text_string_to_metric_families
 
-from lopa.bench.concurrency import Answer, parse_levels, run_level, with_ratios
+from lopa.bench.concurrency import Answer, run_level, sweep_flags, with_ratios
 from lopa.bench.rows import finish, show_row
-from lopa.params import InvalidParameter
 from lopa.serving.client import LopaClient
 from lopa.serving.config import MasterConfig, ServingConfig, parse_config, with_model_defaults
 from lopa.serving.launcher import LocalCluster, free_ports, loopback_config
@@ -150,18 +149,8 @@ def synthetic_model(directory: Path) -> Path:
     return directory
 
 
-def check(args: argparse.Namespace) -> list[int]:
-    try:
-        levels = parse_levels(args.concurrency)
-    except ValueError as error:
-        raise InvalidParameter("concurrency", str(error)) from None
-    if args.requests < 1:
-        raise InvalidParameter("requests", f"must be >= 1, got {args.requests}")
-    return levels
-
-
 def run(args: argparse.Namespace) -> int:
-    levels = check(args)
+    levels = sweep_flags(args.concurrency, "concurrency", args.requests)
     if args.synthetic:
         with tempfile.TemporaryDirectory(prefix="lopa-bench-model-") as tmp:
             args.model, args.synthetic = str(synthetic_model(Path(tmp))), False

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 
 from lopa.decoding.executor import BranchWindow
 from lopa.decoding.rules import PositionStat
-from lopa.execution.local import PartOutcome, VerifyPart
+from lopa.execution.local import PartOutcome, VerifyPart, verify_alone
 from lopa.params import AttentionMode, DecodingParams
 from lopa.proto import worker_pb2
 from lopa.scheduling.request import Abort, RequestAborted
@@ -147,10 +147,7 @@ class DistributedExecutor:
     def verify(
         self, start: int, n_stage: int, windows: Sequence[BranchWindow], sequence: int = 0
     ) -> list[list[PositionStat]]:
-        (outcome,) = self.verify_many([VerifyPart(sequence, start, n_stage, windows)])
-        if isinstance(outcome, Exception):
-            raise outcome
-        return outcome
+        return verify_alone(self.verify_many, VerifyPart(sequence, start, n_stage, windows))
 
     def commit(self, candidate: int, sequence: int = 0) -> None:
         self.commit_many([(sequence, candidate)])

@@ -52,8 +52,8 @@ def _typed(body: dict[str, Any], name: str, types: tuple[type, ...]) -> Any:
     return value
 
 
-def _common(body: dict[str, Any], known: frozenset[str], served_model: str) -> tuple[lopa_pb2.GenerateRequest,
-                                                                                    bool, str]:
+def _common(body: dict[str, Any], known: frozenset[str], served_model: str) -> Parsed:
+    """The fields both endpoints share; the caller adds its prompt and its token budget."""
     if not isinstance(body, dict):
         raise InvalidParameter("body", "must be a JSON object")
     unknown = sorted(set(body) - known)
@@ -79,7 +79,7 @@ def _common(body: dict[str, Any], known: frozenset[str], served_model: str) -> t
         value = _typed(body, name, types)
         if value is not None:
             _assign(request.decoding, name, value)
-    return request, stream, model
+    return Parsed(request, stream, model)
 
 
 def _assign(message: Any, name: str, value: Any) -> None:
@@ -100,7 +100,8 @@ def _max_tokens(body: dict[str, Any], request: lopa_pb2.GenerateRequest, name: s
 
 
 def completion_request(body: Any, served_model: str) -> Parsed:
-    request, stream, model = _common(body, COMPLETION_FIELDS, served_model)
+    parsed = _common(body, COMPLETION_FIELDS, served_model)
+    request = parsed.request
     prompt = body.get("prompt")
     if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], (str, list)):
         prompt = prompt[0]  # a batch of one
@@ -119,13 +120,14 @@ def completion_request(body: Any, served_model: str) -> Parsed:
     else:
         raise InvalidParameter("prompt", "is required: a non-empty string or list of token ids")
     _max_tokens(body, request, "max_tokens")
-    return Parsed(request, stream, model)
+    return parsed
 
 
 def chat_request(body: Any, served_model: str, render: Callable[[list[dict[str, str]]], list[int]]) -> Parsed:
     """render: messages -> prompt ids through the model's chat template (InvalidParameter when it
     has none)."""
-    request, stream, model = _common(body, CHAT_FIELDS, served_model)
+    parsed = _common(body, CHAT_FIELDS, served_model)
+    request = parsed.request
     messages = body.get("messages")
     if not isinstance(messages, list) or not messages:
         raise InvalidParameter("messages", "is required: a non-empty list of {role, content}")
@@ -148,7 +150,7 @@ def chat_request(body: Any, served_model: str, render: Callable[[list[dict[str, 
     request.prompt_token_ids.extend(ids)
     _max_tokens(body, request, "max_tokens")
     _max_tokens(body, request, "max_completion_tokens")
-    return Parsed(request, stream, model)
+    return parsed
 
 
 def body_field(field: str, chat: bool) -> str:
