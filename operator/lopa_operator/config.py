@@ -45,8 +45,9 @@ def _number(key: str, value: Any) -> Any:
     return float(value) if key in FLOAT_KEYS else value
 
 
-def render(name: str, namespace: str, spec: dict[str, Any]) -> dict[str, Any]:
-    """The config document for deployment `name`; `spec` must have its defaults applied."""
+def render(name: str, namespace: str, spec: dict[str, Any], index: int) -> dict[str, Any]:
+    """The config document of group `index` of deployment `name`; `spec` must have its defaults
+    applied. Groups differ only in their workers' addresses."""
     model = spec["model"]
     workers = spec["branchParallelism"]
     doc: dict[str, Any] = {
@@ -67,12 +68,13 @@ def render(name: str, namespace: str, spec: dict[str, Any]) -> dict[str, Any]:
         "workers": {
             "count": workers,
             "addresses": [
-                f"{names.worker_host(name, namespace, rank)}:{names.WORKER_PORT}" for rank in range(workers)
+                f"{names.worker_host(name, namespace, index, rank)}:{names.WORKER_PORT}"
+                for rank in range(workers)
             ],
             "listen_port": names.WORKER_PORT,
             "metrics_port": names.METRICS_PORT,
             "backend": specs.backend(spec),
-            "rendezvous": f"{names.worker_host(name, namespace, 0)}:{names.RENDEZVOUS_PORT}",
+            "rendezvous": f"{names.worker_host(name, namespace, index, 0)}:{names.RENDEZVOUS_PORT}",
             "join_timeout_s": spec["collective"]["joinTimeoutSeconds"],
             "step_timeout_s": spec["collective"]["stepTimeoutSeconds"],
         },

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import datetime as dt
 from dataclasses import dataclass, field, replace
+from enum import StrEnum
 from typing import Any
 
 from . import names
@@ -19,54 +20,61 @@ from . import names
 Pod = dict[str, Any]
 
 
+class GroupState(StrEnum):
+    """What decide() found a group to be in."""
+
+    FORMING = "Forming"  # waiting for every worker pod to run
+    FORMED = "Formed"  # its incarnation is remembered; any change to it is a failure
+    ROLLING = "Rolling"  # pods on an outdated config hash are being replaced (no failure)
+    RESTARTING = "Restarting"  # a member failed: every worker pod is being recreated
+    BACKOFF = "Backoff"  # a member failed: waiting before the next restart
+    EXHAUSTED = "Exhausted"  # failurePolicy.maxGroupRestarts reached: left as it is (Degraded)
+
+
 @dataclass(frozen=True)
 class Memory:
-    """Group state kept in status between reconciles (status is the operator's only memory)."""
+    """A group's state kept in status.groups[] between reconciles (status is the operator's only
+    memory)."""
 
     members: tuple[tuple[str, str, int], ...] = ()  # (pod name, uid, restarts) of the formed group
     total_restarts: int = 0
     recent_restarts: int = 0
     last_restart: dt.datetime | None = None
     formed_at: dt.datetime | None = None
-    # Since when the group has been Available without a break (the Available condition's
-    # lastTransitionTime while it is True); None while it is not. Read from status, not written.
+    # Since when the group has been Available without a break; None while it is not. Written by
+    # status.py (from the group's pods), read here.
     available_since: dt.datetime | None = None
 
     @classmethod
-    def from_status(cls, status: dict[str, Any]) -> Memory:
+    def from_status(cls, entry: dict[str, Any]) -> Memory:
+        """From the group's entry of status.groups[] (empty for a new group)."""
         return cls(
             members=tuple(
-                (m["name"], m["uid"], int(m.get("restarts", 0))) for m in status.get("groupMembers") or []
+                (m["name"], m["uid"], int(m.get("restarts", 0))) for m in entry.get("members") or []
             ),
-            total_restarts=int(status.get("groupRestarts") or 0),
-            recent_restarts=int(status.get("recentGroupRestarts") or 0),
-            last_restart=parse_time(status.get("lastGroupRestartTime")),
-            formed_at=parse_time(status.get("groupFormedTime")),
-            available_since=_available_since(status),
+            total_restarts=int(entry.get("restarts") or 0),
+            recent_restarts=int(entry.get("recentRestarts") or 0),
+            last_restart=parse_time(entry.get("lastRestartTime")),
+            formed_at=parse_time(entry.get("formedTime")),
+            available_since=parse_time(entry.get("availableSince")),
         )
 
     def to_status(self) -> dict[str, Any]:
-        return {
-            "groupMembers": [{"name": n, "uid": u, "restarts": r} for n, u, r in self.members],
-            "groupRestarts": self.total_restarts,
-            "recentGroupRestarts": self.recent_restarts,
-            "lastGroupRestartTime": format_time(self.last_restart),
-            "groupFormedTime": format_time(self.formed_at),
+        out = {
+            "members": [{"name": n, "uid": u, "restarts": r} for n, u, r in self.members],
+            "restarts": self.total_restarts,
+            "recentRestarts": self.recent_restarts,
+            "lastRestartTime": format_time(self.last_restart),
+            "formedTime": format_time(self.formed_at),
         }
-
-
-def _available_since(status: dict[str, Any]) -> dt.datetime | None:
-    for c in status.get("conditions") or []:
-        if c.get("type") == "Available":
-            return parse_time(c.get("lastTransitionTime")) if c.get("status") == "True" else None
-    return None
+        return {k: v for k, v in out.items() if v is not None}  # a list entry is replaced whole
 
 
 @dataclass(frozen=True)
 class Decision:
     memory: Memory
     delete: list[Pod] = field(default_factory=list)  # worker pods to delete now
-    state: str = "Forming"  # Forming | Formed | Rolling | Restarting | Backoff | Exhausted
+    state: GroupState = GroupState.FORMING
     message: str = ""
     counted: bool = False  # a group restart was started by this decision
 
@@ -141,7 +149,7 @@ def decide(
         return Decision(
             replace(memory, members=(), formed_at=None, recent_restarts=0),
             delete=stale,
-            state="Rolling",
+            state=GroupState.ROLLING,
             message=f"rolling {len(stale)} worker pod(s) to config {desired_hash}",
         )
 
@@ -158,19 +166,21 @@ def decide(
             ):
                 memory = replace(memory, recent_restarts=0)
             return Decision(
-                memory, state="Formed", message=f"{len(memory.members)} worker pod(s) in the group"
+                memory, state=GroupState.FORMED, message=f"{len(memory.members)} worker pod(s) in the group"
             )
         if memory.recent_restarts >= policy["maxGroupRestarts"]:
             return Decision(
                 memory,
-                state="Exhausted",
+                state=GroupState.EXHAUSTED,
                 message=f"{failure}; {memory.recent_restarts} consecutive group restart(s) reached "
                 f"failurePolicy.maxGroupRestarts={policy['maxGroupRestarts']}",
             )
         wait = backoff_seconds(policy, memory.recent_restarts)
         if memory.last_restart and (now - memory.last_restart).total_seconds() < wait:
             return Decision(
-                memory, state="Backoff", message=f"{failure}; restarting the group after {wait:.0f}s backoff"
+                memory,
+                state=GroupState.BACKOFF,
+                message=f"{failure}; restarting the group after {wait:.0f}s backoff",
             )
         memory = replace(
             memory,
@@ -183,7 +193,7 @@ def decide(
         return Decision(
             memory,
             delete=list(live.values()),
-            state="Restarting",
+            state=GroupState.RESTARTING,
             message=f"{failure}; recreating all {wanted} worker pod(s) "
             f"(restart {memory.recent_restarts}/{policy['maxGroupRestarts']})",
             counted=True,
@@ -194,6 +204,8 @@ def decide(
         # Remember the incarnation that forms the group: any change to it later is a failure.
         members = tuple(sorted((p["metadata"]["name"], p["metadata"]["uid"], restarts(p)) for p in running))
         return Decision(
-            replace(memory, members=members, formed_at=now), state="Formed", message="group formed"
+            replace(memory, members=members, formed_at=now), state=GroupState.FORMED, message="group formed"
         )
-    return Decision(memory, state="Forming", message=f"{len(running)}/{wanted} worker pod(s) running")
+    return Decision(
+        memory, state=GroupState.FORMING, message=f"{len(running)}/{wanted} worker pod(s) running"
+    )

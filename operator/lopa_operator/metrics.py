@@ -18,6 +18,10 @@ GROUP_ROLLS = Counter(
 )
 READY_WORKERS = Gauge("lopa_operator_ready_workers", "Ready worker pods", ["namespace", "name"])
 WANTED_WORKERS = Gauge("lopa_operator_wanted_workers", "Worker pods in the spec", ["namespace", "name"])
+READY_GROUPS = Gauge("lopa_operator_ready_groups", "Groups serving (Available)", ["namespace", "name"])
+WANTED_GROUPS = Gauge(
+    "lopa_operator_wanted_groups", "Groups in the spec (spec.replicas)", ["namespace", "name"]
+)
 PHASE = Gauge(
     "lopa_operator_phase", "1 for the current phase of each deployment", ["namespace", "name", "phase"]
 )
@@ -37,13 +41,15 @@ def serve(port: int) -> None:
 def observe(namespace: str, name: str, status: dict) -> None:
     READY_WORKERS.labels(namespace, name).set(status.get("readyWorkers") or 0)
     WANTED_WORKERS.labels(namespace, name).set(status.get("workers") or 0)
+    READY_GROUPS.labels(namespace, name).set(status.get("readyReplicas") or 0)
+    WANTED_GROUPS.labels(namespace, name).set(len(status.get("groups") or []))
     for phase in PHASES:
         PHASE.labels(namespace, name, phase).set(1 if status.get("phase") == phase else 0)
 
 
 def forget(namespace: str, name: str) -> None:
     """Drops the series of a deleted deployment."""
-    for gauge in (READY_WORKERS, WANTED_WORKERS):
+    for gauge in (READY_WORKERS, WANTED_WORKERS, READY_GROUPS, WANTED_GROUPS):
         with contextlib.suppress(KeyError):
             gauge.remove(namespace, name)
     for phase in PHASES:

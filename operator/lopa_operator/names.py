@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 GROUP = "lopa.dev"
 VERSION = "v1alpha1"
 PLURAL = "lopadeployments"
@@ -29,20 +31,36 @@ ROLE_WORKER = "worker"
 ROLE_MASTER = "master"
 
 
-def config_map(name: str) -> str:
-    return f"{name}-config"
+GROUP_LABEL = f"{GROUP}/group"  # the index of the group (spec.replicas) a pod or child belongs to
 
 
-def worker_set(name: str) -> str:
-    return f"{name}-worker"
+# One LoPADeployment runs spec.replicas groups; group `index` owns its config, master and workers.
+# Shared by every group: the workers' headless Service (DNS of each worker pod), the client Service
+# (spanning every ready master) and the masters' metrics Service.
+
+
+def group(name: str, index: int) -> str:
+    return f"{name}-{index}"
+
+
+def config_map(name: str, index: int) -> str:
+    return f"{group(name, index)}-config"
+
+
+def worker_set(name: str, index: int) -> str:
+    return f"{group(name, index)}-worker"
+
+
+def master(name: str, index: int) -> str:
+    return f"{group(name, index)}-master"
+
+
+def worker_pod(name: str, index: int, rank: int) -> str:
+    return f"{worker_set(name, index)}-{rank}"
 
 
 def worker_service(name: str) -> str:
     return f"{name}-workers"
-
-
-def master(name: str) -> str:
-    return f"{name}-master"
 
 
 def client_service(name: str) -> str:
@@ -50,20 +68,17 @@ def client_service(name: str) -> str:
 
 
 def master_metrics_service(name: str) -> str:
-    return f"{master(name)}-metrics"
+    return f"{name}-master-metrics"
 
 
-def worker_pod(name: str, rank: int) -> str:
-    return f"{worker_set(name)}-{rank}"
+def worker_host(name: str, namespace: str, index: int, rank: int) -> str:
+    """Stable DNS name of worker `rank` of group `index` through the headless Service."""
+    return f"{worker_pod(name, index, rank)}.{worker_service(name)}.{namespace}.svc"
 
 
-def worker_host(name: str, namespace: str, rank: int) -> str:
-    """Stable DNS name of worker `rank` through the headless Service."""
-    return f"{worker_pod(name, rank)}.{worker_service(name)}.{namespace}.svc"
-
-
-def labels(name: str, role: str | None = None) -> dict[str, str]:
-    """Labels of every child; with `role` they select the master or the worker pods."""
+def labels(name: str, role: str | None = None, index: int | None = None) -> dict[str, str]:
+    """Labels of every child; with `role` they select the master or the worker pods (of every
+    group), with `index` too those of one group."""
     out = {
         "app.kubernetes.io/name": "lopa",
         "app.kubernetes.io/instance": name,
@@ -71,8 +86,16 @@ def labels(name: str, role: str | None = None) -> dict[str, str]:
     }
     if role:
         out["app.kubernetes.io/component"] = role
+    if index is not None:
+        out[GROUP_LABEL] = str(index)
     return out
 
 
-def selector(name: str, role: str) -> str:
-    return ",".join(f"{k}={v}" for k, v in labels(name, role).items())
+def selector(name: str, role: str | None = None, index: int | None = None) -> str:
+    return ",".join(f"{k}={v}" for k, v in labels(name, role, index).items())
+
+
+def group_of(obj: dict[str, Any]) -> int | None:
+    """The group index of a child or pod, None for a shared child (or one from before groups)."""
+    value = (obj.get("metadata", {}).get("labels") or {}).get(GROUP_LABEL, "")
+    return int(value) if value.isdigit() else None

@@ -17,8 +17,8 @@ def _field_env(name: str, path: str) -> dict[str, Any]:
     return {"name": name, "valueFrom": {"fieldRef": {"fieldPath": path}}}
 
 
-def _config_volume(name: str) -> dict[str, Any]:
-    return {"name": CONFIG_VOLUME, "configMap": {"name": names.config_map(name)}}
+def _config_volume(name: str, index: int) -> dict[str, Any]:
+    return {"name": CONFIG_VOLUME, "configMap": {"name": names.config_map(name, index)}}
 
 
 def _model_volumes(spec: dict[str, Any]) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
@@ -102,17 +102,17 @@ def _common_pod_spec(spec: dict[str, Any], tolerations: list[dict[str, Any]]) ->
     return pod
 
 
-def _template(name: str, role: str, config_hash: str, pod: dict[str, Any]) -> dict[str, Any]:
+def _template(name: str, role: str, index: int, config_hash: str, pod: dict[str, Any]) -> dict[str, Any]:
     return {
         "metadata": {
-            "labels": names.labels(name, role),
+            "labels": names.labels(name, role, index),
             "annotations": {names.CONFIG_HASH_ANNOTATION: config_hash},
         },
         "spec": pod,
     }
 
 
-def worker_template(name: str, spec: dict[str, Any], config_hash: str) -> dict[str, Any]:
+def worker_template(name: str, spec: dict[str, Any], config_hash: str, index: int) -> dict[str, Any]:
     wiring = accelerators.wiring(spec)
     model_volumes, model_mounts = _model_volumes(spec)
     env = _merge_env(
@@ -156,8 +156,8 @@ def worker_template(name: str, spec: dict[str, Any], config_hash: str) -> dict[s
     }
     pod = _common_pod_spec(spec, wiring.tolerations)
     pod["containers"] = [container]
-    pod["volumes"] = [_config_volume(name), *model_volumes, *wiring.volumes]
-    return _template(name, names.ROLE_WORKER, config_hash, pod)
+    pod["volumes"] = [_config_volume(name, index), *model_volumes, *wiring.volumes]
+    return _template(name, names.ROLE_WORKER, index, config_hash, pod)
 
 
 def _master_probe(tls: dict[str, Any] | None, http: bool) -> dict[str, Any]:
@@ -174,10 +174,10 @@ def _master_probe(tls: dict[str, Any] | None, http: bool) -> dict[str, Any]:
     return {"grpc": {"port": port}, **timing}
 
 
-def master_template(name: str, spec: dict[str, Any], config_hash: str) -> dict[str, Any]:
+def master_template(name: str, spec: dict[str, Any], config_hash: str, index: int) -> dict[str, Any]:
     model_volumes, model_mounts = _model_volumes(spec)  # the master needs the tokenizer files
     mounts = [{"name": CONFIG_VOLUME, "mountPath": names.CONFIG_DIR, "readOnly": True}, *model_mounts]
-    volumes = [_config_volume(name), *model_volumes]
+    volumes = [_config_volume(name, index), *model_volumes]
     ports = [
         {"name": "grpc", "containerPort": names.CLIENT_PORT, "protocol": "TCP"},
         {"name": "metrics", "containerPort": names.METRICS_PORT, "protocol": "TCP"},
@@ -213,4 +213,4 @@ def master_template(name: str, spec: dict[str, Any], config_hash: str) -> dict[s
     pod = _common_pod_spec(spec, accelerators.wiring(spec).tolerations)
     pod["containers"] = [container]
     pod["volumes"] = volumes
-    return _template(name, names.ROLE_MASTER, config_hash, pod)
+    return _template(name, names.ROLE_MASTER, index, config_hash, pod)

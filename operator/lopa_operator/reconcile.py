@@ -16,7 +16,7 @@ from typing import Any
 
 import kopf
 
-from . import config, group, metrics, names, render
+from . import config, group, metrics, names, render, rollout
 from . import spec as specs
 from . import status as statuses
 from .kube import Kube, KubeError, path
@@ -100,13 +100,19 @@ def _events(
     obj: dict[str, Any],
     before: dict[str, Any],
     after: dict[str, Any],
-    decision: group.Decision,
+    rounds: list[statuses.GroupRound],
+    removed: tuple[int, ...],
     post: EventFn,
 ) -> None:
-    if decision.state == "Rolling":
-        post(obj, "Normal", "RollingGroup", decision.message)
-    elif decision.state == "Restarting":
-        post(obj, "Warning", "GroupRestart", decision.message)
+    replicas = len(rounds)
+    for g in rounds:
+        about = g.decision.message if replicas == 1 else f"group {g.index}: {g.decision.message}"
+        if g.decision.state == group.GroupState.ROLLING:
+            post(obj, "Normal", "RollingGroup", about)
+        elif g.decision.state == group.GroupState.RESTARTING:
+            post(obj, "Warning", "GroupRestart", about)
+    if removed:
+        post(obj, "Normal", "ScaledDown", f"removed group(s) {', '.join(map(str, removed))} (spec.replicas)")
     old = {c["type"]: c for c in before.get("conditions") or []}
     for c in after["conditions"]:
         prev = old.get(c["type"])
@@ -151,42 +157,84 @@ def _reconcile(
     meta = obj["metadata"]
     name, namespace = meta["name"], meta["namespace"]
     spec = specs.with_defaults(obj.get("spec"))
-    children = render.children(name, namespace, obj.get("spec") or {})
+    desired_hash = render.group_hash(name, namespace, spec)
+    before = obj.get("status") or {}
+    entries = {e.get("index"): e for e in before.get("groups") or []}
+
+    ours = names.selector(name)
+    worker_sets, masters = kube.list("StatefulSet", namespace, ours), kube.list("Deployment", namespace, ours)
+    deployed = rollout.deployed_groups(
+        worker_sets, masters, {i: bool(e.get("available")) for i, e in entries.items()}
+    )
+    plan = rollout.plan(deployed, spec["replicas"], desired_hash, spec["rollout"]["maxUnavailable"])
+    raw = obj.get("spec") or {}
+    children = [c for i in plan.update for c in render.group_children(name, namespace, raw, i)]
     try:
-        _ensure(kube, children, obj)
+        _ensure(kube, children + render.shared_children(name, namespace, raw), obj)
     except KubeError as e:
         if not _spec_error(e):
             raise
         _apply_failed(kube, obj, e, post, logger)
-    desired_hash = render.group_hash(name, namespace, spec)
+    listed = {
+        "StatefulSet": worker_sets,
+        "Deployment": masters,
+        "ConfigMap": kube.list("ConfigMap", namespace, ours),
+    }
+    for kind, objs in listed.items():  # (a list's items carry no kind)
+        for child in rollout.unexpected(objs, spec["replicas"]):
+            kube.delete(kind, namespace, child["metadata"]["name"], uid=child["metadata"]["uid"])
+            logger.info("deleted %s %s: no group of spec.replicas owns it", kind, child["metadata"]["name"])
 
-    pods = kube.list(
-        "Pod", namespace, f"app.kubernetes.io/instance={name},app.kubernetes.io/managed-by={names.MANAGER}"
-    )
-    workers = [
-        p for p in pods if p["metadata"]["labels"].get("app.kubernetes.io/component") == names.ROLE_WORKER
-    ]
-    before = obj.get("status") or {}
-    memory = group.Memory.from_status(before)
-    if before.get("observedGeneration") != meta.get("generation"):
-        memory = replace(memory, recent_restarts=0)  # a new spec gets a fresh restart budget
+    pods = kube.list("Pod", namespace, ours)
+    fresh_spec = before.get("observedGeneration") != meta.get("generation")
     now = dt.datetime.now(dt.timezone.utc)
-    decision = group.decide(
-        workers, spec["branchParallelism"], desired_hash, memory, spec["failurePolicy"], now
-    )
+    rounds = []
+    for index in range(spec["replicas"]):
+        if index in plan.hold:
+            config_hash, wanted = rollout.held_state(deployed[index])
+        else:
+            config_hash, wanted = desired_hash, spec["branchParallelism"]
+        memory = group.Memory.from_status(entries.get(index) or {})
+        if fresh_spec:
+            memory = replace(memory, recent_restarts=0)  # a new spec gets a fresh restart budget
+        mine = [p for p in pods if names.group_of(p) == index]
+        workers = [p for p in mine if p["metadata"]["labels"].get(_ROLE) == names.ROLE_WORKER]
+        decision = group.decide(workers, wanted, config_hash, memory, spec["failurePolicy"], now)
+        _act(kube, namespace, name, index, decision, logger)
+        rounds.append(statuses.GroupRound(index, mine, config_hash, wanted, decision))
+
+    after = statuses.derive(obj, spec, rounds, desired_hash, now)
+    if any(before.get(k) != v for k, v in after.items()):
+        kube.patch_status(namespace, name, after)
+    _events(obj, before, after, rounds, plan.remove, post)
+    metrics.observe(namespace, name, after)
+    return after
+
+
+_ROLE = "app.kubernetes.io/component"
+
+
+def _act(
+    kube: Kube,
+    namespace: str,
+    name: str,
+    index: int,
+    decision: group.Decision,
+    logger: logging.Logger | logging.LoggerAdapter,
+) -> None:
+    """Deletes the worker pods a group decision names, and counts it."""
     for pod in decision.delete:
         kube.delete("Pod", namespace, pod["metadata"]["name"], uid=pod["metadata"]["uid"])
     if decision.delete:
         # info, not warning: kopf would turn a warning into a second Kubernetes event.
-        logger.info("%s: %s (deleted %d pod(s))", decision.state, decision.message, len(decision.delete))
+        logger.info(
+            "group %d %s: %s (deleted %d pod(s))",
+            index,
+            decision.state,
+            decision.message,
+            len(decision.delete),
+        )
     if decision.counted:
         metrics.GROUP_RESTARTS.labels(namespace, name).inc()
-    elif decision.state == "Rolling":
+    elif decision.state == group.GroupState.ROLLING:
         metrics.GROUP_ROLLS.labels(namespace, name).inc(len(decision.delete))
-
-    after = statuses.derive(obj, spec, pods, desired_hash, decision, now)
-    if any(before.get(k) != v for k, v in after.items()):
-        kube.patch_status(namespace, name, after)
-    _events(obj, before, after, decision, post)
-    metrics.observe(namespace, name, after)
-    return after

@@ -1,6 +1,8 @@
 """Pure rendering of a LoPADeployment's children: no cluster access, no owner references.
 
-`children()` is what reconcile applies; unit tests call it directly.
+Shared children (the Services) serve every group; each group `index` < spec.replicas has its own
+ConfigMap, worker StatefulSet and master Deployment (`group_children`). reconcile applies the
+shared ones and the groups the rollout lets change; `children()` renders them all (unit tests).
 """
 
 from __future__ import annotations
@@ -12,11 +14,15 @@ from . import config, names, pods
 from . import spec as specs
 
 
-def config_map(name: str, namespace: str, text: str) -> dict[str, Any]:
+def config_map(name: str, namespace: str, index: int, text: str) -> dict[str, Any]:
     return {
         "apiVersion": "v1",
         "kind": "ConfigMap",
-        "metadata": {"name": names.config_map(name), "namespace": namespace, "labels": names.labels(name)},
+        "metadata": {
+            "name": names.config_map(name, index),
+            "namespace": namespace,
+            "labels": names.labels(name, index=index),
+        },
         "data": {names.CONFIG_FILE: text},
     }
 
@@ -64,8 +70,18 @@ def client_service(name: str, namespace: str, spec: dict[str, Any]) -> dict[str,
             # the outside (master_metrics_service has it, in-cluster).
             "ports": [
                 {"name": "grpc", "port": service["port"], "targetPort": "grpc", "appProtocol": "grpc"},
-                *([{"name": "http", "port": service["httpPort"], "targetPort": "http", "appProtocol": "http"}]
-                  if service.get("httpPort") else []),
+                *(
+                    [
+                        {
+                            "name": "http",
+                            "port": service["httpPort"],
+                            "targetPort": "http",
+                            "appProtocol": "http",
+                        }
+                    ]
+                    if service.get("httpPort")
+                    else []
+                ),
             ],
         },
     }
@@ -89,14 +105,17 @@ def master_metrics_service(name: str, namespace: str) -> dict[str, Any]:
     }
 
 
-def worker_statefulset(name: str, namespace: str, spec: dict[str, Any], config_hash: str) -> dict[str, Any]:
+def worker_statefulset(
+    name: str, namespace: str, spec: dict[str, Any], config_hash: str, index: int
+) -> dict[str, Any]:
     return {
         "apiVersion": "apps/v1",
         "kind": "StatefulSet",
         "metadata": {
-            "name": names.worker_set(name),
+            "name": names.worker_set(name, index),
             "namespace": namespace,
-            "labels": names.labels(name, names.ROLE_WORKER),
+            "labels": names.labels(name, names.ROLE_WORKER, index),
+            "annotations": {names.CONFIG_HASH_ANNOTATION: config_hash},
         },
         "spec": {
             "serviceName": names.worker_service(name),
@@ -105,53 +124,72 @@ def worker_statefulset(name: str, namespace: str, spec: dict[str, Any], config_h
             "podManagementPolicy": "Parallel",
             # The group rolls as a unit: the operator deletes every stale pod at once.
             "updateStrategy": {"type": "OnDelete"},
-            "selector": {"matchLabels": names.labels(name, names.ROLE_WORKER)},
-            "template": pods.worker_template(name, spec, config_hash),
+            "selector": {"matchLabels": names.labels(name, names.ROLE_WORKER, index)},
+            "template": pods.worker_template(name, spec, config_hash, index),
         },
     }
 
 
-def master_deployment(name: str, namespace: str, spec: dict[str, Any], config_hash: str) -> dict[str, Any]:
+def master_deployment(
+    name: str, namespace: str, spec: dict[str, Any], config_hash: str, index: int
+) -> dict[str, Any]:
     return {
         "apiVersion": "apps/v1",
         "kind": "Deployment",
         "metadata": {
-            "name": names.master(name),
+            "name": names.master(name, index),
             "namespace": namespace,
-            "labels": names.labels(name, names.ROLE_MASTER),
+            "labels": names.labels(name, names.ROLE_MASTER, index),
+            "annotations": {names.CONFIG_HASH_ANNOTATION: config_hash},
         },
         "spec": {
             "replicas": 1,
             # Never two masters for one worker group.
             "strategy": {"type": "Recreate"},
-            "selector": {"matchLabels": names.labels(name, names.ROLE_MASTER)},
-            "template": pods.master_template(name, spec, config_hash),
+            "selector": {"matchLabels": names.labels(name, names.ROLE_MASTER, index)},
+            "template": pods.master_template(name, spec, config_hash, index),
         },
     }
 
 
 def group_hash(name: str, namespace: str, spec: dict[str, Any]) -> str:
-    """Hash of everything the pods run with: a change means the whole group must restart."""
-    text = config.dump(config.render(name, namespace, spec))
-    worker = pods.worker_template(name, spec, "")
-    master = pods.master_template(name, spec, "")
+    """Hash of everything a group's pods run with: a change means every group must roll. Groups
+    differ only by their index, so group 0's rendering stands for all: one hash per spec."""
+    text = config.dump(config.render(name, namespace, spec, 0))
+    worker = pods.worker_template(name, spec, "", 0)
+    master = pods.master_template(name, spec, "", 0)
     trigger = spec.get("restartTrigger")
-    # A new restartTrigger value rolls the group like any change (and so clears its restart count);
-    # absent, the hash stays what it was before the field existed: no rollout on operator upgrade.
+    # A new restartTrigger value rolls the groups like any change (and so clears their restart
+    # counts); absent, it adds nothing to the hash.
     return config.digest(text, worker, master, trigger) if trigger else config.digest(text, worker, master)
 
 
-def children(name: str, namespace: str, raw_spec: dict[str, Any]) -> list[dict[str, Any]]:
-    """Every child object of LoPADeployment `name`, in apply order (config before its readers)."""
+def shared_children(name: str, namespace: str, raw_spec: dict[str, Any]) -> list[dict[str, Any]]:
+    """The Services every group shares."""
     spec = specs.with_defaults(raw_spec)
-    text = config.dump(config.render(name, namespace, spec))
-    digest = group_hash(name, namespace, spec)
     objs = [
-        config_map(name, namespace, text),
         worker_service(name, namespace),
-        worker_statefulset(name, namespace, spec, digest),
-        master_deployment(name, namespace, spec, digest),
         client_service(name, namespace, spec),
         master_metrics_service(name, namespace),
     ]
     return [copy.deepcopy(obj) for obj in objs]
+
+
+def group_children(name: str, namespace: str, raw_spec: dict[str, Any], index: int) -> list[dict[str, Any]]:
+    """Group `index`'s ConfigMap, worker StatefulSet and master Deployment (config before its readers)."""
+    spec = specs.with_defaults(raw_spec)
+    text = config.dump(config.render(name, namespace, spec, index))
+    digest = group_hash(name, namespace, spec)
+    objs = [
+        config_map(name, namespace, index, text),
+        worker_statefulset(name, namespace, spec, digest, index),
+        master_deployment(name, namespace, spec, digest, index),
+    ]
+    return [copy.deepcopy(obj) for obj in objs]
+
+
+def children(name: str, namespace: str, raw_spec: dict[str, Any]) -> list[dict[str, Any]]:
+    """Every child of LoPADeployment `name` at its spec, every group included, in apply order."""
+    replicas = specs.with_defaults(raw_spec)["replicas"]
+    groups = [obj for index in range(replicas) for obj in group_children(name, namespace, raw_spec, index)]
+    return groups + shared_children(name, namespace, raw_spec)

@@ -13,7 +13,9 @@ from typing import Any
 
 DEFAULTS: dict[str, Any] = {
     "imagePullPolicy": "IfNotPresent",
+    "replicas": 1,
     "branchParallelism": 1,
+    "rollout": {"maxUnavailable": 1},
     "model": {},
     "accelerator": {"type": "cpu", "devicesPerWorker": 1, "shmSize": "8Gi"},
     # No decoding defaults: the keys a spec leaves out stay out of lopa.yaml, so the runtime takes them

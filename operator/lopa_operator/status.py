@@ -1,9 +1,11 @@
-"""Derives the whole status (phase, counts, conditions) from what exists: the one writer of conditions."""
+"""Derives the whole status (phase, counts, conditions, per-group state) from what exists: the one
+writer of conditions."""
 
 from __future__ import annotations
 
 import datetime as dt
 import re
+from dataclasses import dataclass
 from typing import Any
 
 from . import group, names
@@ -66,72 +68,164 @@ def _keep_transition_times(new: list[dict[str, Any]], old: list[dict[str, Any]],
         c["lastTransitionTime"] = before.get("lastTransitionTime", now) if same and before else now
 
 
+@dataclass(frozen=True)
+class GroupRound:
+    """One group in this reconcile: its pods, what it runs toward and what decide() made of it."""
+
+    index: int
+    pods: list[Pod]  # its master and worker pods
+    config_hash: str  # the spec's hash, or its old one while the rollout holds it
+    wanted: int  # its worker count
+    decision: group.Decision
+
+
+@dataclass(frozen=True)
+class _Seen:
+    """What the status reports of one group."""
+
+    round: GroupRound
+    entry: dict[str, Any]  # its status.groups[] entry
+    available: bool
+    collective: bool
+    degraded: bool
+    progress: tuple[str, str]  # (reason, message) while it is not available
+    collective_reason: tuple[str, str]
+    ready_workers: int
+    alive: list[Pod]
+
+
+def _seen(g: GroupRound, old: dict[str, Any], now: dt.datetime) -> _Seen:
+    decision = g.decision
+    deleted = {p["metadata"]["uid"] for p in decision.delete}
+    alive = [p for p in g.pods if not group.is_terminating(p) and p["metadata"]["uid"] not in deleted]
+    role = "app.kubernetes.io/component"
+    workers = [p for p in alive if p["metadata"]["labels"].get(role) == names.ROLE_WORKER]
+    masters = [p for p in alive if p["metadata"]["labels"].get(role) == names.ROLE_MASTER]
+    ready_workers = sum(1 for p in workers if group.config_hash(p) == g.config_hash and pod_ready(p))
+    master_ready = any(pod_ready(p) and group.config_hash(p) == g.config_hash for p in masters)
+    formed = decision.state == group.GroupState.FORMED and bool(decision.memory.members)
+    degraded = decision.state == group.GroupState.EXHAUSTED
+    collective = formed and ready_workers == g.wanted and master_ready
+    available = collective and not degraded
+    sched = scheduling_problem(alive)
+    master = f"master ready: {master_ready}"
+
+    if available:
+        progress = ("GroupServing", f"{ready_workers}/{g.wanted} workers joined; master serving")
+    elif degraded:
+        progress = ("GroupRestartsExhausted", decision.message)
+    elif decision.state in _ACTING:
+        progress = (_ACTING[decision.state], decision.message)
+    elif sched:
+        progress = ("WaitingForScheduling", sched[1])
+    else:
+        progress = ("WaitingForPods", f"{ready_workers}/{g.wanted} worker pods ready; {master}")
+    if collective:
+        joined = ("GroupJoined", f"all {g.wanted} workers joined the {decision.state.lower()} group")
+    elif not formed:
+        joined = ("GroupNotFormed", decision.message)
+    else:
+        joined = ("WaitingForWorkers", f"{ready_workers}/{g.wanted} workers ready; {master}")
+
+    since = old.get("availableSince") if old.get("available") else None
+    entry = {
+        "index": g.index,
+        "state": str(decision.state),
+        "available": available,
+        "ready": f"{ready_workers}/{g.wanted}",
+        "configHash": g.config_hash,
+        "reason": progress[0],
+        "message": progress[1],
+        **({"availableSince": since or group.format_time(now)} if available else {}),
+        **decision.memory.to_status(),
+    }
+    return _Seen(g, entry, available, collective, degraded, progress, joined, ready_workers, alive)
+
+
+_ACTING = {
+    group.GroupState.ROLLING: "RollingGroup",
+    group.GroupState.RESTARTING: "RestartingGroup",
+    group.GroupState.BACKOFF: "GroupRestartBackoff",
+}
+
+
+def _about(replicas: int, index: int, message: str) -> str:
+    """A group's message as the deployment tells it: named once there are several groups."""
+    return message if replicas == 1 else f"group {index}: {message}"
+
+
+def min_available(spec: dict[str, Any]) -> int:
+    """Groups that must serve for the deployment to be Available (as a Deployment's maxUnavailable)."""
+    replicas = spec["replicas"]
+    return max(1, replicas - spec["rollout"]["maxUnavailable"]) if replicas else 0
+
+
 def derive(
     obj: dict[str, Any],
     spec: dict[str, Any],
-    pods: list[Pod],
+    rounds: list[GroupRound],
     desired_hash: str,
-    decision: group.Decision,
     now: dt.datetime,
 ) -> dict[str, Any]:
     """The full status for `obj` (a merge patch: every key present, None clears)."""
     meta = obj["metadata"]
     name, namespace, generation = meta["name"], meta["namespace"], int(meta.get("generation") or 1)
-    deleted = {p["metadata"]["uid"] for p in decision.delete}
-    alive = [p for p in pods if not group.is_terminating(p) and p["metadata"]["uid"] not in deleted]
-    role = "app.kubernetes.io/component"
-    workers = [p for p in alive if p["metadata"]["labels"].get(role) == names.ROLE_WORKER]
-    masters = [p for p in alive if p["metadata"]["labels"].get(role) == names.ROLE_MASTER]
-    wanted = spec["branchParallelism"]
-    current = [p for p in workers if group.config_hash(p) == desired_hash]
-    ready_workers = sum(1 for p in current if pod_ready(p))
-    master_ready = any(pod_ready(p) and group.config_hash(p) == desired_hash for p in masters)
-    formed = decision.state == "Formed" and bool(decision.memory.members)
+    old = {e.get("index"): e for e in (obj.get("status") or {}).get("groups") or []}
+    seen = [_seen(g, old.get(g.index) or {}, now) for g in rounds]
+    replicas = spec["replicas"]
+    ready = sum(s.available for s in seen)
+    updated = sum(g.config_hash == desired_hash for g in rounds)
+    everything = ready == replicas and updated == replicas
+    available = ready >= min_available(spec)
+    degraded = [s for s in seen if s.degraded]
+    sched = scheduling_problem([p for s in seen for p in s.alive])
+    waiting = [s for s in seen if not s.available or s.round.config_hash != desired_hash]
+    wanted_workers = sum(g.wanted for g in rounds)
+    ready_workers = sum(s.ready_workers for s in seen)
 
-    sched = scheduling_problem(alive)
-    degraded = decision.state == "Exhausted"
-    collective = formed and ready_workers == wanted and master_ready
-    available = collective and not degraded
-
-    if available:
-        progress = ("GroupServing", f"{ready_workers}/{wanted} workers joined; master serving")
+    if everything:
+        progress = ("GroupServing", f"{ready}/{replicas} group(s) serving; {ready_workers} workers joined")
     elif degraded:
-        progress = ("GroupRestartsExhausted", decision.message)
-    elif decision.state in ("Rolling", "Restarting", "Backoff"):
         progress = (
-            {"Rolling": "RollingGroup", "Restarting": "RestartingGroup", "Backoff": "GroupRestartBackoff"}[
-                decision.state
-            ],
-            decision.message,
+            "GroupRestartsExhausted",
+            _about(replicas, degraded[0].round.index, degraded[0].progress[1]),
         )
-    elif sched:
-        progress = ("WaitingForScheduling", sched[1])
+    elif waiting:
+        first = waiting[0]
+        reason, message = (
+            first.progress if not first.available else ("RollingGroup", "waits for its turn to roll")
+        )
+        progress = (reason, _about(replicas, first.round.index, message))
+    else:  # scaling: groups still to be created or removed
+        progress = ("Scaling", f"{ready}/{replicas} group(s) serving")
+    not_joined = [s for s in seen if not s.collective]
+    if not not_joined:
+        joined = ("GroupJoined", f"every group's workers joined ({len(rounds)} group(s))")
     else:
-        progress = (
-            "WaitingForPods",
-            f"{ready_workers}/{wanted} worker pods ready; master ready: {master_ready}",
-        )
+        reason, message = not_joined[0].collective_reason
+        joined = (reason, _about(replicas, not_joined[0].round.index, message))
 
-    if collective:
-        collective_msg = ("GroupJoined", f"all {wanted} workers joined the {decision.state.lower()} group")
-    elif not formed:
-        collective_msg = ("GroupNotFormed", decision.message)
-    else:
-        collective_msg = (
-            "WaitingForWorkers",
-            f"{ready_workers}/{wanted} workers ready; master ready: {master_ready}",
-        )
-
+    available_message = (
+        f"{ready}/{replicas} group(s) serving (at least {min_available(spec)} wanted)"
+        if available
+        else progress[1]
+    )
+    recent = sum(g.decision.memory.recent_restarts for g in rounds)
     conditions = [
         _condition(
-            "Available", available, progress[0] if not available else "GroupServing", progress[1], generation
+            "Available",
+            available,
+            "GroupServing" if available else progress[0],
+            available_message,
+            generation,
         ),
-        _condition("Progressing", not available and not degraded, progress[0], progress[1], generation),
+        _condition("Progressing", not everything and not degraded, progress[0], progress[1], generation),
         _condition(
             "Degraded",
-            degraded,
+            bool(degraded),
             "GroupRestartsExhausted" if degraded else "AsExpected",
-            decision.message if degraded else f"{decision.memory.recent_restarts} recent group restart(s)",
+            "; ".join(_about(replicas, s.round.index, s.round.decision.message) for s in degraded)
+            or f"{recent} recent group restart(s)",
             generation,
         ),
         _condition(
@@ -141,24 +235,30 @@ def derive(
             sched[1] if sched else "every pod is placed or waiting for its first placement",
             generation,
         ),
-        _condition("CollectiveReady", collective, collective_msg[0], collective_msg[1], generation),
+        _condition("CollectiveReady", not not_joined, joined[0], joined[1], generation),
         _condition("Reconciled", True, "Applied", "every child object was applied", generation),
     ]
     stamp = group.format_time(now) or ""
     _keep_transition_times(conditions, (obj.get("status") or {}).get("conditions") or [], stamp)
 
-    phase = "Degraded" if degraded else "Available" if available else "Pending" if sched else "Progressing"
+    phase = "Degraded" if degraded else "Available" if everything else "Pending" if sched else "Progressing"
     port = spec["service"]["port"]
     return {
         "observedGeneration": generation,
         "phase": phase,
-        "ready": f"{ready_workers}/{wanted}",
+        "replicas": len(rounds),
+        "readyReplicas": ready,
+        "updatedReplicas": updated,
+        "selector": names.selector(name, names.ROLE_MASTER),
+        "ready": f"{ready}/{replicas}",
         "readyWorkers": ready_workers,
-        "workers": wanted,
+        "workers": wanted_workers,
         "configHash": desired_hash,
         "endpoint": f"{names.client_service(name)}.{namespace}.svc:{port}",
+        "groupRestarts": sum(g.decision.memory.total_restarts for g in rounds),
+        "recentGroupRestarts": recent,
+        "groups": [s.entry for s in seen],
         "conditions": conditions,
-        **decision.memory.to_status(),
     }
 
 

@@ -5,6 +5,10 @@
 - `kube_api` (session): a `kubernetes.client.ApiClient` for it, as cluster admin.
 - `namespace` (function): a fresh namespace name (with its default ServiceAccount),
   deleted after the test.
+- `operator` (module): the operator as a subprocess with the chart's ServiceAccount
+  (lopa_op_helpers.running_operator), one per test module that asks for it.
+- `ns` (function): `namespace` served by `operator`; after the test, the operator log's tail
+  (shown when the test failed) and every LoPADeployment deleted.
 
 The binaries come from tools/k8s-testenv/build.sh; when they are missing they are built
 right after collection (outside any test's timeout), printing the build's progress.
@@ -101,3 +105,20 @@ def namespace(kube: KubeCluster, request: pytest.FixtureRequest) -> Iterator[str
     finally:
         # No waiting: namespace finalization runs in the background of the next tests.
         kube.kubectl("delete", "namespace", name, "--wait=false", "--ignore-not-found", check=False)
+
+
+@pytest.fixture(scope="module")
+def operator(kube: KubeCluster, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
+    from lopa_op_helpers import running_operator
+
+    with running_operator(kube, tmp_path_factory.mktemp("operator") / "operator.log") as op:
+        yield op
+
+
+@pytest.fixture
+def ns(kube: KubeCluster, namespace: str, operator: Any) -> Iterator[str]:
+    from lopa_op_helpers import delete_all
+
+    yield namespace
+    print("--- operator log (tail) ---\n" + "\n".join(operator.log().splitlines()[-60:]))
+    delete_all(kube, namespace)

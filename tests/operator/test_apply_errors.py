@@ -59,7 +59,7 @@ def _rejected_then_fixed(kube: KubeCluster, namespace: str) -> None:
 
     first = run()
     assert first is not None and first["observedGeneration"] == 1
-    config = kube.get_json("configmap", "bad-config", "-n", namespace)
+    config = kube.get_json("configmap", "bad-0-config", "-n", namespace)
 
     patch = '{"spec": {"decoding": {"branches": 2}, "resources": {"limits": {"cpu": "banana"}}}}'
     kube.kubectl("patch", names.PLURAL, "bad", "-n", namespace, "--type=merge", "-p", patch)
@@ -76,7 +76,7 @@ def _rejected_then_fixed(kube: KubeCluster, namespace: str) -> None:
     # The API server names the object and the rule, not the value (answered as a 500).
     assert "StatefulSet" in cond["message"] and "quantities must match" in cond["message"], cond
     assert [(k, r) for k, r, _ in posted] == [("Warning", "ApplyFailed")]
-    after = kube.get_json("configmap", "bad-config", "-n", namespace)
+    after = kube.get_json("configmap", "bad-0-config", "-n", namespace)
     assert after["data"] == config["data"]  # the dry run kept the new config from the old pods
     assert after["metadata"]["resourceVersion"] == config["metadata"]["resourceVersion"]
 
@@ -94,4 +94,4 @@ def _rejected_then_fixed(kube: KubeCluster, namespace: str) -> None:
     st = run()
     assert st is not None and st["observedGeneration"] == 3
     assert condition(kube.get_json(names.PLURAL, "bad", "-n", namespace), "Reconciled")["status"] == "True"
-    assert kube.get_json("configmap", "bad-config", "-n", namespace)["data"] != config["data"]
+    assert kube.get_json("configmap", "bad-0-config", "-n", namespace)["data"] != config["data"]

@@ -43,8 +43,11 @@ def test_helm_install(kube: KubeCluster) -> None:
         ("create", "statefulsets.apps", True),
         ("delete", "pods", True),
         ("create", "events", True),
+        ("delete", "statefulsets.apps", True),  # scale-down removes a group's children
+        ("list", "configmaps", True),
         # Not needed, so not granted: least privilege.
-        ("delete", "statefulsets.apps", False),
+        ("delete", "services", False),
+        ("update", "statefulsets.apps", False),
         ("get", "secrets", False),
         ("create", "pods", False),
         ("delete", "lopadeployments.lopa.dev", False),

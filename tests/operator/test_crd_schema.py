@@ -37,7 +37,14 @@ def test_crd_identity_and_columns() -> None:
     assert doc["metadata"]["name"] == "lopadeployments.lopa.dev"
     assert doc["spec"]["names"]["shortNames"] == ["lopa"]
     (version,) = doc["spec"]["versions"]
-    assert version["name"] == "v1alpha1" and version["subresources"] == {"status": {}}
+    assert version["name"] == "v1alpha1" and version["subresources"] == {
+        "status": {},
+        "scale": {
+            "specReplicasPath": ".spec.replicas",
+            "statusReplicasPath": ".status.replicas",
+            "labelSelectorPath": ".status.selector",
+        },
+    }
     columns = [c["name"] for c in version["additionalPrinterColumns"]]
     assert {"Ready", "Accelerator", "Branches", "Phase", "Age"} <= set(columns)
 
@@ -45,10 +52,11 @@ def test_crd_identity_and_columns() -> None:
 def test_crd_defaults_equal_operator_defaults() -> None:
     spec_schema = crd()["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]["spec"]
     defaults = schema_defaults(spec_schema)
-    for section in ("limits", "collective", "failurePolicy", "service"):
+    for section in ("limits", "collective", "failurePolicy", "service", "rollout"):
         assert defaults[section] == specs.DEFAULTS[section], section
     assert defaults["accelerator"] == specs.DEFAULTS["accelerator"]
     assert defaults["branchParallelism"] == specs.DEFAULTS["branchParallelism"]
+    assert defaults["replicas"] == specs.DEFAULTS["replicas"]
     assert defaults["imagePullPolicy"] == specs.DEFAULTS["imagePullPolicy"]
 
 

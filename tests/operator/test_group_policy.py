@@ -124,17 +124,27 @@ def test_available_group_clears_recent_restarts_after_reset_window() -> None:
     assert group.decide(pods, 2, HASH, never, POLICY, NOW).memory.recent_restarts == 2
 
 
-def test_available_since_is_read_from_the_available_condition() -> None:
-    def st(value: str) -> dict:
-        return {
-            "conditions": [
-                {"type": "Available", "status": value, "lastTransitionTime": "2026-01-01T11:00:00Z"}
-            ]
-        }
-
-    assert group.Memory.from_status(st("True")).available_since == NOW - dt.timedelta(hours=1)
-    assert group.Memory.from_status(st("False")).available_since is None
+def test_available_since_is_kept_in_the_group_entry() -> None:
+    assert group.Memory.from_status(
+        {"availableSince": "2026-01-01T11:00:00Z"}
+    ).available_since == NOW - dt.timedelta(hours=1)
     assert group.Memory.from_status({}).available_since is None
+    # status writes it when the group becomes Available and keeps it while the group stays so
+    spec = specs.with_defaults({"branchParallelism": 1})
+    pods = [pod("d-0-worker-0", "a"), pod("d-0-master-x", "m", role="master")]
+    decision = group.decide(pods[:1], 1, HASH, group.Memory(), POLICY, NOW)
+    first = derive(_cr(), spec, pods, decision, NOW)
+    assert first["groups"][0]["availableSince"] == "2026-01-01T12:00:00Z"
+    later = derive({**_cr(), "status": first}, spec, pods, decision, NOW + dt.timedelta(minutes=5))
+    assert later["groups"][0]["availableSince"] == "2026-01-01T12:00:00Z"
+    down = [pods[0], pod("d-0-master-x", "m", role="master", ready=False)]
+    assert "availableSince" not in derive({**_cr(), "status": later}, spec, down, decision, NOW)["groups"][0]
+
+
+def derive(cr: dict, spec: dict, pods: list[dict], decision: group.Decision, now: dt.datetime) -> dict:
+    """status.derive of a deployment with one group (index 0) made of `pods`."""
+    wanted = spec["branchParallelism"]
+    return status.derive(cr, spec, [status.GroupRound(0, pods, HASH, wanted, decision)], HASH, now)
 
 
 def _cycle(
@@ -144,13 +154,12 @@ def _cycle(
     spec = specs.with_defaults({"branchParallelism": 2, "failurePolicy": policy})
     masters = [pod("d-master-x", "m", role="master", ready=serving)]
     decision = group.decide(pods, 2, HASH, memory, policy, now)
-    cr = {**_cr(), "status": {**decision.memory.to_status(), "conditions": _CONDITIONS[0]}}
-    st = status.derive(cr, spec, pods + masters, HASH, decision, now)
-    _CONDITIONS[0] = st["conditions"]
-    return replace(decision, memory=group.Memory.from_status(st))
+    st = derive({**_cr(), "status": _STATUS[0]}, spec, pods + masters, decision, now)
+    _STATUS[0] = st
+    return replace(decision, memory=group.Memory.from_status(st["groups"][0]))
 
 
-_CONDITIONS: list[list] = [[]]
+_STATUS: list[dict] = [{}]
 
 
 def test_group_that_never_becomes_available_reaches_degraded() -> None:
@@ -158,7 +167,7 @@ def test_group_that_never_becomes_available_reaches_degraded() -> None:
     # at its join timeout (600 s); resetAfterSeconds is as long. This used to restart forever
     # with the count stuck at 1, because the window started when the pods ran.
     policy = {**POLICY, "resetAfterSeconds": 600, "maxGroupRestarts": 3}
-    _CONDITIONS[0] = []
+    _STATUS[0] = {}
     memory, now, states = group.Memory(), NOW, []
     for uid in range(12):
         pods = [pod("d-worker-0", f"a{uid}"), pod("d-worker-1", f"b{uid}")]
@@ -182,7 +191,7 @@ def test_group_that_never_becomes_available_reaches_degraded() -> None:
 
 def test_group_available_for_the_window_resets_the_count() -> None:
     policy = {**POLICY, "resetAfterSeconds": 600}
-    _CONDITIONS[0] = []
+    _STATUS[0] = {}
     pods = [pod("d-worker-0", "a"), pod("d-worker-1", "b")]
     memory = group.Memory(recent_restarts=2, total_restarts=2, last_restart=NOW - dt.timedelta(seconds=60))
     formed_now = _cycle(memory, pods, NOW, policy, serving=True)  # forms and is Available at NOW
@@ -215,9 +224,11 @@ def test_status_available_when_group_and_master_ready() -> None:
     spec = specs.with_defaults({"branchParallelism": 2})
     pods = [pod("d-worker-0", "a"), pod("d-worker-1", "b"), pod("d-master-x", "m", role="master")]
     decision = group.decide(pods[:2], 2, HASH, group.Memory(), POLICY, NOW)
-    st = status.derive(_cr(3), spec, pods, HASH, decision, NOW)
+    st = derive(_cr(3), spec, pods, decision, NOW)
     cond = _conditions(st)
-    assert st["phase"] == "Available" and st["ready"] == "2/2" and st["observedGeneration"] == 3
+    assert st["phase"] == "Available" and st["ready"] == "1/1" and st["observedGeneration"] == 3
+    assert st["readyWorkers"] == st["workers"] == 2 and st["readyReplicas"] == st["replicas"] == 1
+    assert st["groups"][0]["ready"] == "2/2" and st["groups"][0]["available"] is True
     assert cond["Available"]["status"] == "True" and cond["CollectiveReady"]["status"] == "True"
     assert cond["Progressing"]["status"] == "False" and cond["Degraded"]["status"] == "False"
     assert st["endpoint"] == "d.ns.svc:50051"
@@ -229,7 +240,7 @@ def test_status_names_missing_resource_when_unschedulable() -> None:
     message = "0/6 nodes are available: 2 Insufficient nvidia.com/gpu, 4 node(s) didn't match selector."
     pods = [pod("d-worker-0", "a", unschedulable=message), pod("d-worker-1", "b", unschedulable=message)]
     decision = group.decide(pods, 2, HASH, group.Memory(), POLICY, NOW)
-    st = status.derive(_cr(), spec, pods, HASH, decision, NOW)
+    st = derive(_cr(), spec, pods, decision, NOW)
     sched = _conditions(st)["Schedulable"]
     assert sched["status"] == "False" and sched["reason"] == "InsufficientResources"
     assert sched["message"].startswith("Insufficient nvidia.com/gpu")
@@ -240,7 +251,7 @@ def test_status_degraded_when_restarts_exhausted() -> None:
     spec = specs.with_defaults({"branchParallelism": 2})
     pods = [pod("d-worker-0", "a"), pod("d-worker-1", "b2")]
     decision = group.decide(pods, 2, HASH, formed(recent_restarts=5), POLICY, NOW)
-    st = status.derive(_cr(), spec, pods, HASH, decision, NOW)
+    st = derive(_cr(), spec, pods, decision, NOW)
     assert st["phase"] == "Degraded" and _conditions(st)["Degraded"]["status"] == "True"
     assert _conditions(st)["Available"]["status"] == "False"
 
@@ -249,9 +260,9 @@ def test_transition_time_kept_while_status_unchanged() -> None:
     spec = specs.with_defaults({"branchParallelism": 1})
     pods = [pod("d-worker-0", "a")]
     decision = group.decide(pods, 1, HASH, group.Memory(), POLICY, NOW)
-    first = status.derive(_cr(), spec, pods, HASH, decision, NOW)
+    first = derive(_cr(), spec, pods, decision, NOW)
     cr = {**_cr(), "status": first}
-    later = status.derive(cr, spec, pods, HASH, decision, NOW + dt.timedelta(minutes=5))
+    later = derive(cr, spec, pods, decision, NOW + dt.timedelta(minutes=5))
     assert (
         _conditions(later)["Available"]["lastTransitionTime"]
         == _conditions(first)["Available"]["lastTransitionTime"]
@@ -262,7 +273,8 @@ def test_a_failed_workers_exit_reason_is_in_the_message() -> None:
     """Issue 12, item 5: OOMKilled / the exit code reach the condition message and the event."""
     crashed = pod("d-worker-1", "b", restarts=1)
     crashed["status"]["containerStatuses"][0]["lastState"] = {
-        "terminated": {"reason": "OOMKilled", "exitCode": 137}}
+        "terminated": {"reason": "OOMKilled", "exitCode": 137}
+    }
     d = group.decide([pod("d-worker-0", "a"), crashed], 2, HASH, formed(), POLICY, NOW)
     assert d.state == "Restarting"
     assert d.message.startswith("worker pod d-worker-1 restarted (OOMKilled, exit code 137); recreating")

@@ -19,11 +19,9 @@ from lopa_op_helpers import (
     OperatorProcess,
     bind_model_volume,
     condition,
-    delete_all,
     is_available,
     load_sample,
     pods,
-    running_operator,
     wait_status,
 )
 
@@ -31,28 +29,18 @@ from kube.cluster import KubeCluster
 
 NVIDIA = "d2f-dream"
 CHILDREN = [
-    ("configmap", "{}-config"),
+    ("configmap", "{}-0-config"),
     ("service", "{}-workers"),
-    ("statefulset", "{}-worker"),
-    ("deployment", "{}-master"),
+    ("statefulset", "{}-0-worker"),
+    ("deployment", "{}-0-master"),
     ("service", "{}"),
 ]
 
 
-@pytest.fixture(scope="module")
-def operator(kube: KubeCluster, tmp_path_factory: pytest.TempPathFactory) -> Iterator[OperatorProcess]:
-    log = tmp_path_factory.mktemp("operator") / "operator.log"
-    with running_operator(kube, log) as op:
-        yield op
-
-
 @pytest.fixture
-def ns(kube: KubeCluster, namespace: str, operator: OperatorProcess) -> Iterator[str]:
-    yield namespace
-    # Shown by pytest only when the test failed.
-    print("--- operator log (tail) ---\n" + "\n".join(operator.log().splitlines()[-60:]))
-    delete_all(kube, namespace)
-    kube.kubectl("delete", "pv", f"models-{namespace}", "--ignore-not-found", "--wait=false", check=False)
+def ns(ns: str, kube: KubeCluster) -> Iterator[str]:
+    yield ns  # the conftest's namespace and operator, plus the model volume's PV
+    kube.kubectl("delete", "pv", f"models-{ns}", "--ignore-not-found", "--wait=false", check=False)
 
 
 def deploy_nvidia(kube: KubeCluster, ns: str) -> dict[str, Any]:
@@ -96,7 +84,7 @@ def test_nvidia_sample_children_pods_status_columns(kube: KubeCluster, ns: str) 
     ]
 
     status = obj["status"]
-    assert status["readyWorkers"] == 4 and status["ready"] == "4/4" and status["groupRestarts"] == 0
+    assert status["readyWorkers"] == 4 and status["ready"] == "1/1" and status["groupRestarts"] == 0
     assert status["endpoint"] == f"{NVIDIA}.{ns}.svc:50051"
     for kind in ("Available", "CollectiveReady", "Schedulable"):
         assert condition(obj, kind)["status"] == "True", kind
@@ -110,7 +98,7 @@ def test_nvidia_sample_children_pods_status_columns(kube: KubeCluster, ns: str) 
 
     table = kube.kubectl("get", "lopa", "-n", ns).stdout.splitlines()
     assert table[0].split() == ["NAME", "READY", "ACCELERATOR", "WORKERS", "BRANCHES", "PHASE", "AGE"]
-    assert table[1].split()[:6] == [NVIDIA, "4/4", "nvidia", "4", "7", "Available"]
+    assert table[1].split()[:6] == [NVIDIA, "1/1", "nvidia", "4", "7", "Available"]
     assert any(e["reason"] == "Available" for e in events(kube, ns, NVIDIA))
 
 
@@ -136,7 +124,7 @@ def test_decoding_change_rolls_every_pod(kube: KubeCluster, ns: str) -> None:
         )
 
     final = wait_status(kube, ns, NVIDIA, rolled, timeout=90, description="group rolled to the new config")
-    config = yaml.safe_load(kube.get_json("configmap", f"{NVIDIA}-config", "-n", ns)["data"]["lopa.yaml"])
+    config = yaml.safe_load(kube.get_json("configmap", f"{NVIDIA}-0-config", "-n", ns)["data"]["lopa.yaml"])
     assert config["decoding"]["tau_conf"] == 0.8
     assert final["status"]["groupRestarts"] == 0  # a roll is not a failure
     assert any(e["reason"] == "RollingGroup" for e in events(kube, ns, NVIDIA))
@@ -145,7 +133,7 @@ def test_decoding_change_rolls_every_pod(kube: KubeCluster, ns: str) -> None:
 def test_lost_worker_recreates_whole_group(kube: KubeCluster, ns: str) -> None:
     deploy_nvidia(kube, ns)
     before = uids(pods(kube, ns, NVIDIA))
-    kube.kubectl("delete", "pod", f"{NVIDIA}-worker-1", "-n", ns, "--wait=false")
+    kube.kubectl("delete", "pod", f"{NVIDIA}-0-worker-1", "-n", ns, "--wait=false")
 
     def recreated(o: dict[str, Any]) -> bool:
         workers = pods(kube, ns, NVIDIA)
@@ -168,7 +156,7 @@ def test_restarts_exhausted_is_degraded(kube: KubeCluster, ns: str) -> None:
     kube.apply(cr, namespace=ns)
     name = cr["metadata"]["name"]
     wait_status(kube, ns, name, is_available, timeout=90, description="CPU deployment Available")
-    kube.kubectl("delete", "pod", f"{name}-worker-0", "-n", ns, "--wait=false")
+    kube.kubectl("delete", "pod", f"{name}-0-worker-0", "-n", ns, "--wait=false")
     final = wait_status(
         kube, ns, name, lambda o: o["status"].get("phase") == "Degraded", timeout=60, description="Degraded"
     )
@@ -178,13 +166,13 @@ def test_restarts_exhausted_is_degraded(kube: KubeCluster, ns: str) -> None:
     assert final["status"]["groupRestarts"] == 0  # bounded: nothing was recreated
     # Issue 12, item 5: bumping spec.restartTrigger recreates the Degraded group, count cleared.
     before = {p["metadata"]["uid"] for p in kube.get_json("pods", "-n", ns)["items"]
-              if p["metadata"]["name"].startswith(f"{name}-worker-")}
+              if p["metadata"]["name"].startswith(f"{name}-0-worker-")}
     kube.kubectl("patch", "lopadeployment", name, "-n", ns, "--type=merge",
                  "-p", '{"spec": {"restartTrigger": "retry-1"}}')
     healed = wait_status(kube, ns, name, is_available, timeout=90, description="Available again")
     assert healed["status"]["recentGroupRestarts"] == 0
     after = {p["metadata"]["uid"] for p in kube.get_json("pods", "-n", ns)["items"]
-             if p["metadata"]["name"].startswith(f"{name}-worker-")}
+             if p["metadata"]["name"].startswith(f"{name}-0-worker-")}
     assert after and not after & before
 
 
@@ -237,12 +225,12 @@ def test_ascend_sample_renders_hccl_and_ascend_resource(kube: KubeCluster, ns: s
     kube.kubectl("apply", "-n", ns, "-f", str(SAMPLES / "ascend.yaml"))
     name = "d2f-dream-ascend"
     wait_status(kube, ns, name, is_available, timeout=90, description="Ascend sample Available")
-    sts = kube.get_json("statefulset", f"{name}-worker", "-n", ns)
+    sts = kube.get_json("statefulset", f"{name}-0-worker", "-n", ns)
     container = sts["spec"]["template"]["spec"]["containers"][0]
     env = {e["name"]: e for e in container["env"]}
     assert {"HCCL_CONNECT_TIMEOUT", "HCCL_EXEC_TIMEOUT", "HCCL_IF_IP"} <= set(env)
     assert container["resources"]["limits"]["huawei.com/Ascend910"] == "1"
-    config = yaml.safe_load(kube.get_json("configmap", f"{name}-config", "-n", ns)["data"]["lopa.yaml"])
+    config = yaml.safe_load(kube.get_json("configmap", f"{name}-0-config", "-n", ns)["data"]["lopa.yaml"])
     assert config["workers"]["backend"] == "hccl" and config["model"]["device"] == "npu"
     assert all(p["spec"]["nodeName"].startswith("kwok-ascend-") for p in pods(kube, ns, name))
 
@@ -250,8 +238,8 @@ def test_ascend_sample_renders_hccl_and_ascend_resource(kube: KubeCluster, ns: s
 def test_cpu_sample_renders_gloo(kube: KubeCluster, ns: str) -> None:
     kube.kubectl("apply", "-n", ns, "-f", str(SAMPLES / "cpu.yaml"))
     final = wait_status(kube, ns, "lopa-cpu", is_available, timeout=90, description="CPU sample Available")
-    assert final["status"]["ready"] == "2/2"
-    config = yaml.safe_load(kube.get_json("configmap", "lopa-cpu-config", "-n", ns)["data"]["lopa.yaml"])
+    assert final["status"]["ready"] == "1/1" and final["status"]["readyWorkers"] == 2
+    config = yaml.safe_load(kube.get_json("configmap", "lopa-cpu-0-config", "-n", ns)["data"]["lopa.yaml"])
     assert config["workers"]["backend"] == "gloo" and config["model"]["device"] == "cpu"
     assert config["model"]["path"] == ""  # the runtime's bundled model
     for pod in pods(kube, ns, "lopa-cpu"):
@@ -263,9 +251,9 @@ def test_drift_is_repaired_by_resync(kube: KubeCluster, ns: str) -> None:
     kube.kubectl("apply", "-n", ns, "-f", str(SAMPLES / "cpu.yaml"))
     wait_status(kube, ns, "lopa-cpu", is_available, timeout=90, description="CPU sample Available")
     # Edits behind the operator's back are undone by the timer alone (no event on the CR).
-    kube.kubectl("scale", "statefulset", "lopa-cpu-worker", "-n", ns, "--replicas=0")
+    kube.kubectl("scale", "statefulset", "lopa-cpu-0-worker", "-n", ns, "--replicas=0")
     kube.wait_for(
-        lambda: kube.get_json("statefulset", "lopa-cpu-worker", "-n", ns)["spec"]["replicas"] == 2,
+        lambda: kube.get_json("statefulset", "lopa-cpu-0-worker", "-n", ns)["spec"]["replicas"] == 2,
         timeout=30,
         description="StatefulSet replicas restored",
     )

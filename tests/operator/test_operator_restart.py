@@ -32,7 +32,7 @@ def test_restarted_operator_resumes_and_notices_a_worker_lost_while_down(
     before = {p["metadata"]["uid"] for p in pods(kube, namespace, "lopa-cpu")}
 
     # While no operator runs, a worker disappears and the StatefulSet replaces it.
-    kube.kubectl("delete", "pod", "lopa-cpu-worker-1", "-n", namespace)
+    kube.kubectl("delete", "pod", "lopa-cpu-0-worker-1", "-n", namespace)
     kube.wait_for(
         lambda: len(pods(kube, namespace, "lopa-cpu")) == 2, timeout=30, description="replacement pod"
     )

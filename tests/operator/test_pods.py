@@ -17,8 +17,8 @@ def by_kind(objs: list[dict]) -> dict[str, dict]:
 
 def pod_specs(name: str, spec: dict) -> tuple[dict, dict]:
     objs = by_kind(render.children(name, "ns", spec))
-    worker = objs[f"StatefulSet/{names.worker_set(name)}"]["spec"]["template"]["spec"]
-    master = objs[f"Deployment/{names.master(name)}"]["spec"]["template"]["spec"]
+    worker = objs[f"StatefulSet/{names.worker_set(name, 0)}"]["spec"]["template"]["spec"]
+    master = objs[f"Deployment/{names.master(name, 0)}"]["spec"]["template"]["spec"]
     return worker, master
 
 
@@ -102,11 +102,11 @@ def test_master_tolerates_ascend_taint_and_cpu_has_none() -> None:
 def test_tls_master_probe_checks_the_plaintext_health_port() -> None:
     spec = {"tls": {"secretName": "lopa-tls"}}
     objs = by_kind(render.children("t", "ns", spec))
-    master = objs["Deployment/t-master"]["spec"]["template"]["spec"]["containers"][0]
+    master = objs["Deployment/t-0-master"]["spec"]["template"]["spec"]["containers"][0]
     assert master["readinessProbe"] == {"grpc": {"port": names.HEALTH_PORT}, "periodSeconds": 5,
                                         "failureThreshold": 3}
     assert {"name": "health", "containerPort": names.HEALTH_PORT, "protocol": "TCP"} in master["ports"]
-    doc = yaml.safe_load(objs["ConfigMap/t-config"]["data"][names.CONFIG_FILE])
+    doc = yaml.safe_load(objs["ConfigMap/t-0-config"]["data"][names.CONFIG_FILE])
     assert doc["master"]["health_port"] == names.HEALTH_PORT
     config = parse_config(doc)
     validate(config)
@@ -116,10 +116,10 @@ def test_tls_master_probe_checks_the_plaintext_health_port() -> None:
 
 def test_plaintext_master_has_no_health_port() -> None:
     objs = by_kind(render.children("p", "ns", {}))
-    master = objs["Deployment/p-master"]["spec"]["template"]["spec"]["containers"][0]
+    master = objs["Deployment/p-0-master"]["spec"]["template"]["spec"]["containers"][0]
     assert master["readinessProbe"]["grpc"] == {"port": names.CLIENT_PORT}
     assert "health" not in [p["name"] for p in master["ports"]]
-    doc = yaml.safe_load(objs["ConfigMap/p-config"]["data"][names.CONFIG_FILE])
+    doc = yaml.safe_load(objs["ConfigMap/p-0-config"]["data"][names.CONFIG_FILE])
     assert "health_port" not in doc["master"]
 
 
@@ -134,14 +134,14 @@ def test_metrics_are_not_on_the_client_service() -> None:
     assert metrics["spec"]["selector"] == names.labels("m", names.ROLE_MASTER)
     port = {"name": "metrics", "port": names.METRICS_PORT, "targetPort": "metrics"}
     assert metrics["spec"]["ports"] == [port]
-    master = objs["Deployment/m-master"]["spec"]["template"]["spec"]["containers"][0]
+    master = objs["Deployment/m-0-master"]["spec"]["template"]["spec"]["containers"][0]
     assert {"name": "metrics", "containerPort": names.METRICS_PORT, "protocol": "TCP"} in master["ports"]
 
 
 def test_the_http_api_renders_its_port_service_probe_and_config() -> None:
     """Issue 13: spec.service.httpPort turns on the master's OpenAI-compatible API."""
     objs = by_kind(render.children("h", "ns", {"service": {"httpPort": 8080}}))
-    master = objs["Deployment/h-master"]["spec"]["template"]["spec"]["containers"][0]
+    master = objs["Deployment/h-0-master"]["spec"]["template"]["spec"]["containers"][0]
     assert {"name": "http", "containerPort": names.HTTP_PORT, "protocol": "TCP"} in master["ports"]
     assert master["readinessProbe"] == {"httpGet": {"path": "/health", "port": "http", "scheme": "HTTP"},
                                         "periodSeconds": 5, "failureThreshold": 3}
@@ -149,7 +149,7 @@ def test_the_http_api_renders_its_port_service_probe_and_config() -> None:
         o["spec"]["ports"] for k, o in objs.items() if k.startswith("Service/") and any(
             p["name"] == "http" for p in o["spec"]["ports"]))
     assert {"name": "http", "port": 8080, "targetPort": "http", "appProtocol": "http"} in ports
-    doc = yaml.safe_load(objs["ConfigMap/h-config"]["data"][names.CONFIG_FILE])
+    doc = yaml.safe_load(objs["ConfigMap/h-0-config"]["data"][names.CONFIG_FILE])
     config = parse_config(doc)  # the rendered config loads in the runtime
     validate(config)
     assert (config.master.http_port, config.master.model_name) == (names.HTTP_PORT, "h")

@@ -17,7 +17,7 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
@@ -30,7 +30,6 @@ from lopa_op_helpers import (
     load_sample,
     lopa,
     pods,
-    running_operator,
     wait_status,
 )
 
@@ -64,12 +63,6 @@ def runner(kube: KubeCluster) -> Iterator[PodRunner]:
             yield pod_runner
     finally:
         kube.kubectl("uncordon", *nodes, check=False)
-
-
-@pytest.fixture(scope="module")
-def operator(kube: KubeCluster, tmp_path_factory: pytest.TempPathFactory) -> Iterator[OperatorProcess]:
-    with running_operator(kube, tmp_path_factory.mktemp("operator") / "operator.log") as op:
-        yield op
 
 
 @pytest.fixture(scope="module")
@@ -107,8 +100,18 @@ def expected() -> dict[int, dict[str, Any]]:
     return out
 
 
-def available(kube: KubeCluster, ns: str, what: str) -> dict[str, Any]:
-    return wait_status(kube, ns, NAME, is_available, timeout=GROUP_TIMEOUT, description=what)
+def available(kube: KubeCluster, runner: PodRunner, ns: str, what: str) -> dict[str, Any]:
+    return wait_group(kube, runner, ns, is_available, what)
+
+
+def wait_group(
+    kube: KubeCluster, runner: PodRunner, ns: str, check: Callable[[dict[str, Any]], bool], what: str
+) -> dict[str, Any]:
+    """wait_status with the runner's report (pod events, logs) in the failure message."""
+    try:
+        return wait_status(kube, ns, NAME, check, timeout=GROUP_TIMEOUT, description=what)
+    except TimeoutError as error:
+        raise TimeoutError(f"{error}\n{runner.report()}") from None
 
 
 def ask(kube: KubeCluster, runner: PodRunner, ns: str, tag: str, attempts: int = 4) -> dict[str, Any]:
@@ -160,10 +163,10 @@ def workers(kube: KubeCluster, ns: str) -> dict[str, dict[str, Any]]:
 def test_sample_runs_serves_and_answers_like_lopa_generate(
     kube: KubeCluster, runner: PodRunner, ns: str, expected: dict[int, dict[str, Any]]
 ) -> None:
-    obj = available(kube, ns, "the CPU sample Available with its pods running as processes")
+    obj = available(kube, runner, ns, "the CPU sample Available with its pods running as processes")
     assert obj["status"]["readyWorkers"] == 2
     group = workers(kube, ns)
-    assert sorted(group) == [f"{NAME}-worker-0", f"{NAME}-worker-1"]
+    assert sorted(group) == [f"{NAME}-0-worker-0", f"{NAME}-0-worker-1"]
     (master,) = pods(kube, ns, NAME, "master")
     addresses = set()
     for pod in [*group.values(), master]:
@@ -183,10 +186,10 @@ def test_sample_runs_serves_and_answers_like_lopa_generate(
 
 def test_a_killed_worker_restarts_the_whole_group(kube: KubeCluster, runner: PodRunner, ns: str,
                                                    expected: dict[int, dict[str, Any]]) -> None:
-    before = available(kube, ns, "the group Available before the kill")
+    before = available(kube, runner, ns, "the group Available before the kill")
     restarts = int(before["status"].get("groupRestarts") or 0)
     old = {name: pod["metadata"]["uid"] for name, pod in workers(kube, ns).items()}
-    victim = f"{NAME}-worker-1"
+    victim = f"{NAME}-0-worker-1"
     since = runner.api.request("GET", f"/api/v1/namespaces/{ns}/pods")["metadata"]["resourceVersion"]
     runner.kill(ns, victim, signal.SIGKILL)
     # Its pod reports the crash: Failed, its container terminated by SIGKILL. The StatefulSet
@@ -203,10 +206,10 @@ def test_a_killed_worker_restarts_the_whole_group(kube: KubeCluster, runner: Pod
             break
     else:
         raise AssertionError(f"{victim} was never seen Failed: {seen}")
-    after = wait_status(
-        kube, ns, NAME,
+    after = wait_group(
+        kube, runner, ns,
         lambda o: is_available(o) and int(o["status"].get("groupRestarts") or 0) > restarts,
-        timeout=GROUP_TIMEOUT, description="the recreated group Available",
+        "the recreated group Available",
     )
     assert after["status"]["groupRestarts"] == restarts + 1
     new = {name: pod["metadata"]["uid"] for name, pod in workers(kube, ns).items()}
@@ -221,14 +224,14 @@ def test_a_killed_worker_restarts_the_whole_group(kube: KubeCluster, runner: Pod
 def test_a_decoding_change_rolls_the_group_and_shows_in_the_answer(
     kube: KubeCluster, runner: PodRunner, ns: str, expected: dict[int, dict[str, Any]]
 ) -> None:
-    before = available(kube, ns, "the group Available before the change")
+    before = available(kube, runner, ns, "the group Available before the change")
     old = {p["metadata"]["uid"] for p in pods(kube, ns, NAME) + pods(kube, ns, NAME, "master")}
     kube.kubectl("patch", "lopadeployment", NAME, "-n", ns, "--type=merge",
                  "-p", json.dumps({"spec": {"decoding": {"branches": 0}}}))
-    after = wait_status(
-        kube, ns, NAME,
+    after = wait_group(
+        kube, runner, ns,
         lambda o: is_available(o) and o["status"]["configHash"] != before["status"]["configHash"],
-        timeout=GROUP_TIMEOUT, description="the rolled group Available",
+        "the rolled group Available",
     )
     assert after["status"]["groupRestarts"] == before["status"]["groupRestarts"]  # a roll is no failure
     now = {p["metadata"]["uid"] for p in pods(kube, ns, NAME) + pods(kube, ns, NAME, "master")}

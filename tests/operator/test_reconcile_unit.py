@@ -7,76 +7,15 @@ from typing import Any
 
 import kopf
 import pytest
+from fake_kube import FakeKube
 
 from lopa_operator import names, reconcile
 from lopa_operator.kube import KubeError, path
 
 
-class FakeKube:
-    """Stores objects by API path; pods are added by the test (there is no controller)."""
-
-    def __init__(self, cr: dict[str, Any]) -> None:
-        self.objects: dict[str, dict[str, Any]] = {}
-        self.deleted: list[str] = []
-        self.reject: tuple[str, int, str] | None = None  # (kind, HTTP status, message) apply fails with
-        meta = cr["metadata"]
-        self.objects[path(names.KIND, meta["namespace"], meta["name"])] = cr
-
-    def get(self, url: str) -> dict[str, Any] | None:
-        return self.objects.get(url)
-
-    def list(self, kind: str, namespace: str, selector: str) -> list[dict[str, Any]]:
-        wanted = dict(kv.split("=") for kv in selector.split(","))
-        prefix = path(kind, namespace) + "/"
-        return [
-            o
-            for p, o in self.objects.items()
-            if p.startswith(prefix) and wanted.items() <= o["metadata"].get("labels", {}).items()
-        ]
-
-    def apply(self, obj: dict[str, Any], dry_run: bool = False) -> dict[str, Any]:
-        meta = obj["metadata"]
-        if self.reject and obj["kind"] == self.reject[0]:
-            raise KubeError(self.reject[1], f"apply {obj['kind']} {meta['name']}: {self.reject[2]}")
-        if dry_run:
-            return obj
-        self.objects[path(obj["kind"], meta["namespace"], meta["name"])] = obj
-        return obj
-
-    def delete(self, kind: str, namespace: str, name: str, uid: str | None = None) -> bool:
-        self.deleted.append(name)
-        return self.objects.pop(path(kind, namespace, name), None) is not None
-
-    def patch_status(self, namespace: str, name: str, status: dict[str, Any]) -> dict[str, Any]:
-        cr = self.objects[path(names.KIND, namespace, name)]
-        cr["status"] = {k: v for k, v in {**cr.get("status", {}), **status}.items() if v is not None}
-        return cr
-
-    def add_pod(self, name: str, uid: str, role: str, template: dict[str, Any]) -> None:
-        self.objects[path("Pod", "ns", name)] = {
-            "metadata": {
-                "name": name,
-                "uid": uid,
-                "labels": template["metadata"]["labels"],
-                "annotations": template["metadata"]["annotations"],
-            },
-            "status": {
-                "phase": "Running",
-                "conditions": [{"type": "Ready", "status": "True"}],
-                "containerStatuses": [{"restartCount": 0}],
-            },
-        }
-
-
 @pytest.fixture
 def fake() -> FakeKube:
-    cr = {
-        "apiVersion": names.API_VERSION,
-        "kind": names.KIND,
-        "metadata": {"name": "d", "namespace": "ns", "uid": "cr-uid", "generation": 1},
-        "spec": {"branchParallelism": 2},
-    }
-    return FakeKube(cr)
+    return FakeKube.with_deployment({"branchParallelism": 2})
 
 
 def run(fake: FakeKube, posted: list[tuple[str, str]]) -> dict[str, Any]:
@@ -89,37 +28,37 @@ def run(fake: FakeKube, posted: list[tuple[str, str]]) -> dict[str, Any]:
 
 
 def templates(fake: FakeKube) -> tuple[dict[str, Any], dict[str, Any]]:
-    sts = fake.objects[path("StatefulSet", "ns", "d-worker")]["spec"]["template"]
-    dep = fake.objects[path("Deployment", "ns", "d-master")]["spec"]["template"]
+    sts = fake.objects[path("StatefulSet", "ns", "d-0-worker")]["spec"]["template"]
+    dep = fake.objects[path("Deployment", "ns", "d-0-master")]["spec"]["template"]
     return sts, dep
 
 
 def test_reconcile_creates_owned_children_then_forms_group(fake: FakeKube) -> None:
     posted: list[tuple[str, str]] = []
     status = run(fake, posted)
-    assert status["phase"] == "Progressing" and status["ready"] == "0/2"
+    assert status["phase"] == "Progressing" and status["ready"] == "0/1" and status["workers"] == 2
     for kind, name in [
-        ("ConfigMap", "d-config"),
+        ("ConfigMap", "d-0-config"),
         ("Service", "d-workers"),
-        ("StatefulSet", "d-worker"),
-        ("Deployment", "d-master"),
+        ("StatefulSet", "d-0-worker"),
+        ("Deployment", "d-0-master"),
         ("Service", "d"),
     ]:
         (owner,) = fake.objects[path(kind, "ns", name)]["metadata"]["ownerReferences"]
         assert owner["uid"] == "cr-uid" and owner["controller"] is True
     sts, dep = templates(fake)
     for i in range(2):
-        fake.add_pod(f"d-worker-{i}", f"w{i}", "worker", sts)
-    fake.add_pod("d-master-abc", "m", "master", dep)
+        fake.add_pod(f"d-0-worker-{i}", f"w{i}", "worker", sts)
+    fake.add_pod("d-0-master-abc", "m", "master", dep)
     status = run(fake, posted)
     assert status["phase"] == "Available" and status["readyWorkers"] == 2
     assert ("Available", status["conditions"][0]["message"]) in posted
 
     # A lost member recreates the whole group and is counted.
-    del fake.objects[path("Pod", "ns", "d-worker-1")]
-    fake.add_pod("d-worker-1", "w1-new", "worker", sts)
+    del fake.objects[path("Pod", "ns", "d-0-worker-1")]
+    fake.add_pod("d-0-worker-1", "w1-new", "worker", sts)
     status = run(fake, posted)
-    assert sorted(fake.deleted) == ["d-worker-0", "d-worker-1"]
+    assert sorted(fake.deleted) == ["d-0-worker-0", "d-0-worker-1"]
     assert status["groupRestarts"] == 1 and status["phase"] == "Progressing"
     assert any(reason == "GroupRestart" for reason, _ in posted)
 
@@ -133,25 +72,26 @@ def test_reconcile_of_deleted_object_does_nothing(fake: FakeKube) -> None:
 def test_rejected_child_changes_nothing_and_is_reported_once(fake: FakeKube) -> None:
     posted: list[tuple[str, str]] = []
     first = run(fake, posted)
-    config = dict(fake.objects[path("ConfigMap", "ns", "d-config")])
+    config = dict(fake.objects[path("ConfigMap", "ns", "d-0-config")])
     cr = fake.objects[path(names.KIND, "ns", "d")]
     cr["metadata"]["generation"] = 2
     cr["spec"] = {"branchParallelism": 2, "decoding": {"branches": 2}, "resources": {"limits": {"cpu": "x"}}}
     fake.reject = (
         "StatefulSet",
         422,
-        'StatefulSet.apps "d-worker" is invalid: ' + "cpu: Invalid value " * 80,
+        'StatefulSet.apps "d-0-worker" is invalid: ' + "cpu: Invalid value " * 80,
     )
     for _ in range(2):  # the timer retries: one event, one status write
         with pytest.raises(kopf.TemporaryError) as err:
             run(fake, posted)
         assert err.value.delay == reconcile.APPLY_FAILED_RETRY_SECONDS
-    assert fake.objects[path("ConfigMap", "ns", "d-config")] == config  # the dry run stopped everything
+    assert fake.objects[path("ConfigMap", "ns", "d-0-config")] == config  # the dry run stopped everything
     st = cr["status"]
     assert st["observedGeneration"] == 1 and st["configHash"] == first["configHash"]
     (cond,) = [c for c in st["conditions"] if c["type"] == "Reconciled"]
     assert cond["status"] == "False" and cond["reason"] == "ApplyFailed" and cond["observedGeneration"] == 2
-    assert cond["message"].startswith('apply StatefulSet d-worker: StatefulSet.apps "d-worker" is invalid')
+    expected = 'apply StatefulSet d-0-worker: StatefulSet.apps "d-0-worker" is invalid'
+    assert cond["message"].startswith(expected)
     assert len(cond["message"]) <= 1000 and cond["message"].endswith("...")
     assert [r for r, _ in posted].count("ApplyFailed") == 1
 

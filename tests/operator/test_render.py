@@ -24,7 +24,7 @@ def by_kind(objs: list[dict]) -> dict[str, dict]:
 
 
 def worker_container(objs: list[dict], name: str) -> dict:
-    sts = by_kind(objs)[f"StatefulSet/{names.worker_set(name)}"]
+    sts = by_kind(objs)[f"StatefulSet/{names.worker_set(name, 0)}"]
     return sts["spec"]["template"]["spec"]["containers"][0]
 
 
@@ -35,17 +35,17 @@ def env_of(container: dict) -> dict[str, dict]:
 def test_children_names_and_contract() -> None:
     objs = render.children("demo", "ns1", {"branchParallelism": 3})
     assert list(by_kind(objs)) == [
-        "ConfigMap/demo-config",
+        "ConfigMap/demo-0-config",
+        "StatefulSet/demo-0-worker",
+        "Deployment/demo-0-master",
         "Service/demo-workers",
-        "StatefulSet/demo-worker",
-        "Deployment/demo-master",
         "Service/demo",
         "Service/demo-master-metrics",
     ]
     kinds = by_kind(objs)
     headless = kinds["Service/demo-workers"]["spec"]
     assert headless["clusterIP"] == "None" and headless["publishNotReadyAddresses"] is True
-    sts = kinds["StatefulSet/demo-worker"]["spec"]
+    sts = kinds["StatefulSet/demo-0-worker"]["spec"]
     assert sts["podManagementPolicy"] == "Parallel" and sts["replicas"] == 3
     assert sts["serviceName"] == "demo-workers"
     worker = sts["template"]["spec"]["containers"][0]
@@ -59,7 +59,7 @@ def test_children_names_and_contract() -> None:
     ]
     rank = env_of(worker)["LOPA_RANK"]["valueFrom"]["fieldRef"]["fieldPath"]
     assert rank == "metadata.labels['apps.kubernetes.io/pod-index']"
-    master = kinds["Deployment/demo-master"]["spec"]
+    master = kinds["Deployment/demo-0-master"]["spec"]
     assert master["strategy"]["type"] == "Recreate"
     assert master["template"]["spec"]["containers"][0]["command"] == [
         "lopa",
@@ -82,6 +82,7 @@ def test_config_matches_docs_shape() -> None:
             {"accelerator": {"type": "nvidia"}, "branchParallelism": 2, "tls": {"secretName": "s"},
              "service": {"httpPort": 8000}}
         ),
+        0,
     )
 
     def shape(d: object) -> object:
@@ -105,7 +106,7 @@ def test_config_hash_changes_with_decoding_only_when_spec_changes() -> None:
     h2 = render.group_hash("demo", "ns", specs.with_defaults({**base, "decoding": {"tauConf": 0.8}}))
     assert h1 != h2
     objs = render.children("demo", "ns", {**base, "decoding": {"tauConf": 0.8}})
-    for kind in ("StatefulSet/demo-worker", "Deployment/demo-master"):
+    for kind in ("StatefulSet/demo-0-worker", "Deployment/demo-0-master"):
         template = by_kind(objs)[kind]["spec"]["template"]
         assert template["metadata"]["annotations"][names.CONFIG_HASH_ANNOTATION] == h2
 
@@ -117,17 +118,17 @@ def test_nvidia_sample_wiring() -> None:
     assert worker["resources"]["limits"]["nvidia.com/gpu"] == "1"
     env = env_of(worker)
     assert env["TORCH_NCCL_ASYNC_ERROR_HANDLING"]["value"] == "1"
-    pod = by_kind(objs)["StatefulSet/d2f-dream-worker"]["spec"]["template"]["spec"]
+    pod = by_kind(objs)["StatefulSet/d2f-dream-0-worker"]["spec"]["template"]["spec"]
     shm = next(v for v in pod["volumes"] if v["name"] == "dshm")
     assert shm["emptyDir"] == {"medium": "Memory", "sizeLimit": "16Gi"}
     assert {"name": "dshm", "mountPath": "/dev/shm"} in worker["volumeMounts"]
     model = next(v for v in pod["volumes"] if v["name"] == "model")
     assert model["persistentVolumeClaim"] == {"claimName": "d2f-models", "readOnly": True}
-    text = by_kind(objs)["ConfigMap/d2f-dream-config"]["data"]["lopa.yaml"]
+    text = by_kind(objs)["ConfigMap/d2f-dream-0-config"]["data"]["lopa.yaml"]
     doc = yaml.safe_load(text)
     assert doc["workers"]["backend"] == "nccl" and doc["model"]["device"] == "cuda"
     assert doc["model"]["adapter"] == "/models/D2F_Dream_Base_7B_Lora"
-    assert doc["workers"]["addresses"][3] == "d2f-dream-worker-3.d2f-dream-workers.ns.svc:50052"
+    assert doc["workers"]["addresses"][3] == "d2f-dream-0-worker-3.d2f-dream-workers.ns.svc:50052"
 
 
 def test_ascend_sample_wiring() -> None:
@@ -140,7 +141,7 @@ def test_ascend_sample_wiring() -> None:
     assert env["HCCL_EXEC_TIMEOUT"]["value"] == "120"
     assert env["HCCL_IF_IP"]["valueFrom"]["fieldRef"]["fieldPath"] == "status.podIP"
     assert "ASCEND_VISIBLE_DEVICES" not in env  # the device plugin sets it
-    doc = yaml.safe_load(by_kind(objs)["ConfigMap/d2f-dream-ascend-config"]["data"]["lopa.yaml"])
+    doc = yaml.safe_load(by_kind(objs)["ConfigMap/d2f-dream-ascend-0-config"]["data"]["lopa.yaml"])
     assert doc["workers"]["backend"] == "hccl" and doc["model"]["device"] == "npu"
 
 
@@ -156,7 +157,7 @@ def test_cpu_sample_wiring() -> None:
     worker = worker_container(objs, "lopa-cpu")
     assert not any("/" in k for k in worker["resources"].get("limits", {}))  # no device resources
     assert "NCCL_DEBUG" not in env_of(worker)
-    doc = yaml.safe_load(by_kind(objs)["ConfigMap/lopa-cpu-config"]["data"]["lopa.yaml"])
+    doc = yaml.safe_load(by_kind(objs)["ConfigMap/lopa-cpu-0-config"]["data"]["lopa.yaml"])
     assert doc["workers"]["backend"] == "gloo"
     assert doc["model"] == {"path": "", "adapter": "", "dtype": "float32", "device": "cpu"}  # bundled model
 
@@ -172,7 +173,7 @@ def test_user_settings_pass_through() -> None:
         "tls": {"secretName": "lopa-tls", "requireClientCert": True},
     }
     objs = by_kind(render.children("u", "ns", spec))
-    pod = objs["StatefulSet/u-worker"]["spec"]["template"]["spec"]
+    pod = objs["StatefulSet/u-0-worker"]["spec"]["template"]["spec"]
     assert pod["nodeSelector"] == {"pool": "a"} and pod["affinity"] == {"nodeAffinity": {}}
     assert pod["tolerations"] == [{"key": "k", "operator": "Exists"}]
     assert pod["containers"][0]["image"] == "example/lopa:dev"
@@ -180,13 +181,13 @@ def test_user_settings_pass_through() -> None:
     svc = objs["Service/u"]
     assert svc["spec"]["type"] == "LoadBalancer" and svc["metadata"]["annotations"]["a"] == "b"
     assert svc["spec"]["ports"][0]["port"] == 443
-    master = objs["Deployment/u-master"]["spec"]["template"]["spec"]
+    master = objs["Deployment/u-0-master"]["spec"]["template"]["spec"]
     assert {"name": "tls", "secret": {"secretName": "lopa-tls"}} in master["volumes"]
-    doc = yaml.safe_load(objs["ConfigMap/u-config"]["data"]["lopa.yaml"])
+    doc = yaml.safe_load(objs["ConfigMap/u-0-config"]["data"]["lopa.yaml"])
     assert doc["tls"]["client_ca"] == "/etc/lopa/tls/ca.crt"
     # kubelet gRPC probes speak no TLS: a TLS master is probed on its plaintext health port.
     assert master["containers"][0]["readinessProbe"]["grpc"] == {"port": names.HEALTH_PORT}
-    plain = by_kind(render.children("p", "ns", {}))["Deployment/p-master"]["spec"]["template"]["spec"]
+    plain = by_kind(render.children("p", "ns", {}))["Deployment/p-0-master"]["spec"]["template"]["spec"]
     assert plain["containers"][0]["readinessProbe"]["grpc"] == {"port": 50051}
 
 
@@ -204,7 +205,7 @@ def test_rendered_config_loads_in_the_runtime(file: str) -> None:
     runtime_config = pytest.importorskip("lopa.serving.config")
     cr = sample(file)
     objs = render.children(cr["metadata"]["name"], "ns", cr["spec"])
-    text = by_kind(objs)[f"ConfigMap/{cr['metadata']['name']}-config"]["data"]["lopa.yaml"]
+    text = by_kind(objs)[f"ConfigMap/{cr['metadata']['name']}-0-config"]["data"]["lopa.yaml"]
     loaded = runtime_config.parse_config(yaml.safe_load(text))
     assert loaded.workers.count == cr["spec"]["branchParallelism"]
     assert loaded.workers.backend == specs.BACKENDS[cr["spec"]["accelerator"]["type"]]
@@ -214,7 +215,7 @@ def test_rendered_config_loads_in_the_runtime(file: str) -> None:
 def test_rendered_config_with_tls_loads_in_the_runtime() -> None:
     runtime_config = pytest.importorskip("lopa.serving.config")
     spec = specs.with_defaults({"tls": {"secretName": "s", "requireClientCert": True}})
-    loaded = runtime_config.parse_config(config.render("d", "ns", spec))
+    loaded = runtime_config.parse_config(config.render("d", "ns", spec, 0))
     assert loaded.tls.enabled and loaded.tls.client_ca.endswith("ca.crt")
 
 
@@ -231,9 +232,10 @@ def test_cli_render_prints_children_without_a_cluster() -> None:
     ).stdout
     docs = list(yaml.safe_load_all(out))
     assert [d["kind"] for d in docs] == [
-        "ConfigMap", "Service", "StatefulSet", "Deployment", "Service", "Service"
+        "ConfigMap", "StatefulSet", "Deployment", "Service", "Service", "Service"
     ]
-    assert docs[0]["metadata"] == {**docs[0]["metadata"], "name": "d2f-dream-config", "namespace": "default"}
+    assert docs[0]["metadata"]["name"] == "d2f-dream-0-config"
+    assert docs[0]["metadata"]["namespace"] == "default"
 
 
 def test_cpu_sample_serves_the_bundled_models_decoding_defaults(tmp_path: Path) -> None:
@@ -241,7 +243,7 @@ def test_cpu_sample_serves_the_bundled_models_decoding_defaults(tmp_path: Path) 
     # lopa_defaults.json (bundled model: block 8, 56 tokens), not the paper's block 32 / 256 tokens.
     master = pytest.importorskip("lopa.cli.master")
     cr = sample("cpu.yaml")
-    doc = config.render(cr["metadata"]["name"], "ns", specs.with_defaults(cr["spec"]))
+    doc = config.render(cr["metadata"]["name"], "ns", specs.with_defaults(cr["spec"]), 0)
     assert doc["decoding"] == {"branches": 3}
     path = tmp_path / "lopa.yaml"
     path.write_text(config.dump(doc))
@@ -251,7 +253,7 @@ def test_cpu_sample_serves_the_bundled_models_decoding_defaults(tmp_path: Path) 
 
 
 def test_decoding_keys_the_spec_sets_are_rendered_as_given() -> None:
-    doc = config.render("d", "ns", specs.with_defaults({"decoding": {"blockSize": 32, "tauConf": 1}}))
+    doc = config.render("d", "ns", specs.with_defaults({"decoding": {"blockSize": 32, "tauConf": 1}}), 0)
     assert doc["decoding"] == {"block_size": 32, "tau_conf": 1.0}
     runtime_config = pytest.importorskip("lopa.serving.config")
     assert runtime_config.parse_config(doc).decoding_keys == {"block_size", "tau_conf"}

@@ -62,6 +62,10 @@ CASES = [
     ("max-batch-zero", {"limits": {"maxBatch": 0}}, "spec.limits.maxBatch"),
     ("max-batch-over-256", {"limits": {"maxBatch": 257}}, "spec.limits.maxBatch"),
     ("negative-step-tokens", {"limits": {"maxStepTokens": -1}}, "spec.limits.maxStepTokens"),
+    ("negative-replicas", {"replicas": -1}, "spec.replicas"),
+    ("replicas-over-100", {"replicas": 101}, "spec.replicas"),
+    ("max-unavailable-zero", {"rollout": {"maxUnavailable": 0}}, "spec.rollout.maxUnavailable"),
+    ("max-unavailable-negative", {"rollout": {"maxUnavailable": -2}}, "spec.rollout.maxUnavailable"),
     (
         "backoff-over-max",
         {"failurePolicy": {"backoffSeconds": 600, "maxBackoffSeconds": 60}},

@@ -41,13 +41,17 @@ helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version }}
 - apiGroups: [lopa.dev]
   resources: [lopadeployments/finalizers]
   verbs: [update]
-# Children are server-side applied (patch; create when missing).
+# Children are server-side applied (patch; create when missing). A group's ConfigMap,
+# StatefulSet and Deployment are listed to see what each group runs, and deleted on scale-down.
 - apiGroups: [""]
-  resources: [configmaps, services]
+  resources: [services]
   verbs: [create, patch]
+- apiGroups: [""]
+  resources: [configmaps]
+  verbs: [create, patch, list, delete]
 - apiGroups: [apps]
   resources: [statefulsets, deployments]
-  verbs: [create, patch]
+  verbs: [create, patch, list, delete]
 # Worker pods are observed for group health and deleted to recreate or roll the group.
 - apiGroups: [""]
   resources: [pods]
