@@ -70,6 +70,9 @@ def _resources(base: dict[str, Any] | None, limits: dict[str, str]) -> dict[str,
 
 
 DRAIN_MARGIN_S = 15  # beyond the longest request: the workers' quiet period, process exit
+# A deleted master keeps admitting for this long before SIGTERM: the endpoints controller and the
+# Service proxies drop it meanwhile, so new requests go to other groups instead of being refused.
+PRE_STOP_SLEEP_S = 5
 
 
 def _common_pod_spec(spec: dict[str, Any], tolerations: list[dict[str, Any]]) -> dict[str, Any]:
@@ -77,7 +80,7 @@ def _common_pod_spec(spec: dict[str, Any], tolerations: list[dict[str, Any]]) ->
     # limits.requestTimeoutSeconds) and the workers serve its steps until it goes quiet: the grace
     # period covers that, so a rollout or scale-down loses no request in flight.
     limits = {**specs.DEFAULTS["limits"], **(spec.get("limits") or {})}
-    grace = limits["requestTimeoutSeconds"] + DRAIN_MARGIN_S
+    grace = PRE_STOP_SLEEP_S + limits["requestTimeoutSeconds"] + DRAIN_MARGIN_S
     pod: dict[str, Any] = {
         "enableServiceLinks": False,
         "terminationGracePeriodSeconds": grace,
@@ -206,6 +209,7 @@ def master_template(name: str, spec: dict[str, Any], config_hash: str, index: in
         "resources": copy.deepcopy((spec.get("master") or {}).get("resources") or {}),
         "volumeMounts": mounts,
         "readinessProbe": _master_probe(tls, http),
+        "lifecycle": {"preStop": {"sleep": {"seconds": PRE_STOP_SLEEP_S}}},
     }
     # The workers' tolerations (the automatic device one included) but not their device requests:
     # with spec.nodeSelector picking tainted accelerator nodes the master must tolerate the taint

@@ -81,6 +81,7 @@ class PodPlan:
     grace_seconds: float
     working_dir: str
     share_pid: bool = False  # spec.shareProcessNamespace
+    pre_stop_sleep_s: float = 0.0  # lifecycle.preStop.sleep: waited out before SIGTERM
 
     def port(self, value: int | str) -> int:
         """A probe's port: a number, or the name of one of the container's ports."""
@@ -129,7 +130,17 @@ def plan(pod: dict[str, Any], api: Api, pod_ip: str, host_ip: str) -> PodPlan:
         grace_seconds=float(spec.get("terminationGracePeriodSeconds", 30)),
         working_dir=container.get("workingDir") or "/",
         share_pid=bool(spec.get("shareProcessNamespace")),
+        pre_stop_sleep_s=_pre_stop_sleep(container, where),
     )
+
+
+def _pre_stop_sleep(container: dict[str, Any], where: str) -> float:
+    hook = (container.get("lifecycle") or {}).get("preStop")
+    if not hook:
+        return 0.0
+    if set(hook) != {"sleep"}:
+        raise Unsupported(f"{where}: a preStop hook other than sleep is not supported: {sorted(hook)}")
+    return float(hook["sleep"]["seconds"])
 
 
 def expand(text: str, env: Mapping[str, str]) -> str:

@@ -10,8 +10,9 @@ the kubelet of that node, every `TICK_SECONDS`:
 - its status is patched through the API server as a kubelet reports it (`pod_status`): Running with
   its podIP, Ready from the readiness probe, Succeeded/Failed with the exit code once the process
   exits;
-- a pod being deleted gets SIGTERM, then SIGKILL after its grace period, then its object is
-  deleted (grace 0), as the kubelet finishes a deletion; a pod that vanished is killed;
+- a pod being deleted waits out its preStop sleep, gets SIGTERM, then SIGKILL once its grace
+  period is over, then its object is deleted (grace 0), as the kubelet finishes a deletion; a
+  pod that vanished is killed;
 - Services and EndpointSlices of the namespaces of its pods are re-read for the DNS and the proxy.
 
 `stop()` (also at exit, and by `with`) kills every process, deletes every namespace, the bridge and
@@ -22,7 +23,8 @@ such leftovers (`netns.remove_stale`).
 
 Where it differs from a kubelet (besides what the helper modules say): the pod list is polled, not
 watched; exited containers are not restarted (`pod_status`); images, resources, startupProbe, init
-containers and several containers per pod are not supported; it runs as the cluster admin.
+containers, several containers per pod and preStop hooks other than sleep are not supported; it
+runs as the cluster admin.
 """
 
 from __future__ import annotations
@@ -69,6 +71,7 @@ class _Pod:
     pid: int  # the container's process (PID 1 of its PID namespace, or a child of a "pause")
     reported: dict[str, Any] | None = None
     term_deadline: float | None = None  # set once SIGTERM was sent
+    stop_asked: float | None = None  # when its deletion was seen (its preStop hook runs from then)
 
 
 @dataclass
@@ -317,9 +320,15 @@ class PodRunner:
             self._poll(pod)
             if pod.process.poll() is None:
                 if pod.term_deadline is None:
+                    # As the kubelet: the preStop hook first, then SIGTERM; both within the grace period.
                     grace = float(meta.get("deletionGracePeriodSeconds", pod.plan.grace_seconds))
-                    self._event(f"{pod.namespace}/{pod.name}: deleted; SIGTERM, {grace:.0f}s grace")
-                    self._signal(pod, grace)
+                    hook = min(pod.plan.pre_stop_sleep_s, grace)
+                    if pod.stop_asked is None:
+                        pod.stop_asked = time.monotonic()
+                        self._event(f"{pod.namespace}/{pod.name}: deleted; preStop sleep {hook:.0f}s, "
+                                    f"then SIGTERM; {grace:.0f}s grace")
+                    if time.monotonic() - pod.stop_asked >= hook:
+                        self._signal(pod, grace - hook)
                 return  # _poll sends SIGKILL once the grace period is over
             self._cleanup(pod)
         self._waiting.pop(meta["uid"], None)

@@ -169,9 +169,13 @@ def test_the_http_api_renders_its_port_service_probe_and_config() -> None:
 def test_pods_get_a_grace_period_that_covers_the_drain() -> None:
     """Issue 12, item 4: SIGTERM drains requests for up to limits.requestTimeoutSeconds."""
     worker, master = pod_specs("g", {"limits": {"requestTimeoutSeconds": 120}})
-    assert worker["terminationGracePeriodSeconds"] == master["terminationGracePeriodSeconds"] == 135
+    # the master's preStop sleep (out of the Services first), the longest request, the margin;
+    # the workers get as long: they serve the steps of their master's drain
+    assert master["containers"][0]["lifecycle"] == {"preStop": {"sleep": {"seconds": 5}}}
+    assert worker["terminationGracePeriodSeconds"] == master["terminationGracePeriodSeconds"] == 140
     worker, _ = pod_specs("d", {})
-    assert worker["terminationGracePeriodSeconds"] == specs.DEFAULTS["limits"]["requestTimeoutSeconds"] + 15
+    assert worker["terminationGracePeriodSeconds"] == specs.DEFAULTS["limits"]["requestTimeoutSeconds"] + 20
+    assert "lifecycle" not in worker["containers"][0]
 
 
 def test_lopa_is_not_pid_1_so_sigterm_stops_a_worker_at_once() -> None:

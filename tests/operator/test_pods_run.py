@@ -241,6 +241,8 @@ def test_a_decoding_change_rolls_the_group_and_shows_in_the_answer(
     assert answer["text"] == expected[0]["text"]
     assert answer["tokens"] == expected[0]["tokens"]
     assert runner.grace_kills == []
+    # The old master waited out its preStop sleep before SIGTERM (out of the Service first).
+    assert any("-master-" in e and "preStop sleep 5s" in e for e in runner.events), runner.report()
 
 
 def test_stop_leaves_no_process_namespace_or_node(kube: KubeCluster, runner: PodRunner, ns: str) -> None:
