@@ -60,15 +60,17 @@ def configure(settings: kopf.OperatorSettings, **_: Any) -> None:
 @kopf.on.create(names.GROUP, names.VERSION, names.PLURAL, backoff=RETRY_BACKOFF)
 @kopf.on.update(names.GROUP, names.VERSION, names.PLURAL, field="spec", backoff=RETRY_BACKOFF)
 @kopf.on.resume(names.GROUP, names.VERSION, names.PLURAL, backoff=RETRY_BACKOFF)
-def on_change(name: str, namespace: str, logger: logging.Logger, reason: str, **_: Any) -> None:
-    reconcile(kube(), namespace, name, str(reason), _post, logger)
+def on_change(
+    name: str, namespace: str, logger: logging.Logger, reason: str, memo: kopf.Memo, **_: Any
+) -> None:
+    reconcile(kube(), namespace, name, str(reason), _post, logger, memo)
 
 
 @kopf.timer(names.GROUP, names.VERSION, names.PLURAL, interval=RESYNC_SECONDS, initial_delay=RESYNC_SECONDS)
-def resync(name: str, namespace: str, logger: logging.Logger, **_: Any) -> None:
-    reconcile(kube(), namespace, name, "timer", _post, logger)
+def resync(name: str, namespace: str, logger: logging.Logger, memo: kopf.Memo, **_: Any) -> None:
+    reconcile(kube(), namespace, name, "timer", _post, logger, memo)
 
 
 @kopf.on.delete(names.GROUP, names.VERSION, names.PLURAL, optional=True)
 def on_delete(name: str, namespace: str, **_: Any) -> None:
-    forget(namespace, name)  # the children go with their owner (garbage collector)
+    forget(namespace, name)  # the children go with their owner (garbage collector), the memo with kopf

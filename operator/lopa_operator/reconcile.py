@@ -10,7 +10,7 @@ import datetime as dt
 import logging
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, MutableMapping
 from dataclasses import replace
 from typing import Any
 
@@ -35,37 +35,34 @@ def _spec_error(error: KubeError) -> bool:
 
 EventFn = Callable[[dict[str, Any], str, str, str], None]  # (object, type, reason, message)
 
-_locks: dict[tuple[str, str], threading.Lock] = {}
-# Per object, the digest of the children that last passed the dry run: the timer re-applies every
-# 10 s to repair drift, but only a rendering it has not validated yet needs the dry run first.
-_validated: dict[tuple[str, str], str] = {}
-_locks_guard = threading.Lock()
+Memo = MutableMapping[str, Any]  # kopf's per-object memo (a plain dict in unit tests)
+_memo_guard = threading.Lock()
 
 
-def _lock(namespace: str, name: str) -> threading.Lock:
-    # Handlers and the timer run in worker threads; one reconcile per object at a time.
-    with _locks_guard:
-        return _locks.setdefault((namespace, name), threading.Lock())
+def _lock(memo: Memo) -> threading.Lock:
+    # The handlers and the timer of one object run in worker threads: one reconcile at a time.
+    with _memo_guard:
+        return memo.setdefault("reconcile_lock", threading.Lock())
 
 
 def forget(namespace: str, name: str) -> None:
-    with _locks_guard:
-        _locks.pop((namespace, name), None)
-    _validated.pop((namespace, name), None)
+    """Drops what outlives a deleted object outside its memo: its metric series."""
     metrics.forget(namespace, name)
 
 
-def _ensure(kube: Kube, children: list[dict[str, Any]], owner: dict[str, Any]) -> None:
+def _ensure(kube: Kube, children: list[dict[str, Any]], owner: dict[str, Any], memo: Memo) -> None:
     """Server-side applies every child: creates it, repairs drift, and is a no-op write when nothing
     changed. A rendering not yet validated is first dry-run applied as a whole, so that a child the
-    API server rejects leaves every child as it was (no new ConfigMap beside old pods)."""
+    API server rejects leaves every child as it was (no new ConfigMap beside old pods). The memo
+    keeps the digest of the last rendering that passed: the timer re-applies every resync to repair
+    drift, and only a new rendering needs the dry run."""
     for child in children:
         kopf.append_owner_reference(child, owner=owner)
-    key, rendered = (owner["metadata"]["namespace"], owner["metadata"]["name"]), config.digest(children)
-    if _validated.get(key) != rendered:
+    rendered = config.digest(children)
+    if memo.get("validated") != rendered:
         for child in children:
             kube.apply(child, dry_run=True)
-        _validated[key] = rendered
+        memo["validated"] = rendered
     for child in children:
         kube.apply(child)
 
@@ -133,17 +130,18 @@ def reconcile(
     trigger: str,
     post: EventFn,
     logger: logging.Logger | logging.LoggerAdapter,
+    memo: Memo,
 ) -> dict[str, Any] | None:
     """Brings the children of one LoPADeployment in line and returns the status written."""
     started = time.monotonic()
     result = "error"
     try:
-        with _lock(namespace, name):
+        with _lock(memo):
             obj = kube.get(path(names.KIND, namespace, name))
             if obj is None or obj["metadata"].get("deletionTimestamp"):
                 result = "gone"
                 return None  # owner references let the garbage collector remove the children
-            out = _reconcile(kube, obj, post, logger)
+            out = _reconcile(kube, obj, post, logger, memo)
             result = "ok"
             return out
     finally:
@@ -152,7 +150,7 @@ def reconcile(
 
 
 def _reconcile(
-    kube: Kube, obj: dict[str, Any], post: EventFn, logger: logging.Logger | logging.LoggerAdapter
+    kube: Kube, obj: dict[str, Any], post: EventFn, logger: logging.Logger | logging.LoggerAdapter, memo: Memo
 ) -> dict[str, Any]:
     meta = obj["metadata"]
     name, namespace = meta["name"], meta["namespace"]
@@ -170,7 +168,7 @@ def _reconcile(
     raw = obj.get("spec") or {}
     children = [c for i in plan.update for c in render.group_children(name, namespace, raw, i)]
     try:
-        _ensure(kube, children + render.shared_children(name, namespace, raw), obj)
+        _ensure(kube, children + render.shared_children(name, namespace, raw), obj, memo)
     except KubeError as e:
         if not _spec_error(e):
             raise

@@ -21,6 +21,7 @@ class FakeKube:
         self.deleted: list[str] = []
         self.reject: tuple[str, int, str] | None = None  # (kind, HTTP status, message) apply fails with
         self.serial = 0  # for pod uids
+        self.memo: dict[str, Any] = {}  # the reconciled object's kopf memo
         meta = cr["metadata"]
         self.objects[path(names.KIND, meta["namespace"], meta["name"])] = cr
 

@@ -54,8 +54,10 @@ def _rejected_then_fixed(kube: KubeCluster, namespace: str) -> None:
     def post(obj: dict[str, Any], kind: str, reason: str, message: str) -> None:
         posted.append((kind, reason, message))
 
+    memo: dict[str, Any] = {}
+
     def run() -> dict[str, Any] | None:
-        return reconcile.reconcile(client, namespace, "bad", "test", post, logging.getLogger("test"))
+        return reconcile.reconcile(client, namespace, "bad", "test", post, logging.getLogger("test"), memo)
 
     first = run()
     assert first is not None and first["observedGeneration"] == 1

@@ -22,7 +22,7 @@ def run(fake: FakeKube, posted: list[tuple[str, str]]) -> dict[str, Any]:
     def post(obj: dict[str, Any], kind: str, reason: str, message: str) -> None:
         posted.append((reason, message))
 
-    out = reconcile.reconcile(fake, "ns", "d", "test", post, logging.getLogger("test"))  # type: ignore[arg-type]
+    out = reconcile.reconcile(fake, "ns", "d", "test", post, logging.getLogger("test"), fake.memo)  # type: ignore[arg-type]
     assert out is not None
     return out
 
@@ -65,7 +65,8 @@ def test_reconcile_creates_owned_children_then_forms_group(fake: FakeKube) -> No
 
 def test_reconcile_of_deleted_object_does_nothing(fake: FakeKube) -> None:
     fake.objects[path(names.KIND, "ns", "d")]["metadata"]["deletionTimestamp"] = "2026-01-01T00:00:00Z"
-    assert reconcile.reconcile(fake, "ns", "d", "test", lambda *a: None, logging.getLogger("t")) is None  # type: ignore[arg-type]
+    quiet = logging.getLogger("t")
+    assert reconcile.reconcile(fake, "ns", "d", "test", lambda *a: None, quiet, fake.memo) is None  # type: ignore[arg-type]
     assert len(fake.objects) == 1
 
 

@@ -72,7 +72,7 @@ def step(fake: FakeKube, posted: list[tuple[str, str]] | None = None) -> dict[st
         if posted is not None:
             posted.append((reason, message))
 
-    out = reconcile.reconcile(fake, "ns", "d", "test", post, logging.getLogger("test"))  # type: ignore[arg-type]
+    out = reconcile.reconcile(fake, "ns", "d", "test", post, logging.getLogger("test"), fake.memo)  # type: ignore[arg-type]
     assert out is not None
     fake.settle()
     return out
