@@ -11,8 +11,8 @@ import grpc
 import pytest
 
 from lopa.serving.client import LopaClient
-from lopa.serving.config import ConfigError, parse_config, validate
 from lopa.serving.launcher import LocalCluster, free_ports, loopback_config
+from lopa.serving.shared.config import ConfigError, parse_config, validate
 from tests.kube import certs
 
 

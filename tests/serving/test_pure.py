@@ -12,11 +12,11 @@ from lopa.execution.local import LocalExecutor
 from lopa.model.loader import load_model
 from lopa.params import DecodingParams, InvalidParameter
 from lopa.proto import lopa_pb2
-from lopa.serving.config import ConfigError, Limits, load_config, parse_config
+from lopa.serving.master.requests import build_params
+from lopa.serving.master.streaming import DeltaTracker
 from lopa.serving.placement import rank_of, shares
-from lopa.serving.requests import build_params
 from lopa.serving.shard import ShardExecutor
-from lopa.serving.streaming import DeltaTracker
+from lopa.serving.shared.config import ConfigError, Limits, load_config, parse_config
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -175,10 +175,10 @@ def test_fused_commit_buffer_round_trips(checkpoint: Path) -> None:
 def test_bench_serving_uses_held_out_prompts_and_model_defaults_on_the_bundled_model() -> None:
     import argparse
 
+    from lopa.bench import serving as bench
     from lopa.bundled import tasks
     from lopa.bundled.defaults import model_defaults
-    from lopa.serving import bench
-    from lopa.serving.model_dir import model_path
+    from lopa.serving.shared.model_dir import model_path
 
     def args(**kw: object) -> argparse.Namespace:
         base = {"model": None, "branches": 2, "block_size": None, "attention": None, "max_new_tokens": None}
@@ -199,8 +199,8 @@ def test_bench_serving_uses_held_out_prompts_and_model_defaults_on_the_bundled_m
 
 def test_a_config_without_decoding_serves_with_the_models_own_defaults() -> None:
     from lopa.bundled.defaults import model_defaults
-    from lopa.serving.config import with_model_defaults
-    from lopa.serving.model_dir import model_path
+    from lopa.serving.shared.config import with_model_defaults
+    from lopa.serving.shared.model_dir import model_path
 
     bundled = model_path("")
     model = model_defaults(bundled)
@@ -237,7 +237,7 @@ def test_unknown_keys_list_the_known_ones_in_the_documented_order() -> None:
 
 
 def test_kv_caches_that_cannot_fit_fail_at_start_naming_max_batch() -> None:
-    from lopa.serving.model_dir import check_kv_fits, kv_cache_bytes
+    from lopa.serving.shared.model_dir import check_kv_fits, kv_cache_bytes
     from lopa.testing import tiny_config
 
     model = tiny_config()

@@ -19,11 +19,11 @@ import pytest
 from lopa.params import DecodingParams, InvalidParameter
 from lopa.proto import lopa_pb2
 from lopa.serving.client import LopaClient
-from lopa.serving.config import Limits, ServingConfig, parse_config
 from lopa.serving.launcher import free_ports
-from lopa.serving.master import serve_master
-from lopa.serving.requests import check_budget, usable_limits
-from lopa.serving.worker import WorkerService, listen_address, listen_key, start_server
+from lopa.serving.master.requests import check_budget, usable_limits
+from lopa.serving.master.service import serve_master
+from lopa.serving.shared.config import Limits, ServingConfig, parse_config
+from lopa.serving.worker.service import WorkerService, listen_address, listen_key, start_server
 
 MAX_LENGTH = 512  # the tiny checkpoint's max_position_embeddings, below the default limits
 

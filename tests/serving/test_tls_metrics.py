@@ -10,8 +10,8 @@ import grpc
 import pytest
 
 from lopa.serving.client import LopaClient
-from lopa.serving.config import parse_config
 from lopa.serving.launcher import LocalCluster, free_ports, loopback_config
+from lopa.serving.shared.config import parse_config
 from tests.kube import certs
 
 

@@ -13,11 +13,11 @@ import pytest
 from lopa.model.loader import load_model
 from lopa.params import DecodingParams
 from lopa.proto import worker_pb2
-from lopa.serving.distributed import DistributedExecutor, StepFailed
-from lopa.serving.links import WorkerLost
-from lopa.serving.master import _status_of
+from lopa.serving.master.distributed import DistributedExecutor, StepFailed
+from lopa.serving.master.links import WorkerLost
+from lopa.serving.master.service import _status_of
 from lopa.serving.shard import ShardExecutor
-from lopa.serving.worker import WorkerService
+from lopa.serving.worker.service import WorkerService
 
 
 def step_request(begin: bool) -> worker_pb2.StepRequest:

@@ -10,7 +10,7 @@ from lopa.cli import bench, client, generate, master, serve, train, worker
 from lopa.cli.decoding_flags import flag_name
 from lopa.model.errors import CheckpointError
 from lopa.params import InvalidParameter
-from lopa.serving.config import ConfigError
+from lopa.serving.shared.config import ConfigError
 
 
 def build_parser() -> argparse.ArgumentParser:

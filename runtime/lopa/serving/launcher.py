@@ -20,8 +20,8 @@ from pathlib import Path
 from typing import IO
 
 from lopa.serving.client import LopaClient
-from lopa.serving.config import ServingConfig, WorkersConfig, dump_config
-from lopa.serving.parent_watch import Lifeline
+from lopa.serving.shared.config import ServingConfig, WorkersConfig, dump_config
+from lopa.serving.shared.parent_watch import Lifeline
 
 log = logging.getLogger("lopa.serve")
 

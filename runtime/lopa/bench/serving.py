@@ -22,9 +22,9 @@ from prometheus_client.parser import text_string_to_metric_families
 from lopa.bench.concurrency import Answer, run_level, sweep_flags, with_ratios
 from lopa.bench.rows import finish, show_row
 from lopa.serving.client import LopaClient
-from lopa.serving.config import MasterConfig, ServingConfig, parse_config, with_model_defaults
 from lopa.serving.launcher import LocalCluster, free_ports, loopback_config
-from lopa.serving.model_dir import model_path
+from lopa.serving.shared.config import MasterConfig, ServingConfig, parse_config, with_model_defaults
+from lopa.serving.shared.model_dir import model_path
 
 PHASES = ("forward", "coordination", "commit")
 PROMPTS = ["12+34=", "Write a haiku about the sea.", "def fib(n):", "The capital of France is"]

@@ -7,7 +7,7 @@ from typing import Any
 
 from lopa.params import DecodingParams, InvalidParameter, check_length
 from lopa.proto import lopa_pb2
-from lopa.serving.config import Limits
+from lopa.serving.shared.config import Limits
 
 _OVERRIDES = [f.name for f in fields(DecodingParams) if f.name != "max_new_tokens"]
 

@@ -28,10 +28,10 @@ from lopa.model.tokenizer import NO_CHAT_TEMPLATE, chat_ids
 from lopa.params import InvalidParameter
 from lopa.proto import lopa_pb2
 from lopa.scheduling.request import Completion, QueueFull, RequestAborted
-from lopa.serving.config import TlsConfig
-from lopa.serving.jobs import GroupUnavailable
-from lopa.serving.links import WorkerLost
-from lopa.serving.openai_body import Parsed, body_field, chat_request, completion_request
+from lopa.serving.master.jobs import GroupUnavailable
+from lopa.serving.master.links import WorkerLost
+from lopa.serving.master.openai_body import Parsed, body_field, chat_request, completion_request
+from lopa.serving.shared.config import TlsConfig
 
 FINISH = {"eos": "stop", "stop": "stop", "length": "length"}
 NO_TEMPLATE_HINT = "the model has no chat template; send a plain prompt to /v1/completions"

@@ -24,12 +24,12 @@ from lopa.execution.local import VerifyPart
 from lopa.model.loader import load_model
 from lopa.params import DecodingParams
 from lopa.proto import worker_pb2, worker_pb2_grpc
-from lopa.serving import collective
-from lopa.serving.config import ServingConfig
-from lopa.serving.listen import NO_REUSEPORT, add_port
-from lopa.serving.metrics import WorkerMetrics
-from lopa.serving.model_dir import check_kv_fits, model_path, usable_max_length
 from lopa.serving.shard import CommitOrder, ShardExecutor
+from lopa.serving.shared.config import ServingConfig
+from lopa.serving.shared.listen import NO_REUSEPORT, add_port
+from lopa.serving.shared.metrics import WorkerMetrics
+from lopa.serving.shared.model_dir import check_kv_fits, model_path, usable_max_length
+from lopa.serving.worker import collective
 
 log = logging.getLogger("lopa.worker")
 
@@ -40,7 +40,7 @@ _SERVER_OPTIONS = [
     ("grpc.keepalive_timeout_ms", 5_000),
     ("grpc.keepalive_permit_without_calls", 1),
     ("grpc.http2.max_pings_without_data", 0),
-    # The master pings every 5 s (lopa.serving.links): allow it (the default minimum is 5 minutes).
+    # The master pings every 5 s (lopa.serving.master.links): allow it (the default minimum is 5 minutes).
     ("grpc.http2.min_recv_ping_interval_without_data_ms", 4_000),
     ("grpc.http2.max_ping_strikes", 0),
 ]

@@ -19,7 +19,7 @@ from lopa.execution.local import PartOutcome, VerifyPart, verify_alone
 from lopa.params import AttentionMode, DecodingParams
 from lopa.proto import worker_pb2
 from lopa.scheduling.request import Abort, RequestAborted
-from lopa.serving.links import WorkerGroup, WorkerLost
+from lopa.serving.master.links import WorkerGroup, WorkerLost
 from lopa.serving.placement import rank_of, shares
 
 __all__ = ["Abort", "DistributedExecutor", "RequestAborted", "StepFailed", "StepTiming"]

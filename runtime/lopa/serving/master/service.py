@@ -28,16 +28,23 @@ from lopa.proto import lopa_pb2, lopa_pb2_grpc
 from lopa.scheduling.budget import default_budget
 from lopa.scheduling.request import Completion, QueueFull, RequestAborted
 from lopa.scheduling.scheduler import Scheduler
-from lopa.serving.config import ServingConfig
-from lopa.serving.distributed import DistributedExecutor, StepTiming
-from lopa.serving.jobs import GroupUnavailable, Job, JobRunner, MasterObserver, stats_of
-from lopa.serving.links import WorkerGroup, WorkerLost
-from lopa.serving.listen import NO_REUSEPORT, add_port
-from lopa.serving.metrics import MasterMetrics
-from lopa.serving.model_dir import model_path, usable_max_length
-from lopa.serving.requests import JobSpec, build_params, check_budget, check_prompt, check_stop, usable_limits
-from lopa.serving.tls import server_credentials
-from lopa.serving.undecodable import Undecodable, add_lopa_servicer
+from lopa.serving.master.distributed import DistributedExecutor, StepTiming
+from lopa.serving.master.jobs import GroupUnavailable, Job, JobRunner, MasterObserver, stats_of
+from lopa.serving.master.links import WorkerGroup, WorkerLost
+from lopa.serving.master.requests import (
+    JobSpec,
+    build_params,
+    check_budget,
+    check_prompt,
+    check_stop,
+    usable_limits,
+)
+from lopa.serving.master.undecodable import Undecodable, add_lopa_servicer
+from lopa.serving.shared.config import ServingConfig
+from lopa.serving.shared.listen import NO_REUSEPORT, add_port
+from lopa.serving.shared.metrics import MasterMetrics
+from lopa.serving.shared.model_dir import model_path, usable_max_length
+from lopa.serving.shared.tls import server_credentials
 
 log = logging.getLogger("lopa.master")
 SERVICE = "lopa.v1.Lopa"
@@ -304,7 +311,7 @@ async def serve_master(
         await health_server.start()
     http = None
     if config.master.http_port:
-        from lopa.serving.http_api import start_http
+        from lopa.serving.master.http_api import start_http
 
         name = served_model_name(config, path)
         http = await start_http(service, name, config.master.http_port, config.tls)

@@ -26,7 +26,7 @@ import grpc
 from lopa.bench.rows import finish, show_row
 from lopa.params import InvalidParameter
 from lopa.proto import worker_pb2, worker_pb2_grpc
-from lopa.serving.links import WorkerGroup, WorkerLink
+from lopa.serving.master.links import WorkerGroup, WorkerLink
 
 TRANSPORTS = ("socket", "grpc")
 WARMUP_ROUNDS = 20
@@ -76,7 +76,7 @@ class _BusyWorker(worker_pb2_grpc.WorkerServicer):
 
 
 def _grpc_peer(busy_s: float, ports: multiprocessing.Queue) -> None:
-    from lopa.serving.worker import _SERVER_OPTIONS
+    from lopa.serving.worker.service import _SERVER_OPTIONS
 
     server = grpc.server(futures.ThreadPoolExecutor(max_workers=4), options=_SERVER_OPTIONS)
     worker_pb2_grpc.add_WorkerServicer_to_server(_BusyWorker(busy_s), server)
