@@ -9,13 +9,13 @@ import pytest
 import torch
 
 from lopa.execution.local import LocalExecutor
+from lopa.execution.placement import candidates_on, rank_of, shares
+from lopa.execution.shard import ShardExecutor
 from lopa.model.loader import load_model
 from lopa.params import DecodingParams, InvalidParameter
 from lopa.proto import lopa_pb2
 from lopa.serving.master.requests import build_params
 from lopa.serving.master.streaming import DeltaTracker
-from lopa.serving.placement import rank_of, shares
-from lopa.serving.shard import ShardExecutor
 from lopa.serving.shared.config import ConfigError, Limits, load_config, parse_config
 
 REPO = Path(__file__).resolve().parents[2]
@@ -91,6 +91,15 @@ def test_round_robin_placement() -> None:
     assert [rank_of(c, 3) for c in range(5)] == [(0, 0), (1, 0), (2, 0), (0, 1), (1, 1)]
 
 
+@pytest.mark.parametrize("workers", [1, 2, 3, 4])
+def test_each_rank_recovers_its_candidates_from_its_slots(workers: int) -> None:
+    for candidates in range(1, 10):
+        for offset in range(6):
+            for rank, mine in enumerate(shares(candidates, workers, offset)):
+                assert candidates_on(rank, len(mine), workers, offset) == mine
+                assert all(rank_of(c, workers, offset) == (rank, slot) for slot, c in enumerate(mine))
+
+
 def test_request_overrides_within_limits() -> None:
     limits = Limits(max_branches=4, max_new_tokens=64)
     request = lopa_pb2.GenerateRequest(prompt="x", max_new_tokens=48)
@@ -139,7 +148,7 @@ def test_fused_commit_buffer_round_trips(checkpoint: Path) -> None:
     fp32 last logit) and rebuild, on the receiver, the state of running each request locally."""
     from lopa.decoding.executor import BranchWindow
     from lopa.execution.local import VerifyPart
-    from lopa.serving.shard import CommitOrder
+    from lopa.execution.shard import CommitOrder
 
     loaded = load_model(checkpoint)
     sent: list[torch.Tensor] = []
@@ -166,10 +175,10 @@ def test_fused_commit_buffer_round_trips(checkpoint: Path) -> None:
     reference.commit_many([(0, 1), (2, 0)])
     assert len(sent) == 1 and sent[0].dtype == torch.uint8  # one fused broadcast for both requests
     for sequence, n in n_stage.items():
-        kv, ref_kv = receiver.window_model.caches[sequence], reference.model.caches[sequence]
+        kv, ref_kv = receiver.model.caches[sequence], reference.model.caches[sequence]
         assert kv.length == ref_kv.length == n
         assert torch.equal(kv.cache[:, :, :n], ref_kv.cache[:, :, :n])
-        assert torch.equal(receiver.state(sequence).last_logit, reference.state(sequence).last_logit)
+        assert torch.equal(receiver.local.state(sequence).last_logit, reference.state(sequence).last_logit)
 
 
 def test_bench_serving_uses_held_out_prompts_and_model_defaults_on_the_bundled_model() -> None:

@@ -10,13 +10,13 @@ from typing import Any
 import grpc
 import pytest
 
+from lopa.execution.shard import ShardExecutor
 from lopa.model.loader import load_model
 from lopa.params import DecodingParams
 from lopa.proto import worker_pb2
 from lopa.serving.master.distributed import DistributedExecutor, StepFailed
 from lopa.serving.master.links import WorkerLost
 from lopa.serving.master.service import _status_of
-from lopa.serving.shard import ShardExecutor
 from lopa.serving.worker.service import WorkerService
 
 

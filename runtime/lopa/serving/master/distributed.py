@@ -16,11 +16,11 @@ from dataclasses import dataclass
 from lopa.decoding.executor import BranchWindow
 from lopa.decoding.rules import PositionStat
 from lopa.execution.local import PartOutcome, VerifyPart, verify_alone
+from lopa.execution.placement import rank_of, shares
 from lopa.params import AttentionMode, DecodingParams
 from lopa.proto import worker_pb2
 from lopa.scheduling.request import Abort, RequestAborted
 from lopa.serving.master.links import WorkerGroup, WorkerLost
-from lopa.serving.placement import rank_of, shares
 
 __all__ = ["Abort", "DistributedExecutor", "RequestAborted", "StepFailed", "StepTiming"]
 

@@ -21,10 +21,10 @@ import torch
 from lopa.decoding.executor import BranchWindow
 from lopa.decoding.rules import future_confidence
 from lopa.execution.local import VerifyPart
+from lopa.execution.shard import CommitOrder, ShardExecutor
 from lopa.model.loader import load_model
 from lopa.params import DecodingParams
 from lopa.proto import worker_pb2, worker_pb2_grpc
-from lopa.serving.shard import CommitOrder, ShardExecutor
 from lopa.serving.shared.config import ServingConfig
 from lopa.serving.shared.listen import NO_REUSEPORT, add_port
 from lopa.serving.shared.metrics import WorkerMetrics
