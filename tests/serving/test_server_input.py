@@ -118,7 +118,7 @@ def test_a_master_on_a_port_held_by_another_socket_is_refused(checkpoint: Path) 
 
 
 def test_a_second_worker_server_on_the_same_port_is_refused() -> None:
-    service = WorkerService(0, 1, "gloo", 128, 64, on_fatal=lambda code: None)
+    service = WorkerService(0, 1, 128, 64, on_fatal=lambda code: None)
     address = f"127.0.0.1:{free_ports(1)[0]}"
     first = start_server(service, address)
     try:

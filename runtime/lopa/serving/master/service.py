@@ -17,7 +17,7 @@ from typing import Any
 
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
-from grpc_health.v1._async import HealthServicer
+from grpc_health.v1.health import aio as health_aio
 
 from lopa.decoding.decoder import Decoder
 from lopa.model.config import DreamConfig
@@ -163,7 +163,7 @@ class LopaService(lopa_pb2_grpc.LopaServicer):
         if isinstance(outcome, Completion):
             self.metrics.requests.labels("ok").inc()
             return outcome
-        label = _status_of(outcome)[1]
+        label = status_of(outcome)[1]
         self.metrics.requests.labels(label).inc()
         if label == "error":
             log.error("request failed", exc_info=outcome)
@@ -218,11 +218,12 @@ class LopaService(lopa_pb2_grpc.LopaServicer):
         settled = self.settle(outcome)
         if isinstance(settled, Completion):
             return settled
-        await context.abort(_status_of(settled)[0], str(settled))
+        await context.abort(status_of(settled)[0], str(settled))
         raise AssertionError("unreachable")
 
 
-def _status_of(error: BaseException) -> tuple[grpc.StatusCode, str]:
+def status_of(error: BaseException) -> tuple[grpc.StatusCode, str]:
+    """The gRPC status of a request that failed, and its outcome label in the metrics."""
     if isinstance(error, InvalidParameter):
         return grpc.StatusCode.INVALID_ARGUMENT, "invalid"
     if isinstance(error, WorkerLost):
@@ -233,7 +234,7 @@ def _status_of(error: BaseException) -> tuple[grpc.StatusCode, str]:
     return grpc.StatusCode.INTERNAL, "error"
 
 
-async def drain_requests(service: LopaService, health: HealthServicer, group: WorkerGroup,
+async def drain_requests(service: LopaService, health: health_aio.HealthServicer, group: WorkerGroup,
                          limit_s: float) -> None:
     """Stop admitting (health NOT_SERVING, new requests UNAVAILABLE), let the queued and running
     requests finish, for at most the longest a request may last; stop early if the group is gone
@@ -277,7 +278,7 @@ async def serve_master(
     metrics.serve(config.master.metrics_port)
     group = WorkerGroup(config.workers.addresses)
     service = LopaService(config, path, group, metrics)
-    health = HealthServicer()
+    health = health_aio.HealthServicer()
     loop = asyncio.get_running_loop()
 
     def on_group(attached: bool) -> None:
