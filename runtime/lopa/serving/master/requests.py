@@ -41,7 +41,7 @@ def build_params(
     try:
         params = defaults.with_overrides(**overrides)
     except InvalidParameter as error:
-        raise InvalidParameter(_field(error.field), str(error).split(": ", 1)[1]) from None
+        raise InvalidParameter(_field(error.field), error.reason) from None
     if params.max_new_tokens > limits.max_new_tokens:
         raise InvalidParameter(
             "max_new_tokens", f"{params.max_new_tokens} exceeds the server limit {limits.max_new_tokens}"
