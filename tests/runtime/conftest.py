@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from lopa.testing import tiny_config, write_random_checkpoint
+from lopa.synthetic import tiny_config, write_random_checkpoint
 
 
 @pytest.fixture(scope="session")

@@ -20,7 +20,7 @@ from lopa.decoding.rules import PositionStat
 from lopa.execution.local import LocalExecutor
 from lopa.execution.protocol import WindowBatch, WindowModel
 from lopa.params import DecodingParams
-from lopa.testing.synthetic import Rule, SyntheticModel, peaked
+from lopa.synthetic.rule_model import Rule, SyntheticModel, peaked
 
 VOCAB = 20
 MASK = 19

@@ -19,7 +19,7 @@ from lopa.serving.launcher import free_ports
 from lopa.serving.master.distributed import DistributedExecutor
 from lopa.serving.master.links import WorkerGroup
 from lopa.serving.shared.config import dump_config, load_config, parse_config
-from lopa.testing import tiny_config, write_random_checkpoint
+from lopa.synthetic import tiny_config, write_random_checkpoint
 
 REPO = Path(__file__).resolve().parents[2]
 torch.set_num_threads(1)  # tiny models; the CI box has 2 cores shared with the worker processes

@@ -247,7 +247,7 @@ def test_unknown_keys_list_the_known_ones_in_the_documented_order() -> None:
 
 def test_kv_caches_that_cannot_fit_fail_at_start_naming_max_batch() -> None:
     from lopa.serving.shared.model_dir import check_kv_fits, kv_cache_bytes
-    from lopa.testing import tiny_config
+    from lopa.synthetic import tiny_config
 
     model = tiny_config()
     config = parse_config({"limits": {"max_batch": 256}})

@@ -139,7 +139,7 @@ def synthetic_model(directory: Path) -> Path:
     """A random Dream checkpoint big enough that a step is mostly forward, small enough for CPU."""
     from safetensors.torch import save_file
 
-    from lopa.testing import tiny_config, write_random_checkpoint
+    from lopa.synthetic import tiny_config, write_random_checkpoint
 
     config = tiny_config(hidden_size=256, intermediate_size=704, num_hidden_layers=4, num_attention_heads=8,
                          num_key_value_heads=2, vocab_size=2048, max_position_embeddings=2048)
