@@ -1,4 +1,4 @@
-"""Decoding parameters: the knobs of algorithm.md with the paper's defaults, validated once."""
+"""Decoding parameters: the knobs of docs/decoding.md with the paper's defaults, validated once."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""k = 0 is exactly D2F: the Decoder against an independent reference of algorithm.md section 3.
+"""k = 0 is exactly D2F: the Decoder against an independent reference of docs/decoding.md section 3.
 
 `reference_d2f` below is written from the spec only (its own block list, its own loop,
 its own logit shift, stored last logit, softmax and Conf) and calls the WindowModel
@@ -65,7 +65,7 @@ def reference_d2f(
     eos_ids: Sequence[int],
     max_length: int,
 ) -> RefResult:
-    """algorithm.md section 3, literally, greedy only."""
+    """docs/decoding.md section 3, literally, greedy only."""
     B = params.block_size
     seq = list(prompt)
     blocks = [RefBlock(0, len(prompt), "to_cache", True)]

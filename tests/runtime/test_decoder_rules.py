@@ -1,4 +1,4 @@
-"""Decoder-level tests of the rules that are easy to get wrong (algorithm.md sections 2-4, 6).
+"""Decoder-level tests of the rules that are easy to get wrong (docs/decoding.md sections 2-4, 6).
 
 Every test drives the real Decoder / LocalExecutor over a SyntheticModel whose confidences
 are chosen by hand, and asserts exact per-round fills, winners and forward counts. Unless

@@ -2,8 +2,8 @@
 running request in one ragged forward, and the commits that travel between ranks.
 
 Transport-free: the worker feeds it decoded step messages and a `Broadcast` callable. It drives a
-LocalExecutor through that executor's public methods only. Commits follow algorithm.md section 5,
-for several requests at once:
+LocalExecutor through that executor's public methods only. Commits follow docs/decoding.md
+section 5, for several requests at once:
   - full attention: each winner rank packs, for every request it won, all layers' K/V of the
     committed range plus the stored last logit into ONE byte buffer; one broadcast per distinct
     winner rank; every rank appends each request's part to that request's cache;
