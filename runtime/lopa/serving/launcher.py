@@ -27,6 +27,7 @@ log = logging.getLogger("lopa.serve")
 
 
 def free_ports(n: int, host: str = "127.0.0.1") -> list[int]:
+    """Distinct free ports on `host` (held open together so none is handed out twice)."""
     sockets = [socket.socket() for _ in range(n)]
     try:
         for s in sockets:
