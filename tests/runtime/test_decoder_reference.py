@@ -15,14 +15,13 @@ from pathlib import Path
 
 import pytest
 import torch
-from synthetic_cases import (  # noqa: F401 (torch_one_thread is an autouse fixture)
+from synthetic_cases import (
     EOS,
     MASK,
     MAX_LENGTH,
     generate,
     hash_choice,
     synthetic_model,
-    torch_one_thread,
 )
 
 from lopa.execution.protocol import WindowBatch, WindowModel

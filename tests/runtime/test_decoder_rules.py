@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 import pytest
-from synthetic_cases import (  # noqa: F401 (torch_one_thread is an autouse fixture)
+from synthetic_cases import (
     EOS,
     MASK,
     MAX_LENGTH,
@@ -20,7 +20,6 @@ from synthetic_cases import (  # noqa: F401 (torch_one_thread is an autouse fixt
     generate,
     hash_choice,
     synthetic_model,
-    torch_one_thread,
 )
 
 from lopa.decoding import rules
