@@ -1,4 +1,4 @@
-"""Decoding parameters: the knobs of algorithm.md with the paper's defaults, validated once."""
+"""Decoding parameters: the knobs of docs/decoding.md with the paper's defaults, validated once."""
 
 from __future__ import annotations
 
@@ -19,11 +19,13 @@ class ConfKind(str, enum.Enum):
 
 
 class InvalidParameter(ValueError):
-    """A decoding parameter is out of range; `field` names it (for CLI and gRPC errors)."""
+    """A parameter is out of range: `field` names it, `reason` says why (the message is both, for
+    the gRPC status; the CLI and the HTTP API name the field their own way, with the same reason)."""
 
-    def __init__(self, field: str, message: str) -> None:
-        super().__init__(f"{field}: {message}")
+    def __init__(self, field: str, reason: str) -> None:
+        super().__init__(f"{field}: {reason}")
         self.field = field
+        self.reason = reason
 
 
 MAX_BRANCHES = 64  # hard ceiling; servers configure a lower limit

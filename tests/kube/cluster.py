@@ -31,6 +31,8 @@ from typing import Any
 
 import yaml
 
+from lopa.serving.launcher import free_ports  # one helper for every suite's loopback ports
+
 from .binaries import (
     BUILD_SCRIPT,
     KWOK_STAGES,
@@ -59,7 +61,6 @@ from .processes import (
     WORK_DIR_PREFIX,
     Component,
     check_alive,
-    free_ports,
     remove_stale_work_dirs,
     spawn,
     stop_components,

@@ -11,7 +11,6 @@ import ctypes
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import tempfile
 from collections.abc import Sequence
@@ -23,20 +22,6 @@ from .errors import KubeClusterError
 
 WORK_DIR_PREFIX = "lopa-kube-"
 OWNER_FILE = "owner.pid"
-
-
-def free_ports(count: int) -> list[int]:
-    """Distinct free loopback ports (held open together so none is handed out twice)."""
-    sockets: list[socket.socket] = []
-    try:
-        for _ in range(count):
-            sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-            sock.bind(("127.0.0.1", 0))
-            sockets.append(sock)
-        return [sock.getsockname()[1] for sock in sockets]
-    finally:
-        for sock in sockets:
-            sock.close()
 
 
 def remove_stale_work_dirs() -> None:

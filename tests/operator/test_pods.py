@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import yaml
 
-from lopa.serving.config import parse_config, validate
+from lopa.serving.shared.config import parse_config, validate
 from lopa_operator import names, render
 from lopa_operator import spec as specs
 

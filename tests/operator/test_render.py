@@ -202,7 +202,7 @@ def test_default_image_per_accelerator(kind: str, monkeypatch: pytest.MonkeyPatc
 @pytest.mark.parametrize("file", ["cpu.yaml", "nvidia.yaml", "ascend.yaml"])
 def test_rendered_config_loads_in_the_runtime(file: str) -> None:
     # The contract with `lopa master`/`lopa worker`: their own loader accepts what we render.
-    runtime_config = pytest.importorskip("lopa.serving.config")
+    runtime_config = pytest.importorskip("lopa.serving.shared.config")
     cr = sample(file)
     objs = render.children(cr["metadata"]["name"], "ns", cr["spec"])
     text = by_kind(objs)[f"ConfigMap/{cr['metadata']['name']}-0-config"]["data"]["lopa.yaml"]
@@ -213,7 +213,7 @@ def test_rendered_config_loads_in_the_runtime(file: str) -> None:
 
 
 def test_rendered_config_with_tls_loads_in_the_runtime() -> None:
-    runtime_config = pytest.importorskip("lopa.serving.config")
+    runtime_config = pytest.importorskip("lopa.serving.shared.config")
     spec = specs.with_defaults({"tls": {"secretName": "s", "requireClientCert": True}})
     loaded = runtime_config.parse_config(config.render("d", "ns", spec, 0))
     assert loaded.tls.enabled and loaded.tls.client_ca.endswith("ca.crt")
@@ -255,5 +255,5 @@ def test_cpu_sample_serves_the_bundled_models_decoding_defaults(tmp_path: Path) 
 def test_decoding_keys_the_spec_sets_are_rendered_as_given() -> None:
     doc = config.render("d", "ns", specs.with_defaults({"decoding": {"blockSize": 32, "tauConf": 1}}), 0)
     assert doc["decoding"] == {"block_size": 32, "tau_conf": 1.0}
-    runtime_config = pytest.importorskip("lopa.serving.config")
+    runtime_config = pytest.importorskip("lopa.serving.shared.config")
     assert runtime_config.parse_config(doc).decoding_keys == {"block_size", "tau_conf"}

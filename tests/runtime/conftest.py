@@ -1,4 +1,5 @@
-"""Shared runtime fixtures: a small random checkpoint in the real on-disk format."""
+"""Shared runtime fixtures: a small random checkpoint in the real on-disk format, the bundled model's
+engine, and one torch thread for the whole session."""
 
 from __future__ import annotations
 
@@ -7,7 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from lopa.testing import tiny_config, write_random_checkpoint
+from lopa.engine import LocalEngine, bundled_model_dir
+from lopa.synthetic import tiny_config, write_random_checkpoint
 
 
 @pytest.fixture(scope="session")
@@ -15,6 +17,12 @@ def tiny_checkpoint(tmp_path_factory: pytest.TempPathFactory) -> Path:
     directory = tmp_path_factory.mktemp("tiny-checkpoint")
     write_random_checkpoint(directory, tiny_config(), shards=2, seed=0)
     return directory
+
+
+@pytest.fixture(scope="module")
+def bundled_engine() -> LocalEngine:
+    """The bundled model on a LocalEngine (one per test module, as each module had its own)."""
+    return LocalEngine.from_dirs(bundled_model_dir())
 
 
 @pytest.fixture(scope="session", autouse=True)

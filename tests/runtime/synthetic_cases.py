@@ -8,10 +8,9 @@ and run the real Decoder.
 from __future__ import annotations
 
 import zlib
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
-import pytest
 import torch
 
 from lopa.decoding.decoder import Decoder, GenerationResult, StepEvent
@@ -20,22 +19,12 @@ from lopa.decoding.rules import PositionStat
 from lopa.execution.local import LocalExecutor
 from lopa.execution.protocol import WindowBatch, WindowModel
 from lopa.params import DecodingParams
-from lopa.testing.synthetic import Rule, SyntheticModel, peaked
+from lopa.synthetic.rule_model import Rule, SyntheticModel, peaked
 
 VOCAB = 20
 MASK = 19
 EOS = 18
 MAX_LENGTH = 128
-
-
-@pytest.fixture(autouse=True, scope="module")
-def torch_one_thread() -> Iterator[None]:
-    """Run a module with one intra-op thread: these tests do thousands of tiny tensor ops,
-    and thread hand-offs on a shared CPU make them ~20x slower. Restored afterwards."""
-    previous = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(previous)
 
 
 # (token, prob) for a position given the visible sequence, or None for "don't care" (uniform).

@@ -13,11 +13,6 @@ from lopa.model import load_model
 PROMPTS = 20
 
 
-@pytest.fixture(scope="module")
-def engine() -> LocalEngine:
-    return LocalEngine.from_dirs(bundled_model_dir())
-
-
 def test_bundled_checkpoint_is_small_and_in_the_real_format() -> None:
     directory = bundled_model_dir()
     size = sum(f.stat().st_size for f in directory.iterdir() if f.is_file())
@@ -30,11 +25,11 @@ def test_bundled_checkpoint_is_small_and_in_the_real_format() -> None:
 
 
 @pytest.mark.parametrize("attention", ["block_causal", "full"])
-def test_lopa_k4_beats_d2f_tpf_at_equal_accuracy(engine: LocalEngine, attention: str) -> None:
+def test_lopa_k4_beats_d2f_tpf_at_equal_accuracy(bundled_engine: LocalEngine, attention: str) -> None:
     examples = tasks.held_out(PROMPTS)
     base = model_defaults(bundled_model_dir()).with_overrides(attention=attention)
-    d2f = evaluate(engine, examples, base.with_overrides(branches=0))
-    lopa = evaluate(engine, examples, base.with_overrides(branches=4))
+    d2f = evaluate(bundled_engine, examples, base.with_overrides(branches=0))
+    lopa = evaluate(bundled_engine, examples, base.with_overrides(branches=4))
     assert lopa.tpf > d2f.tpf, (lopa.tpf, d2f.tpf)
     # The suite is built so that a lookahead token completes a whole group (x2.5 on 300 prompts):
     # a regression to "one token more per round" (the old chain tasks gave x1.3) fails here.

@@ -7,7 +7,7 @@ import itertools
 import pytest
 
 from lopa.bundled import tasks
-from lopa.testing import write_char_tokenizer
+from lopa.synthetic import write_char_tokenizer
 from lopa.training import TrainConfig
 from lopa.training.data import EOS, char_ids, encode
 

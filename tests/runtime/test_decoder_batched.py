@@ -14,13 +14,12 @@ from typing import Any
 
 import pytest
 import torch
-from synthetic_cases import (  # noqa: F401 (torch_one_thread is an autouse fixture)
+from synthetic_cases import (
     MASK,
     RecordingModel,
     generate,
     hash_choice,
     synthetic_model,
-    torch_one_thread,
 )
 
 from lopa.decoding.executor import BranchWindow

@@ -58,13 +58,12 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 import pytest
-from synthetic_cases import (  # noqa: F401 (torch_one_thread is an autouse fixture)
+from synthetic_cases import (
     MASK,
     RecordingExecutor,
     filled,
     generate,
     synthetic_model,
-    torch_one_thread,
 )
 
 from lopa.params import DecodingParams

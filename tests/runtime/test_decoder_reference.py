@@ -1,4 +1,4 @@
-"""k = 0 is exactly D2F: the Decoder against an independent reference of algorithm.md section 3.
+"""k = 0 is exactly D2F: the Decoder against an independent reference of docs/decoding.md section 3.
 
 `reference_d2f` below is written from the spec only (its own block list, its own loop,
 its own logit shift, stored last logit, softmax and Conf) and calls the WindowModel
@@ -15,14 +15,13 @@ from pathlib import Path
 
 import pytest
 import torch
-from synthetic_cases import (  # noqa: F401 (torch_one_thread is an autouse fixture)
+from synthetic_cases import (
     EOS,
     MASK,
     MAX_LENGTH,
     generate,
     hash_choice,
     synthetic_model,
-    torch_one_thread,
 )
 
 from lopa.execution.protocol import WindowBatch, WindowModel
@@ -65,7 +64,7 @@ def reference_d2f(
     eos_ids: Sequence[int],
     max_length: int,
 ) -> RefResult:
-    """algorithm.md section 3, literally, greedy only."""
+    """docs/decoding.md section 3, literally, greedy only."""
     B = params.block_size
     seq = list(prompt)
     blocks = [RefBlock(0, len(prompt), "to_cache", True)]

@@ -1,4 +1,4 @@
-"""Decoder-level tests of the rules that are easy to get wrong (algorithm.md sections 2-4, 6).
+"""Decoder-level tests of the rules that are easy to get wrong (docs/decoding.md sections 2-4, 6).
 
 Every test drives the real Decoder / LocalExecutor over a SyntheticModel whose confidences
 are chosen by hand, and asserts exact per-round fills, winners and forward counts. Unless
@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 import pytest
-from synthetic_cases import (  # noqa: F401 (torch_one_thread is an autouse fixture)
+from synthetic_cases import (
     EOS,
     MASK,
     MAX_LENGTH,
@@ -20,7 +20,6 @@ from synthetic_cases import (  # noqa: F401 (torch_one_thread is an autouse fixt
     generate,
     hash_choice,
     synthetic_model,
-    torch_one_thread,
 )
 
 from lopa.decoding import rules

@@ -6,7 +6,7 @@ from pathlib import Path
 import pytest
 
 from lopa.model import CheckpointError, DreamConfig
-from lopa.testing import tiny_config
+from lopa.synthetic import tiny_config
 
 DREAM_7B = {
     "architectures": ["DreamModel"],

@@ -6,8 +6,8 @@ import torch.nn.functional as F
 
 from lopa.model import DreamModel
 from lopa.model.dream import attend
-from lopa.testing import tiny_config
-from lopa.testing.checkpoint import random_weights
+from lopa.synthetic import tiny_config
+from lopa.synthetic.checkpoint import random_weights
 
 
 def test_matches_transformers_qwen2_without_causal_mask() -> None:

@@ -9,7 +9,7 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from lopa.model import CheckpointError, DreamWindowModel, load_model
-from lopa.testing import special_token_id, tiny_config, write_random_checkpoint, write_random_lora_adapter
+from lopa.synthetic import special_token_id, tiny_config, write_random_checkpoint, write_random_lora_adapter
 
 
 @pytest.fixture(scope="module")

@@ -7,7 +7,7 @@ import torch
 from peft import LoraConfig, inject_adapter_in_model, set_peft_model_state_dict
 
 from lopa.model import load_model
-from lopa.testing import tiny_config, write_random_checkpoint, write_random_lora_adapter
+from lopa.synthetic import tiny_config, write_random_checkpoint, write_random_lora_adapter
 
 PEFT_PREFIX = "base_model.model."
 

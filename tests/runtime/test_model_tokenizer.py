@@ -7,7 +7,7 @@ import pytest
 from tokenizers import pre_tokenizers
 
 from lopa.model import CheckpointError, load_tokenizer
-from lopa.testing import write_char_tokenizer
+from lopa.synthetic import write_char_tokenizer
 
 
 def _special(content: str) -> dict:

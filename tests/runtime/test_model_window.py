@@ -6,8 +6,8 @@ import torch
 from lopa.execution.protocol import WindowBatch
 from lopa.model import DreamModel, DreamWindowModel, build_window_mask
 from lopa.params import AttentionMode
-from lopa.testing import tiny_config
-from lopa.testing.checkpoint import random_weights
+from lopa.synthetic import tiny_config
+from lopa.synthetic.checkpoint import random_weights
 
 PROMPT = 7
 BLOCK = 4

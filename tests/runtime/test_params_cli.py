@@ -32,6 +32,7 @@ def test_api_rejects_bad_params_naming_the_field(overrides: dict, field: str) ->
         DecodingParams(**overrides)
     assert raised.value.field == field
     assert field in str(raised.value)
+    assert str(raised.value) == f"{field}: {raised.value.reason}"  # the reason travels as itself
 
 
 @pytest.mark.parametrize(("overrides", "field"), BAD_PARAMS)

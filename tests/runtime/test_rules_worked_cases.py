@@ -1,4 +1,4 @@
-"""algorithm.md section 7: every worked case, on the pure rules."""
+"""docs/decoding.md section 7: every worked case, on the pure rules."""
 
 from __future__ import annotations
 

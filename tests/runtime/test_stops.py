@@ -47,26 +47,21 @@ def test_stop_check() -> None:
     assert check is not None and not check([1, 2]) and check([1, 2, 3])
 
 
-@pytest.fixture(scope="module")
-def engine() -> LocalEngine:
-    return LocalEngine.from_dirs(bundled_model_dir())
-
-
-def test_generate_with_a_stop_string_counts_what_it_returns(engine: LocalEngine) -> None:
+def test_generate_with_a_stop_string_counts_what_it_returns(bundled_engine: LocalEngine) -> None:
     params = model_defaults(bundled_model_dir()).with_overrides(branches=2)
     prompt = tasks.held_out(1)[0].prompt
-    full = engine.generate(prompt, params)
+    full = bundled_engine.generate(prompt, params)
     stop = full.text[9:13]  # inside the answer (every answer is 12 groups of '.xyz', then a mark)
-    cut = engine.generate(prompt, params, stop=[stop])
+    cut = bundled_engine.generate(prompt, params, stop=[stop])
     assert cut.finish_reason == "stop" and cut.text == full.text[: full.text.index(stop)]
     ids = cut.result.output_ids
-    assert ids == full.result.output_ids[: len(ids)] and engine.decode(ids).startswith(cut.text)
+    assert ids == full.result.output_ids[: len(ids)] and bundled_engine.decode(ids).startswith(cut.text)
     assert cut.result.tokens == len(ids) < full.result.tokens
-    assert len(engine.decode(ids[:-1])) < len(cut.text)  # no token more than the text needs
+    assert len(bundled_engine.decode(ids[:-1])) < len(cut.text)  # no token more than the text needs
 
 
-def test_generate_refuses_more_tokens_than_the_model_holds(engine: LocalEngine) -> None:
+def test_generate_refuses_more_tokens_than_the_model_holds(bundled_engine: LocalEngine) -> None:
     params = model_defaults(bundled_model_dir()).with_overrides(max_new_tokens=1000)
     with pytest.raises(InvalidParameter) as error:
-        engine.generate(tasks.held_out(1)[0].prompt, params)
+        bundled_engine.generate(tasks.held_out(1)[0].prompt, params)
     assert error.value.field == "max_new_tokens" and "exceed max_length 256" in str(error.value)

@@ -15,11 +15,11 @@ from safetensors.torch import save_file
 
 from lopa.decoding.decoder import Decoder
 from lopa.model.loader import load_model
-from lopa.serving.config import dump_config, load_config, parse_config
-from lopa.serving.distributed import DistributedExecutor
 from lopa.serving.launcher import free_ports
-from lopa.serving.links import WorkerGroup
-from lopa.testing import tiny_config, write_random_checkpoint
+from lopa.serving.master.distributed import DistributedExecutor
+from lopa.serving.master.links import WorkerGroup
+from lopa.serving.shared.config import dump_config, load_config, parse_config
+from lopa.synthetic import tiny_config, write_random_checkpoint
 
 REPO = Path(__file__).resolve().parents[2]
 torch.set_num_threads(1)  # tiny models; the CI box has 2 cores shared with the worker processes

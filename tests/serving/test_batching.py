@@ -21,9 +21,9 @@ from prometheus_client.parser import text_string_to_metric_families
 from lopa.engine import LocalEngine, bundled_model_dir
 from lopa.scheduling.request import Completion
 from lopa.serving.client import LopaClient
-from lopa.serving.config import parse_config, with_model_defaults
 from lopa.serving.launcher import LocalCluster, free_ports, loopback_config
-from lopa.testing.mixed import MixedRequest, mixed_requests
+from lopa.serving.shared.config import parse_config, with_model_defaults
+from lopa.synthetic.mixed import MixedRequest, mixed_requests
 
 REQUESTS = mixed_requests(16)
 

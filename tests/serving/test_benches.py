@@ -1,4 +1,5 @@
-"""`lopa bench serving` and `lopa bench transport` end to end: real processes, real gRPC and gloo.
+"""`lopa bench serving`, `concurrency` and `transport` (lopa.bench): end to end with real processes,
+real gRPC and gloo, plus the serving bench's workload.
 
 They check what the benches report is well formed and consistent (phases add up, every row has
 a measurement), never how fast anything is: timings belong in runtime/BENCHMARKS.md.
@@ -94,3 +95,29 @@ def test_bench_serving_runs_on_the_bundled_model_by_default(tmp_path: Path) -> N
     assert done.returncode == 0, done.stderr[-3000:]
     sweep = json.loads(out.read_text())["concurrency"]
     assert [r["concurrency"] for r in sweep] == [1, 2] and all(r["tpf"] >= 1 for r in sweep)
+
+
+def test_bench_serving_uses_held_out_prompts_and_model_defaults_on_the_bundled_model() -> None:
+    import argparse
+
+    from lopa.bench import serving as bench
+    from lopa.bundled import tasks
+    from lopa.bundled.defaults import model_defaults
+    from lopa.proto import lopa_pb2
+    from lopa.serving.shared.model_dir import model_path
+
+    def args(**kw: object) -> argparse.Namespace:
+        base = {"model": None, "branches": 2, "block_size": None, "attention": None, "max_new_tokens": None}
+        return argparse.Namespace(**{**base, **kw})
+
+    kw, prompts = bench.workload(args(), 4)
+    defaults = model_defaults(model_path(""))
+    assert prompts == [e.prompt for e in tasks.held_out(bench.WARMUP + 4)]
+    assert kw["branches"] == 2 and kw["block_size"] == defaults.block_size
+    assert kw["tau_conf"] == defaults.tau_conf and kw["max_new_tokens"] == defaults.max_new_tokens
+    assert kw["attention"] == defaults.attention.value and kw["conf"] == defaults.conf.value
+    assert lopa_pb2.GenerateRequest(decoding={k: v for k, v in kw.items() if k != "max_new_tokens"})
+    kw, _ = bench.workload(args(block_size=4, attention="block_causal", max_new_tokens=16), 4)
+    assert (kw["block_size"], kw["attention"], kw["max_new_tokens"]) == (4, "block_causal", 16)
+    kw, prompts = bench.workload(args(model="/some/checkpoint"), 4)
+    assert prompts == bench.PROMPTS and kw == {"attention": "full", "max_new_tokens": 64, "branches": 2}

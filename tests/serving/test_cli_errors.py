@@ -22,7 +22,7 @@ from lopa.bundled.defaults import model_defaults
 from lopa.cli import build_parser, main, serve
 from lopa.proto import lopa_pb2
 from lopa.serving.launcher import LocalCluster, describe_exits, free_ports
-from lopa.serving.model_dir import model_path
+from lopa.serving.shared.model_dir import model_path
 
 from .conftest import worker_env, write_config
 
@@ -33,13 +33,13 @@ def nothing_starts(monkeypatch: pytest.MonkeyPatch) -> None:
     import lopa.cli.bench
     import lopa.cli.generate
     import lopa.cli.master
-    import lopa.serving.worker
+    import lopa.serving.worker.service
 
     def started(*args: object, **kwargs: object) -> None:
         raise AssertionError("started: the error should have come first")
 
     monkeypatch.setattr(lopa.cli.master, "_serve_until_signalled", started)
-    monkeypatch.setattr(lopa.serving.worker, "serve_worker", started)
+    monkeypatch.setattr(lopa.serving.worker.service, "serve_worker", started)
     monkeypatch.setattr(LocalCluster, "start", started)
     monkeypatch.setattr(lopa.cli.generate.LocalEngine, "from_dirs", started)
     monkeypatch.setattr(lopa.cli.bench.LocalEngine, "from_dirs", started)

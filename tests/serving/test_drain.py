@@ -18,8 +18,8 @@ from lopa.bundled import tasks
 from lopa.bundled.defaults import model_defaults
 from lopa.engine import LocalEngine, bundled_model_dir
 from lopa.serving.client import LopaClient
-from lopa.serving.config import parse_config, with_model_defaults
 from lopa.serving.launcher import LocalCluster, loopback_config
+from lopa.serving.shared.config import parse_config, with_model_defaults
 
 PROMPTS = [e.prompt for e in tasks.held_out(10)]
 

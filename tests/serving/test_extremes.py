@@ -18,8 +18,8 @@ import pytest
 
 from lopa.proto import lopa_pb2
 from lopa.serving.client import LopaClient
-from lopa.serving.config import parse_config
 from lopa.serving.launcher import LocalCluster, loopback_config
+from lopa.serving.shared.config import parse_config
 
 PROMPT = [5, 17, 23, 42, 8, 9, 30]
 TINY = 5e-324  # the smallest positive double

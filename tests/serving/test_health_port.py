@@ -10,10 +10,10 @@ from pathlib import Path
 import grpc
 import pytest
 
+from kube import certs
 from lopa.serving.client import LopaClient
-from lopa.serving.config import ConfigError, parse_config, validate
 from lopa.serving.launcher import LocalCluster, free_ports, loopback_config
-from tests.kube import certs
+from lopa.serving.shared.config import ConfigError, parse_config, validate
 
 
 def _wait_status(client: LopaClient, want: str, timeout: float) -> str:

@@ -25,10 +25,10 @@ from lopa.bundled import tasks
 from lopa.engine import bundled_model_dir
 from lopa.scheduling.request import RequestAborted
 from lopa.serving.client import LopaClient
-from lopa.serving.config import ConfigError, parse_config, with_model_defaults
-from lopa.serving.http_api import failure
 from lopa.serving.launcher import LocalCluster, free_ports, loopback_config
-from lopa.serving.links import WorkerLost
+from lopa.serving.master.http_api import failure
+from lopa.serving.master.links import WorkerLost
+from lopa.serving.shared.config import ConfigError, parse_config, with_model_defaults
 
 MODEL = "lopa-bundled"
 PROMPTS = [e.prompt for e in tasks.held_out(16)]

@@ -20,8 +20,8 @@ from lopa.execution.local import LocalExecutor
 from lopa.model.loader import load_model
 from lopa.params import DecodingParams
 from lopa.serving.client import LopaClient
-from lopa.serving.config import MasterConfig, parse_config
 from lopa.serving.launcher import LocalCluster, free_ports, loopback_config
+from lopa.serving.shared.config import MasterConfig, parse_config
 
 PROMPT = [5, 17, 23, 42, 8, 9, 30]
 

@@ -19,11 +19,11 @@ import pytest
 from lopa.params import DecodingParams, InvalidParameter
 from lopa.proto import lopa_pb2
 from lopa.serving.client import LopaClient
-from lopa.serving.config import Limits, ServingConfig, parse_config
 from lopa.serving.launcher import free_ports
-from lopa.serving.master import serve_master
-from lopa.serving.requests import check_budget, usable_limits
-from lopa.serving.worker import WorkerService, listen_address, listen_key, start_server
+from lopa.serving.master.requests import check_budget, usable_limits
+from lopa.serving.master.service import serve_master
+from lopa.serving.shared.config import Limits, ServingConfig, parse_config
+from lopa.serving.worker.service import WorkerService, listen_address, listen_key, start_server
 
 MAX_LENGTH = 512  # the tiny checkpoint's max_position_embeddings, below the default limits
 
@@ -118,7 +118,7 @@ def test_a_master_on_a_port_held_by_another_socket_is_refused(checkpoint: Path) 
 
 
 def test_a_second_worker_server_on_the_same_port_is_refused() -> None:
-    service = WorkerService(0, 1, "gloo", 128, 64, on_fatal=lambda code: None)
+    service = WorkerService(0, 1, 128, 64, on_fatal=lambda code: None)
     address = f"127.0.0.1:{free_ports(1)[0]}"
     first = start_server(service, address)
     try:

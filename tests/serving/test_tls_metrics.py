@@ -9,10 +9,10 @@ from pathlib import Path
 import grpc
 import pytest
 
+from kube import certs
 from lopa.serving.client import LopaClient
-from lopa.serving.config import parse_config
 from lopa.serving.launcher import LocalCluster, free_ports, loopback_config
-from tests.kube import certs
+from lopa.serving.shared.config import parse_config
 
 
 def test_mutual_tls_and_metrics(checkpoint: Path, tmp_path: Path) -> None:

@@ -10,21 +10,21 @@ from typing import Any
 import grpc
 import pytest
 
+from lopa.execution.shard import ShardExecutor
 from lopa.model.loader import load_model
 from lopa.params import DecodingParams
 from lopa.proto import worker_pb2
-from lopa.serving.distributed import DistributedExecutor, StepFailed
-from lopa.serving.links import WorkerLost
-from lopa.serving.master import _status_of
-from lopa.serving.shard import ShardExecutor
-from lopa.serving.worker import WorkerService
+from lopa.serving.master.distributed import DistributedExecutor, StepFailed
+from lopa.serving.master.links import WorkerLost
+from lopa.serving.master.service import status_of
+from lopa.serving.worker.service import WorkerService
 
 
 def step_request(begin: bool) -> worker_pb2.StepRequest:
     request = worker_pb2.StepRequest()
     step = request.requests.add(sequence=0, start=0, n_stage=0)
     if begin:
-        begin = worker_pb2.Begin(attention="full", conf="neg_entropy", top_p=1.0, beta=1.0, num_slots=1)
+        begin = worker_pb2.Begin(attention="full", conf="neg_entropy", top_p=1.0, num_slots=1)
         step.begin.CopyFrom(begin)
     step.windows.add(tokens=[5, 6, 7, 100, 100], block_ids=[0, 0, 0, 1, 1], masked=[3, 4])
     return request
@@ -34,7 +34,7 @@ def step_request(begin: bool) -> worker_pb2.StepRequest:
 def service(checkpoint: Path) -> tuple[WorkerService, list[int]]:
     loaded = load_model(checkpoint)
     fatal: list[int] = []
-    service = WorkerService(0, 1, "gloo", loaded.config.vocab_size, 64, fatal.append)
+    service = WorkerService(0, 1, loaded.config.vocab_size, 64, fatal.append)
     service.ready(None, ShardExecutor(loaded.window_model(64), 0, lambda buf, src: None))  # type: ignore[arg-type]
     return service, fatal
 
@@ -114,7 +114,7 @@ def test_the_master_fails_the_request_and_keeps_the_group() -> None:
     with pytest.raises(StepFailed, match="worker rank 1: RuntimeError: out of memory"):
         executor.verify(0, 0, windows)
     assert group.attached and not group.losses
-    assert _status_of(StepFailed("x"))[0] is grpc.StatusCode.INTERNAL
+    assert status_of(StepFailed("x"))[0] is grpc.StatusCode.INTERNAL
 
 
 class _CancelledLink(_Link):

@@ -1,4 +1,12 @@
-"""Benchmarks of the bundled model: `lopa bench tpf` (LoPA vs D2F, tokens per forward)."""
+"""The benchmarks behind `lopa bench` (their numbers go to runtime/BENCHMARKS.md).
+
+tpf, evaluate, report  `lopa bench tpf`: LoPA vs D2F on the bundled model (tokens per forward)
+step                   `lopa bench step`: one decoding step against its weights' memory floor
+concurrency            the concurrency sweep, over the local engine or a served group
+serving                `lopa bench serving`: step time split and the sweep over real workers
+transport              `lopa bench transport`: the step stream's round-trip floor
+rows                   one JSON line per measured row, then a table
+"""
 
 from lopa.bench.evaluate import RunStats, evaluate
 from lopa.bench.tpf import KS, MODES, Sweep, run_sweep

@@ -10,7 +10,7 @@ from lopa.cli import bench, client, generate, master, serve, train, worker
 from lopa.cli.decoding_flags import flag_name
 from lopa.model.errors import CheckpointError
 from lopa.params import InvalidParameter
-from lopa.serving.config import ConfigError
+from lopa.serving.shared.config import ConfigError
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -32,8 +32,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         return int(args.handler(args) or 0)
     except InvalidParameter as error:
-        reason = str(error).split(": ", 1)[1]
-        parser.exit(2, f"lopa {args.command}: error: {flag_name(error.field)}: {reason}\n")
+        parser.exit(2, f"lopa {args.command}: error: {flag_name(error.field)}: {error.reason}\n")
     # OSError: a port that cannot be bound (the message names its config key), a file that cannot be read.
     except (CheckpointError, ConfigError, OSError) as error:
         parser.exit(1, f"lopa {args.command}: error: {error}\n")

@@ -8,6 +8,8 @@ from pathlib import Path
 
 import torch
 
+from lopa.bench import serving as serving_bench
+from lopa.bench import transport as transport_bench
 from lopa.bench.report import plot, table, write_json
 from lopa.bench.tpf import KS, MODES, run_sweep
 from lopa.bundled import tasks
@@ -15,8 +17,6 @@ from lopa.bundled.defaults import model_defaults
 from lopa.cli import bench_concurrency, bench_step
 from lopa.engine import LocalEngine, bundled_model_dir
 from lopa.params import MAX_BRANCHES, AttentionMode, InvalidParameter
-from lopa.serving import bench as serving_bench
-from lopa.serving import transport_bench
 
 DEFAULT_EXAMPLES = 300  # the published held-out set size
 

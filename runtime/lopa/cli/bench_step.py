@@ -15,7 +15,12 @@ from lopa.bench.rows import markdown_table, show_row
 from lopa.cli.preflight import device_problem
 from lopa.model.loader import load_model, parse_dtype
 from lopa.params import MAX_BRANCHES, InvalidParameter
-from lopa.testing.checkpoint import PRESETS, random_model, write_random_lora_adapter, write_sharded_checkpoint
+from lopa.synthetic.checkpoint import (
+    PRESETS,
+    random_model,
+    write_random_lora_adapter,
+    write_sharded_checkpoint,
+)
 
 PAPER_TPF = 10.1  # D2F-Dream-7B with LoPA on GSM8K (the LoPA paper)
 

@@ -34,7 +34,8 @@ def add_decoding_flags(parser: argparse.ArgumentParser) -> None:
     """Flags default to None: unset ones fall back to the model's lopa_defaults.json, then the paper."""
     paper = DecodingParams()
     group = parser.add_argument_group(
-        "decoding (algorithm.md; defaults follow the LoPA paper unless the model ships lopa_defaults.json)"
+        "decoding (docs/decoding.md; defaults follow the LoPA paper unless the model ships "
+        "lopa_defaults.json)"
     )
     for field in fields(DecodingParams):
         default = getattr(paper, field.name)

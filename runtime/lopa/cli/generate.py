@@ -12,7 +12,7 @@ from lopa.cli.preflight import device_problem
 from lopa.decoding.decoder import StepEvent
 from lopa.engine import Completion, LocalEngine, bundled_model_dir
 from lopa.params import InvalidParameter
-from lopa.serving.config import DTYPES
+from lopa.serving.shared.config import DTYPES
 
 
 def add_parser(subparsers: argparse._SubParsersAction) -> None:

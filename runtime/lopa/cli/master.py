@@ -9,8 +9,8 @@ import logging
 import signal
 
 from lopa.cli.preflight import listen_problem
-from lopa.serving.config import ServingConfig
-from lopa.serving.parent_watch import watch_parent
+from lopa.serving.shared.config import ServingConfig
+from lopa.serving.shared.parent_watch import watch_parent
 
 
 def add_parser(subparsers: argparse._SubParsersAction) -> None:
@@ -37,7 +37,7 @@ def run(args: argparse.Namespace) -> int:
 
 def master_config(path: str) -> ServingConfig:
     """The file, with the model's own decoding defaults for the decoding keys it leaves out."""
-    from lopa.serving.model_dir import role_config  # imports torch: only for this command
+    from lopa.serving.shared.model_dir import role_config  # imports torch: only for this command
 
     return role_config(path)
 
@@ -50,7 +50,7 @@ async def _serve_until_signalled(config: ServingConfig) -> None:
     The signals act inside the event loop; raising KeyboardInterrupt from a signal handler instead
     can land in the middle of any object's construction at shutdown.
     """
-    from lopa.serving.master import serve_master
+    from lopa.serving.master.service import serve_master
 
     drain = asyncio.Event()
     serving = asyncio.ensure_future(serve_master(config, drain=drain))

@@ -9,7 +9,7 @@ from __future__ import annotations
 import importlib.util
 import socket
 
-from lopa.serving.config import device_kind, split_address
+from lopa.serving.shared.config import device_kind, split_address
 
 
 def device_problem(device: str) -> str | None:

@@ -15,7 +15,7 @@ import grpc
 from lopa.cli.decoding_flags import add_decoding_flags, params_from_args
 from lopa.cli.preflight import device_problem, listen_problem
 from lopa.params import InvalidParameter
-from lopa.serving.config import (
+from lopa.serving.shared.config import (
     DTYPES,
     MAX_BATCH,
     MAX_PORT,
@@ -27,7 +27,7 @@ from lopa.serving.config import (
     validate,
     with_model_defaults,
 )
-from lopa.serving.model_dir import model_path, usable_max_length
+from lopa.serving.shared.model_dir import model_path, usable_max_length
 
 
 def add_parser(subparsers: argparse._SubParsersAction) -> None:

@@ -9,9 +9,9 @@ import signal
 
 from lopa.cli.preflight import device_problem
 from lopa.params import InvalidParameter
-from lopa.serving.collective import JoinError
-from lopa.serving.config import ConfigError
-from lopa.serving.parent_watch import watch_parent
+from lopa.serving.shared.config import ConfigError
+from lopa.serving.shared.parent_watch import watch_parent
+from lopa.serving.worker.collective import JoinError
 
 
 def add_parser(subparsers: argparse._SubParsersAction) -> None:
@@ -27,7 +27,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from lopa.serving.model_dir import role_config  # imports torch: only for this command
+    from lopa.serving.shared.model_dir import role_config  # imports torch: only for this command
 
     watch_parent()  # started by `lopa serve`: stop when it is gone, however it died
     config = role_config(args.config)  # read as the master reads it: same defaults, same checks
@@ -35,7 +35,7 @@ def run(args: argparse.Namespace) -> int:
     problem = device_problem(config.model.device)
     if problem:
         raise ConfigError(f"{args.config}: model.device: {problem}")
-    from lopa.serving.worker import exit_now, serve_worker  # torch import only for this command
+    from lopa.serving.worker.service import exit_now, serve_worker  # torch import only for this command
 
     logging.basicConfig(level=args.log_level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     # A worker has nothing to flush, and may be blocked inside a collective join: stop at once.

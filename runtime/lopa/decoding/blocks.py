@@ -1,4 +1,4 @@
-"""The block table of one branch (algorithm.md section 2): pure data, no torch."""
+"""The block table of one branch (docs/decoding.md section 2): pure data, no torch."""
 
 from __future__ import annotations
 

@@ -1,8 +1,9 @@
 """The decoding loop: D2F (k = 0) and LoPA (k > 0) over any Executor, one request alone.
 
-One round = algorithm.md section 4, kept in lopa.decoding.generation (grow, verify every candidate
-in one executor call, pick and commit the winner, anchor-fill it, spawn the next lookaheads). The
-serving scheduler (lopa.scheduling) drives the same Generation for many requests at once.
+One round = docs/decoding.md section 4, kept in lopa.decoding.generation (grow, verify every
+candidate in one executor call, pick and commit the winner, anchor-fill it, spawn the next
+lookaheads). The serving scheduler (lopa.scheduling) drives the same Generation for many requests
+at once.
 """
 
 from __future__ import annotations

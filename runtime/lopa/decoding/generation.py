@@ -1,7 +1,7 @@
 """One request's decoding as a state that advances one round at a time (pure: no torch).
 
-A round (algorithm.md section 4): `plan()` grows every candidate's blocks once; the scheduler
-grants g <= k lookahead branches (`windows(g)`: the g most confident lookaheads and the base,
+A round (docs/decoding.md section 4): `plan()` grows every candidate's blocks once; the scheduler
+grants g <= k lookahead branches (`verify(g)`: the g most confident lookaheads and the base,
 exactly what spawning g would have given) and verifies them, possibly beside other requests;
 `apply(stats)` picks the winner (which the caller commits), anchor-fills it and spawns the next
 round's candidates from the same statistics. The Decoder runs one Generation alone; the scheduler

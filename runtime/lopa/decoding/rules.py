@@ -1,4 +1,4 @@
-"""The decision rules of D2F and LoPA (algorithm.md sections 3-4), as pure functions.
+"""The decision rules of D2F and LoPA (docs/decoding.md sections 3-4), as pure functions.
 
 Nothing here touches torch: executors reduce logits to one `PositionStat` per
 masked position, and these rules decide fills, scores, the winner and spawns.

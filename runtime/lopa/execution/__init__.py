@@ -1,1 +1,8 @@
+"""Executors: how a round's candidates are verified on devices (the decoder's Executor protocol).
 
+protocol   the WindowModel protocol between executors and models
+local      every candidate in one batched forward on one device (LocalExecutor)
+sampling   per-position statistics (x_hat, P, Conf) from logits
+placement  which rank verifies which candidate when several ranks share a round
+shard      one rank's share of a round, and the commits between ranks (ShardExecutor)
+"""

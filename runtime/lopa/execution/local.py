@@ -217,6 +217,25 @@ class LocalExecutor:
             state.staged_count = 0
             state.staged_last = None
 
+    # Commits that another executor computed (a shard of several ranks, lopa.execution.shard).
+
+    def staged_count(self, sequence: int = 0) -> int:
+        """TO_CACHE tokens the latest verify staged for the sequence (0: nothing staged)."""
+        return self.state(sequence).staged_count
+
+    def staged_logit(self, sequence: int, slot: int) -> torch.Tensor:
+        """Row `slot`'s raw output at its last staged token: the stored last logit if it wins."""
+        state = self.state(sequence)
+        if state.staged_last is None:
+            raise RuntimeError(f"sequence {sequence}: nothing staged")
+        return state.staged_last[slot]
+
+    def adopt_commit(self, sequence: int, last_logit: torch.Tensor) -> None:
+        """The winner's K/V were appended to the sequence's cache from elsewhere (another rank's
+        broadcast): keep the winner's last logit and drop this executor's staging."""
+        self.state(sequence).last_logit = last_logit
+        self.drop_staged(sequence)
+
     def forward(self, batch: WindowBatch) -> torch.Tensor:
         """All rows in one batched forward."""
         return self.model.forward(batch)

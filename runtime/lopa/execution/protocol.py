@@ -7,7 +7,7 @@ share the cached prefix. Each row stages the K/V of its first `n_stage` tokens
 slot's staged K/V to the shared cache. Logits are raw (unshifted): output `i`
 predicts token `i + 1`; the executor applies the shift.
 
-Real models (lopa.model) and synthetic ones (tests) implement the same protocol,
+Real models (lopa.model) and synthetic ones (lopa.synthetic.rule_model) implement the same protocol,
 so the executor and decoder are tested against both.
 """
 

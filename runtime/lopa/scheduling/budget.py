@@ -43,7 +43,7 @@ class Ask:
 
 def executor_tokens(asks: Sequence[Ask], grants: Sequence[int | None], executors: int) -> int:
     """Tokens of the busiest executor's forward: a request's candidate rows go round robin over the
-    executors starting at rank (sequence % executors), the base row last (lopa.serving.placement)."""
+    executors starting at rank (sequence % executors), the base row last (lopa.execution.placement)."""
     load = [0] * executors
     for ask, granted in zip(asks, grants, strict=True):
         if granted is None:

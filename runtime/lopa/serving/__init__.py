@@ -1,13 +1,11 @@
-"""Branch-parallel serving: a gRPC master driving the decoder over branch workers.
+"""Branch-parallel serving: a gRPC master driving the decoder over branch workers, by role.
 
-config      the YAML file both roles read (docs/lopa.yaml)
-placement   which worker verifies which candidate (pure)
-shard       a worker's share of a step: batched forward, staging, fused commit
-collective  torch.distributed group join (bounded) and the fused broadcast
-worker      the worker process: gRPC step stream over a ShardExecutor
-distributed the master's Executor: one step message per worker per round
-master      the async client API, queue, health
-launcher    `lopa serve`: master + N workers on loopback
-client      a small Python client
-metrics     Prometheus metrics of both roles
+master/     `lopa master`: the client API (gRPC + OpenAI HTTP), the request queue, health, and the
+            master's Executor that spreads each round over the workers
+worker/     `lopa worker`: joins the collective group and serves the master's step stream over a
+            ShardExecutor (lopa.execution.shard)
+shared/     what both roles read: the YAML config, the model directory, port binding, TLS,
+            Prometheus metrics, the launcher's lifeline
+launcher    `lopa serve`: a master + N workers as subprocesses on loopback
+client      a small Python client of the master
 """

@@ -12,7 +12,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from lopa.params import InvalidParameter
 from lopa.proto import lopa_pb2, lopa_pb2_grpc
-from lopa.serving.tls import channel_credentials
+from lopa.serving.shared.tls import channel_credentials
 
 
 class LopaClient:

@@ -20,13 +20,14 @@ from pathlib import Path
 from typing import IO
 
 from lopa.serving.client import LopaClient
-from lopa.serving.config import ServingConfig, WorkersConfig, dump_config
-from lopa.serving.parent_watch import Lifeline
+from lopa.serving.shared.config import ServingConfig, WorkersConfig, dump_config
+from lopa.serving.shared.parent_watch import Lifeline
 
 log = logging.getLogger("lopa.serve")
 
 
 def free_ports(n: int, host: str = "127.0.0.1") -> list[int]:
+    """Distinct free ports on `host` (held open together so none is handed out twice)."""
     sockets = [socket.socket() for _ in range(n)]
     try:
         for s in sockets:

@@ -9,7 +9,7 @@ from typing import Any
 from safetensors.torch import save_file
 
 from lopa.model.dream import DreamModel
-from lopa.testing.tokenizer import write_char_tokenizer
+from lopa.synthetic.tokenizer import write_char_tokenizer
 
 TRAINING_FILE = "training.json"  # the recipe and the run's summary
 

@@ -6,7 +6,7 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 from lopa.model.config import DreamConfig
-from lopa.testing.tokenizer import TOKENIZER_VOCAB_SIZE, special_token_id
+from lopa.synthetic.tokenizer import TOKENIZER_VOCAB_SIZE, special_token_id
 
 
 @dataclass(frozen=True)
@@ -36,7 +36,7 @@ class TrainConfig:
 
 
 def model_config(config: TrainConfig) -> DreamConfig:
-    """A Dream config over the character tokenizer of lopa.testing (ids from that tokenizer)."""
+    """A Dream config over the character tokenizer of lopa.synthetic (ids from that tokenizer)."""
     eos = special_token_id("<|endoftext|>")
     return DreamConfig(
         vocab_size=TOKENIZER_VOCAB_SIZE,

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 import torch
 
 from lopa.bundled.tasks import Example
-from lopa.testing.tokenizer import special_token_id
+from lopa.synthetic.tokenizer import special_token_id
 
 EOS = special_token_id("<|endoftext|>")
 MASK = special_token_id("<|mask|>")

@@ -16,11 +16,11 @@ from dataclasses import dataclass
 from lopa.decoding.executor import BranchWindow
 from lopa.decoding.rules import PositionStat
 from lopa.execution.local import PartOutcome, VerifyPart, verify_alone
+from lopa.execution.placement import rank_of, shares
 from lopa.params import AttentionMode, DecodingParams
 from lopa.proto import worker_pb2
 from lopa.scheduling.request import Abort, RequestAborted
-from lopa.serving.links import WorkerGroup, WorkerLost
-from lopa.serving.placement import rank_of, shares
+from lopa.serving.master.links import WorkerGroup, WorkerLost
 
 __all__ = ["Abort", "DistributedExecutor", "RequestAborted", "StepFailed", "StepTiming"]
 
@@ -64,10 +64,8 @@ class DistributedExecutor:
         self.step_timeout_s = step_timeout_s
         self.on_step = on_step
         self.max_batch = max_batch
-        self.timings: list[StepTiming] = []
         self._sequences: dict[int, _Sequence] = {}
         self._commits: dict[int, worker_pb2.Commit] = {}  # per sequence, sent with the next round
-        self._request_id = 0
 
     @property
     def executors(self) -> int:
@@ -81,9 +79,7 @@ class DistributedExecutor:
             raise WorkerLost("the worker group is not attached")
         if not 0 <= sequence < self.max_batch:
             raise ValueError(f"sequence {sequence} outside [0, max_batch={self.max_batch})")
-        self._request_id += 1
         begin = worker_pb2.Begin(
-            request_id=self._request_id,
             num_slots=num_candidates,  # per rank: its share (set when the message is built)
             attention=params.attention.value,
             conf=params.conf.value,
@@ -91,7 +87,6 @@ class DistributedExecutor:
             top_p=params.top_p,
             top_k=params.top_k,
             seed=params.seed,
-            beta=params.beta,
         )
         self._sequences[sequence] = _Sequence(params, begin)
         self._commits.pop(sequence, None)
@@ -137,7 +132,6 @@ class DistributedExecutor:
             forward_s=max(r.forward_s for r in replies),
             commit_s=max(r.commit_s for r in replies),
         )
-        self.timings.append(timing)
         if self.on_step is not None:
             self.on_step(timing)
         return [self._outcome(index, part, placed[index], replies) for index, part in enumerate(parts)]

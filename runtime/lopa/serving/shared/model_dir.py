@@ -10,7 +10,7 @@ import torch
 
 from lopa.engine import bundled_model_dir
 from lopa.model.config import CONFIG_FILE, DreamConfig
-from lopa.serving.config import ConfigError, ServingConfig, load_config, validate, with_model_defaults
+from lopa.serving.shared.config import ConfigError, ServingConfig, load_config, validate, with_model_defaults
 
 _KV_SHARE = 0.9  # of the free memory: the rest is left for activations and the allocator
 

@@ -18,9 +18,9 @@ from lopa.decoding.decoder import StepEvent
 from lopa.proto import lopa_pb2
 from lopa.scheduling.request import Abort, Completion, Outcome, QueueFull, Request
 from lopa.scheduling.scheduler import Observer, Scheduler
-from lopa.serving.metrics import MasterMetrics
-from lopa.serving.requests import JobSpec
-from lopa.serving.streaming import DeltaTracker
+from lopa.serving.master.requests import JobSpec
+from lopa.serving.master.streaming import DeltaTracker
+from lopa.serving.shared.metrics import MasterMetrics
 
 __all__ = ["GroupUnavailable", "Job", "JobRunner", "MasterObserver", "QueueFull", "stats_of"]
 

@@ -26,7 +26,7 @@ import grpc
 from lopa.bench.rows import finish, show_row
 from lopa.params import InvalidParameter
 from lopa.proto import worker_pb2, worker_pb2_grpc
-from lopa.serving.links import WorkerGroup, WorkerLink
+from lopa.serving.master.links import WorkerGroup, WorkerLink
 
 TRANSPORTS = ("socket", "grpc")
 WARMUP_ROUNDS = 20
@@ -53,9 +53,7 @@ def step_request(branches: int = 4, window: int = 96, masked: int = 32) -> worke
 
 
 def step_reply(branches: int = 4, masked: int = 32) -> worker_pb2.StepReply:
-    stats = worker_pb2.BranchStats(
-        tokens=range(masked), probs=[0.5] * masked, confs=[-0.7] * masked, score=-0.7
-    )
+    stats = worker_pb2.BranchStats(tokens=range(masked), probs=[0.5] * masked, confs=[-0.7] * masked)
     return worker_pb2.StepReply(requests=[worker_pb2.RequestStats(branches=[stats] * branches)])
 
 
@@ -76,9 +74,9 @@ class _BusyWorker(worker_pb2_grpc.WorkerServicer):
 
 
 def _grpc_peer(busy_s: float, ports: multiprocessing.Queue) -> None:
-    from lopa.serving.worker import _SERVER_OPTIONS
+    from lopa.serving.worker.service import SERVER_OPTIONS
 
-    server = grpc.server(futures.ThreadPoolExecutor(max_workers=4), options=_SERVER_OPTIONS)
+    server = grpc.server(futures.ThreadPoolExecutor(max_workers=4), options=SERVER_OPTIONS)
     worker_pb2_grpc.add_WorkerServicer_to_server(_BusyWorker(busy_s), server)
     ports.put(server.add_insecure_port("127.0.0.1:0"))
     server.start()

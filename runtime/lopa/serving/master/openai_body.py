@@ -146,7 +146,7 @@ def chat_request(body: Any, served_model: str, render: Callable[[list[dict[str, 
     try:
         ids = render(turns)
     except InvalidParameter as error:
-        raise InvalidParameter("messages", str(error).split(": ", 1)[1]) from None
+        raise InvalidParameter("messages", error.reason) from None
     request.prompt_token_ids.extend(ids)
     _max_tokens(body, request, "max_tokens")
     _max_tokens(body, request, "max_completion_tokens")

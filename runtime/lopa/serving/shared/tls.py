@@ -6,7 +6,7 @@ from pathlib import Path
 
 import grpc
 
-from lopa.serving.config import ConfigError, TlsConfig
+from lopa.serving.shared.config import ConfigError, TlsConfig
 
 
 def _read(path: str, key: str) -> bytes:

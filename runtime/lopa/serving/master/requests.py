@@ -7,7 +7,7 @@ from typing import Any
 
 from lopa.params import DecodingParams, InvalidParameter, check_length
 from lopa.proto import lopa_pb2
-from lopa.serving.config import Limits
+from lopa.serving.shared.config import Limits
 
 _OVERRIDES = [f.name for f in fields(DecodingParams) if f.name != "max_new_tokens"]
 
@@ -41,7 +41,7 @@ def build_params(
     try:
         params = defaults.with_overrides(**overrides)
     except InvalidParameter as error:
-        raise InvalidParameter(_field(error.field), str(error).split(": ", 1)[1]) from None
+        raise InvalidParameter(_field(error.field), error.reason) from None
     if params.max_new_tokens > limits.max_new_tokens:
         raise InvalidParameter(
             "max_new_tokens", f"{params.max_new_tokens} exceeds the server limit {limits.max_new_tokens}"

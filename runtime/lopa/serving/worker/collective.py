@@ -12,7 +12,7 @@ from datetime import timedelta
 import torch
 import torch.distributed as dist
 
-from lopa.serving.config import BACKENDS_OF_DEVICE, backend_mismatch, split_address
+from lopa.serving.shared.config import BACKENDS_OF_DEVICE, backend_mismatch, split_address
 
 log = logging.getLogger("lopa.worker")
 

@@ -19,28 +19,27 @@ import grpc
 import torch
 
 from lopa.decoding.executor import BranchWindow
-from lopa.decoding.rules import future_confidence
 from lopa.execution.local import VerifyPart
+from lopa.execution.shard import CommitOrder, ShardExecutor
 from lopa.model.loader import load_model
 from lopa.params import DecodingParams
 from lopa.proto import worker_pb2, worker_pb2_grpc
-from lopa.serving import collective
-from lopa.serving.config import ServingConfig
-from lopa.serving.listen import NO_REUSEPORT, add_port
-from lopa.serving.metrics import WorkerMetrics
-from lopa.serving.model_dir import check_kv_fits, model_path, usable_max_length
-from lopa.serving.shard import CommitOrder, ShardExecutor
+from lopa.serving.shared.config import ServingConfig
+from lopa.serving.shared.listen import NO_REUSEPORT, add_port
+from lopa.serving.shared.metrics import WorkerMetrics
+from lopa.serving.shared.model_dir import check_kv_fits, model_path, usable_max_length
+from lopa.serving.worker import collective
 
 log = logging.getLogger("lopa.worker")
 
 EXIT_GROUP_LOST = 3
-_SERVER_OPTIONS = [
+SERVER_OPTIONS = [
     NO_REUSEPORT,  # a second worker on the same port fails instead of sharing it
     ("grpc.keepalive_time_ms", 10_000),
     ("grpc.keepalive_timeout_ms", 5_000),
     ("grpc.keepalive_permit_without_calls", 1),
     ("grpc.http2.max_pings_without_data", 0),
-    # The master pings every 5 s (lopa.serving.links): allow it (the default minimum is 5 minutes).
+    # The master pings every 5 s (lopa.serving.master.links): allow it (the default minimum is 5 minutes).
     ("grpc.http2.min_recv_ping_interval_without_data_ms", 4_000),
     ("grpc.http2.max_ping_strikes", 0),
 ]
@@ -56,7 +55,6 @@ def params_of(begin: worker_pb2.Begin) -> DecodingParams:
         top_p=begin.top_p,
         top_k=begin.top_k,
         seed=begin.seed,
-        beta=begin.beta,
     )
 
 
@@ -69,21 +67,19 @@ class WorkerService(worker_pb2_grpc.WorkerServicer):
         self,
         rank: int,
         world_size: int,
-        backend: str,
         vocab_size: int,
         max_length: int,
         on_fatal: Callable[[int], None],
         metrics: WorkerMetrics | None = None,
         max_batch: int = 1,
     ) -> None:
-        self.rank, self.world_size, self.backend = rank, world_size, backend
+        self.rank, self.world_size = rank, world_size
         self.vocab_size, self.max_length, self.max_batch = vocab_size, max_length, max_batch
         self.group: collective.Group | None = None
         self.shard: ShardExecutor | None = None
         self.on_fatal = on_fatal
         self.metrics = metrics
         self._attached = threading.Lock()  # one master stream at a time
-        self._beta: dict[int, float] = {}  # per sequence: for the informational branch score
         self.last_step = time.monotonic()  # a draining worker leaves once its master went quiet
 
     def ready(self, group: collective.Group, shard: ShardExecutor) -> None:
@@ -95,7 +91,6 @@ class WorkerService(worker_pb2_grpc.WorkerServicer):
             world_size=self.world_size,
             group_id=self.group.group_id if self.group else "",
             joined=self.shard is not None,
-            backend=self.backend,
             vocab_size=self.vocab_size,
             max_length=self.max_length,
             max_batch=self.max_batch,
@@ -140,7 +135,6 @@ class WorkerService(worker_pb2_grpc.WorkerServicer):
         self.last_step = time.monotonic()
         shard = self.shard
         assert shard is not None
-        entered = time.perf_counter()
         errors: dict[int, str] = {}  # index into request.requests -> why it failed here
         for index, part in enumerate(request.requests):
             if not part.sequence < self.max_batch:  # a malformed step: the master's bug
@@ -148,7 +142,6 @@ class WorkerService(worker_pb2_grpc.WorkerServicer):
             if part.HasField("begin"):
                 try:
                     shard.begin(params_of(part.begin), max(1, part.begin.num_slots), part.sequence)
-                    self._beta[part.sequence] = part.begin.beta or 1.0
                 except Exception as error:  # bad sampling settings: this request fails, not the round
                     errors[index] = self._local_failure(error)
         began = time.perf_counter()
@@ -168,7 +161,7 @@ class WorkerService(worker_pb2_grpc.WorkerServicer):
             message = self._local_failure(error)
             for part in request.requests:
                 shard.drop_staged(part.sequence)  # nothing of this round may be committed
-            return worker_pb2.StepReply(error=message, handle_s=time.perf_counter() - entered)
+            return worker_pb2.StepReply(error=message)
         done = time.perf_counter()
         reply = worker_pb2.StepReply(forward_s=done - committed, commit_s=committed - began)
         for index, (part, outcome) in enumerate(zip(request.requests, outcomes, strict=True)):
@@ -178,19 +171,15 @@ class WorkerService(worker_pb2_grpc.WorkerServicer):
             elif isinstance(outcome, Exception):
                 stats.error = self._local_failure(outcome)
             elif not part.cache_only:
-                beta = self._beta.get(part.sequence, 1.0)
                 for row in outcome:  # packed repeated fields: one message per branch, not per position
-                    confs = [s.conf for s in row]
                     stats.branches.add(
                         tokens=[s.token for s in row],
                         probs=[s.prob for s in row],
-                        confs=confs,
-                        score=future_confidence(confs, beta),
+                        confs=[s.conf for s in row],
                     )
         if self.metrics is not None:
             rows = sum(len(p.windows) for p in request.requests)
             self.metrics.observe_step(reply.forward_s, reply.commit_s, rows, len(request.requests))
-        reply.handle_s = time.perf_counter() - entered
         return reply
 
     def _local_failure(self, error: Exception) -> str:
@@ -233,8 +222,7 @@ def serve_worker(config: ServingConfig, rank: int, stop: threading.Event | None 
         stop.set()
 
     service = WorkerService(
-        rank, workers.count, workers.backend, loaded.config.vocab_size, max_length, fatal, metrics,
-        config.limits.max_batch,
+        rank, workers.count, loaded.config.vocab_size, max_length, fatal, metrics, config.limits.max_batch
     )
     address = listen_address(config, rank)
     server = start_server(service, address, listen_key(config, rank))
@@ -295,7 +283,7 @@ class Drain:
 def start_server(service: WorkerService, address: str, key: str = "workers.listen_port") -> grpc.Server:
     """The worker API on `address`; OSError naming the config key `key` when it cannot bind."""
     # Keepalive: a master that vanished without closing its stream frees the worker in seconds.
-    server = grpc.server(futures.ThreadPoolExecutor(max_workers=8), options=_SERVER_OPTIONS)
+    server = grpc.server(futures.ThreadPoolExecutor(max_workers=8), options=SERVER_OPTIONS)
     worker_pb2_grpc.add_WorkerServicer_to_server(service, server)
     add_port(server, address, key)
     server.start()

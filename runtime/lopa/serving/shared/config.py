@@ -12,10 +12,10 @@ from lopa.bundled.defaults import model_defaults
 from lopa.params import MAX_BRANCHES, DecodingParams, InvalidParameter
 
 DTYPES = ("float32", "bfloat16", "float16")
-BACKEND_OF_DEVICE = {"cpu": "gloo", "cuda": "nccl", "npu": "hccl"}  # device kind -> collective backend
-# Backends that work with each device kind: gloo also broadcasts CUDA tensors (slower than nccl, but
-# it lets several ranks share one GPU, which nccl refuses).
+# The collective backends that work with each device kind, the usual one first: gloo also broadcasts
+# CUDA tensors (slower than nccl, but it lets several ranks share one GPU, which nccl refuses).
 BACKENDS_OF_DEVICE = {"cpu": ("gloo",), "cuda": ("nccl", "gloo"), "npu": ("hccl",)}
+BACKENDS = tuple(dict.fromkeys(b for known in BACKENDS_OF_DEVICE.values() for b in known))  # gloo, nccl, hccl
 MAX_PORT = 65535
 MAX_BATCH = 256
 DECODING_KEYS = frozenset(f.name for f in fields(DecodingParams))
@@ -28,7 +28,7 @@ class ConfigError(ValueError):
 def device_kind(device: str) -> str:
     """'cuda' for 'cuda:1'; ValueError (the reason) unless device is cpu, cuda[:N] or npu[:N]."""
     kind, colon, index = device.partition(":")
-    if kind not in BACKEND_OF_DEVICE or (colon and not index.isdigit()):
+    if kind not in BACKENDS_OF_DEVICE or (colon and not index.isdigit()):
         raise ValueError(f"must be cpu, cuda[:N] or npu[:N], got {device!r}")
     return kind
 
@@ -206,7 +206,7 @@ def _check_model(model: ModelConfig, backend: str) -> None:
     except ValueError as error:
         raise ConfigError(f"model.device: {error}") from None
     # Checked here, not only in the worker: the master refuses the same file.
-    if backend in BACKEND_OF_DEVICE.values() and backend not in BACKENDS_OF_DEVICE[kind]:
+    if backend in BACKENDS and backend not in BACKENDS_OF_DEVICE[kind]:
         raise ConfigError(backend_mismatch(backend, model.device, kind))
 
 
@@ -252,8 +252,9 @@ def _check_workers(workers: WorkersConfig) -> None:
         )
     for rank, address in enumerate(workers.addresses):
         _address(f"workers.addresses[{rank}]", address)
-    if workers.backend not in BACKEND_OF_DEVICE.values():
-        raise ConfigError(f"workers.backend: must be gloo, nccl or hccl, got {workers.backend!r}")
+    if workers.backend not in BACKENDS:
+        known = f"{', '.join(BACKENDS[:-1])} or {BACKENDS[-1]}"
+        raise ConfigError(f"workers.backend: must be {known}, got {workers.backend!r}")
     _address("workers.rendezvous", workers.rendezvous)
     _port("workers.listen_port", workers.listen_port)  # 0 = the port of the worker's own address
     _port("workers.metrics_port", workers.metrics_port)  # 0 = no metrics endpoint

@@ -28,10 +28,10 @@ from lopa.model.tokenizer import NO_CHAT_TEMPLATE, chat_ids
 from lopa.params import InvalidParameter
 from lopa.proto import lopa_pb2
 from lopa.scheduling.request import Completion, QueueFull, RequestAborted
-from lopa.serving.config import TlsConfig
-from lopa.serving.jobs import GroupUnavailable
-from lopa.serving.links import WorkerLost
-from lopa.serving.openai_body import Parsed, body_field, chat_request, completion_request
+from lopa.serving.master.jobs import GroupUnavailable
+from lopa.serving.master.links import WorkerLost
+from lopa.serving.master.openai_body import Parsed, body_field, chat_request, completion_request
+from lopa.serving.shared.config import TlsConfig
 
 FINISH = {"eos": "stop", "stop": "stop", "length": "length"}
 NO_TEMPLATE_HINT = "the model has no chat template; send a plain prompt to /v1/completions"
@@ -44,8 +44,7 @@ def error_response(status: int, message: str, kind: str, param: str | None = Non
 
 def invalid(error: InvalidParameter, chat: bool) -> web.Response:
     param = body_field(error.field, chat)
-    reason = str(error).split(": ", 1)[1] if ": " in str(error) else str(error)
-    return error_response(400, f"{param}: {reason}", "invalid_request_error", param)
+    return error_response(400, f"{param}: {error.reason}", "invalid_request_error", param)
 
 
 def failure(error: BaseException) -> web.Response:
@@ -100,7 +99,7 @@ class OpenAIApi:
         try:
             return chat_ids(self.service.tokenizer, messages)
         except InvalidParameter as error:
-            if NO_CHAT_TEMPLATE in str(error):
+            if error.reason == NO_CHAT_TEMPLATE:
                 raise InvalidParameter("messages", NO_TEMPLATE_HINT) from None
             raise
 

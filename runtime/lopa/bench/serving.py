@@ -22,9 +22,9 @@ from prometheus_client.parser import text_string_to_metric_families
 from lopa.bench.concurrency import Answer, run_level, sweep_flags, with_ratios
 from lopa.bench.rows import finish, show_row
 from lopa.serving.client import LopaClient
-from lopa.serving.config import MasterConfig, ServingConfig, parse_config, with_model_defaults
 from lopa.serving.launcher import LocalCluster, free_ports, loopback_config
-from lopa.serving.model_dir import model_path
+from lopa.serving.shared.config import MasterConfig, ServingConfig, parse_config, with_model_defaults
+from lopa.serving.shared.model_dir import model_path
 
 PHASES = ("forward", "coordination", "commit")
 PROMPTS = ["12+34=", "Write a haiku about the sea.", "def fib(n):", "The capital of France is"]
@@ -139,7 +139,7 @@ def synthetic_model(directory: Path) -> Path:
     """A random Dream checkpoint big enough that a step is mostly forward, small enough for CPU."""
     from safetensors.torch import save_file
 
-    from lopa.testing import tiny_config, write_random_checkpoint
+    from lopa.synthetic import tiny_config, write_random_checkpoint
 
     config = tiny_config(hidden_size=256, intermediate_size=704, num_hidden_layers=4, num_attention_heads=8,
                          num_key_value_heads=2, vocab_size=2048, max_position_embeddings=2048)

@@ -1,7 +1,9 @@
-"""A worker's share of a round: its rows of every running request in one ragged forward.
+"""One rank's share of a round when several ranks verify the candidates: its rows of every
+running request in one ragged forward, and the commits that travel between ranks.
 
-Transport-free: the worker feeds it decoded step messages and a `Broadcast` callable.
-Commits follow algorithm.md section 5, for several requests at once:
+Transport-free: the worker feeds it decoded step messages and a `Broadcast` callable. It drives a
+LocalExecutor through that executor's public methods only. Commits follow docs/decoding.md
+section 5, for several requests at once:
   - full attention: each winner rank packs, for every request it won, all layers' K/V of the
     committed range plus the stored last logit into ONE byte buffer; one broadcast per distinct
     winner rank; every rank appends each request's part to that request's cache;
@@ -16,7 +18,9 @@ from dataclasses import dataclass, replace
 import torch
 
 from lopa.execution.local import LocalExecutor, PartOutcome, VerifyPart
+from lopa.execution.placement import candidates_on
 from lopa.model.window import DreamWindowModel
+from lopa.params import DecodingParams
 
 # broadcast(buffer, src): in-place broadcast of a uint8 tensor from rank src (a collective).
 Broadcast = Callable[[torch.Tensor, int], None]
@@ -33,17 +37,24 @@ class CommitOrder:
     broadcast: bool
 
 
-class ShardExecutor(LocalExecutor):
-    """A LocalExecutor over this worker's rows, plus the distributed commits."""
+class ShardExecutor:
+    """This rank's rows on a LocalExecutor, plus the distributed commits."""
 
     def __init__(
         self, model: DreamWindowModel, rank: int, broadcast: Broadcast, pad_id: int = 0, world_size: int = 1
     ) -> None:
-        super().__init__(model, device=model.device, pad_id=pad_id)
-        self.window_model = model
+        self.model = model
+        self.local = LocalExecutor(model, device=model.device, pad_id=pad_id)
         self.rank, self.world_size = rank, world_size
         self.broadcast = broadcast
         self._received: torch.Tensor | None = None
+
+    def begin(self, params: DecodingParams, num_slots: int, sequence: int) -> None:
+        """A request starts in this KV slot: `num_slots` staging slots (this rank's candidates)."""
+        self.local.begin(params, num_slots, sequence)
+
+    def drop_staged(self, sequence: int) -> None:
+        self.local.drop_staged(sequence)
 
     def verify_round(self, parts: Sequence[VerifyPart]) -> list[PartOutcome]:
         """Verify this worker's rows of every part; a part without rows here stages nothing (the
@@ -51,22 +62,20 @@ class ShardExecutor(LocalExecutor):
         with_rows = [replace(p, candidates=self.candidates(p)) for p in parts if p.windows]
         for part in parts:
             if not part.windows:
-                self.drop_staged(part.sequence)
-        outcomes = iter(self.verify_many(with_rows) if with_rows else [])
+                self.local.drop_staged(part.sequence)
+        outcomes = iter(self.local.verify_many(with_rows) if with_rows else [])
         return [next(outcomes) if p.windows else [] for p in parts]
 
     def candidates(self, part: VerifyPart) -> list[int]:
-        """The request-wide index of each of this worker's windows (the inverse of placement.rank_of:
-        its slot s holds candidate s * W + (rank - sequence) mod W)."""
-        first = (self.rank - part.sequence) % self.world_size
-        return [slot * self.world_size + first for slot in range(len(part.windows))]
+        """The request-wide index of each of this worker's windows (its staging slots)."""
+        return candidates_on(self.rank, len(part.windows), self.world_size, part.sequence)
 
     def commit_round(self, commits: Sequence[CommitOrder]) -> None:
         """Apply the previous round's winners: local ones first, then one broadcast per winner rank."""
         fused: dict[int, list[CommitOrder]] = {}
         for c in commits:
             if c.n == 0:
-                self.drop_staged(c.sequence)
+                self.local.drop_staged(c.sequence)
             elif not c.broadcast:
                 self._commit_own(c)
             else:
@@ -80,49 +89,47 @@ class ShardExecutor(LocalExecutor):
             buffer = torch.cat([self.pack(c.sequence, c.winner_slot, c.n) for c in orders])
             self.broadcast(buffer, winner_rank)
             for c in orders:
-                self.commit(c.winner_slot, c.sequence)  # the winner appends from its own slot: same bytes
+                self.local.commit(c.winner_slot, c.sequence)  # from its own slot: the same bytes
             return
         buffer = self._receive_buffer(sum(sizes))
         self.broadcast(buffer, winner_rank)
         offset = 0
         for c, size in zip(orders, sizes, strict=True):
-            kv = self.window_model.caches[c.sequence]
-            kv_bytes = size - self.window_model.vocab_size * 4
+            kv = self.model.caches[c.sequence]
+            kv_bytes = size - self.model.vocab_size * 4
             part = buffer[offset : offset + size]
             kv.append_packed(part[:kv_bytes].view(kv.dtype).view(kv.packed_shape(c.n)), c.n)
-            self.state(c.sequence).last_logit = part[kv_bytes:].view(torch.float32).clone()
-            self.drop_staged(c.sequence)
+            self.local.adopt_commit(c.sequence, part[kv_bytes:].view(torch.float32).clone())
             offset += size
 
     def _commit_bytes(self, c: CommitOrder) -> int:
-        kv = self.window_model.caches[c.sequence]
-        return _nbytes(kv.packed_shape(c.n), kv.dtype) + self.window_model.vocab_size * 4
+        kv = self.model.caches[c.sequence]
+        return _nbytes(kv.packed_shape(c.n), kv.dtype) + self.model.vocab_size * 4
 
     def _receive_buffer(self, size: int) -> torch.Tensor:
         """A reused uint8 buffer of `size` bytes (grown as needed): no allocation per commit. Its bytes
         are copied out (into the caches, the last logits cloned) before the next commit reuses it."""
         if self._received is None or self._received.numel() < size:
-            self._received = torch.empty(size, dtype=torch.uint8, device=self.device)
+            self._received = torch.empty(size, dtype=torch.uint8, device=self.model.device)
         return self._received[:size]
 
     def pack(self, sequence: int, slot: int, n: int) -> torch.Tensor:
         """One contiguous uint8 buffer: all layers' K/V of n staged tokens, then the fp32 last logit."""
-        state = self.state(sequence)
-        if n != state.staged_count or state.staged_last is None:
-            staged = state.staged_count
+        staged = self.local.staged_count(sequence)
+        if n != staged or not staged:
             raise RuntimeError(f"sequence {sequence}: commit of {n} tokens but {staged} were staged")
-        packed = self.window_model.caches[sequence].pack_staged(slot, n)
-        logit = state.staged_last[slot].to(torch.float32).contiguous()
+        packed = self.model.caches[sequence].pack_staged(slot, n)
+        logit = self.local.staged_logit(sequence, slot).to(torch.float32).contiguous()
         return torch.cat([packed.reshape(-1).view(torch.uint8), logit.view(torch.uint8)])
 
     def _commit_own(self, c: CommitOrder) -> None:
         """block_causal: every row staged the same TO_CACHE content; take slot 0."""
-        staged = self.state(c.sequence).staged_count
+        staged = self.local.staged_count(c.sequence)
         if c.n != staged:
             raise RuntimeError(
                 f"sequence {c.sequence}: commit of {c.n} tokens but {staged} were staged on rank {self.rank}"
             )
-        self.commit(0, c.sequence)
+        self.local.commit(0, c.sequence)
 
 
 def _nbytes(shape: torch.Size, dtype: torch.dtype) -> int:

@@ -14,11 +14,11 @@ from torch import nn
 
 from lopa.model.config import DreamConfig
 from lopa.model.dream import DreamModel
-from lopa.testing.tokenizer import TOKENIZER_VOCAB_SIZE, special_token_id, write_char_tokenizer
+from lopa.synthetic.tokenizer import TOKENIZER_VOCAB_SIZE, special_token_id, write_char_tokenizer
 
 
-def _with_test_tokenizer_ids(**architecture: Any) -> DreamConfig:
-    """A Dream config whose special ids are those of the test tokenizer (lopa.testing.tokenizer)."""
+def _with_char_tokenizer_ids(**architecture: Any) -> DreamConfig:
+    """A Dream config whose special ids are those of the character tokenizer (lopa.synthetic.tokenizer)."""
     eos = special_token_id("<|endoftext|>")
     return DreamConfig(
         mask_token_id=special_token_id("<|mask|>"),
@@ -31,8 +31,8 @@ def _with_test_tokenizer_ids(**architecture: Any) -> DreamConfig:
 
 
 def tiny_config(**overrides: Any) -> DreamConfig:
-    """A Dream config small enough for CPU tests, with ids matching the test tokenizer."""
-    base = _with_test_tokenizer_ids(
+    """A Dream config small enough for CPU tests, with ids matching the character tokenizer."""
+    base = _with_char_tokenizer_ids(
         vocab_size=128,
         hidden_size=64,
         intermediate_size=128,
@@ -48,9 +48,9 @@ def tiny_config(**overrides: Any) -> DreamConfig:
 
 def dream_7b_config() -> DreamConfig:
     """The architecture of Dream-v0-7B (D2F-Dream-7B's base: config.json of Dream-org/Dream-v0-Base-7B)
-    with the special ids of the test tokenizer, so a random checkpoint of this shape loads, decodes
+    with the special ids of the character tokenizer, so a random checkpoint of this shape loads, decodes
     and benchmarks like the real one."""
-    return _with_test_tokenizer_ids(
+    return _with_char_tokenizer_ids(
         vocab_size=152064,
         hidden_size=3584,
         intermediate_size=18944,
@@ -103,7 +103,7 @@ def write_sharded_checkpoint(
     saved in shards of about shard_bytes with model.safetensors.index.json, config.json and the
     test tokenizer. Returns the bytes written."""
     if config.vocab_size < TOKENIZER_VOCAB_SIZE:
-        raise ValueError(f"vocab_size must be >= {TOKENIZER_VOCAB_SIZE} (the test tokenizer's size)")
+        raise ValueError(f"vocab_size must be >= {TOKENIZER_VOCAB_SIZE} (the character tokenizer's size)")
     directory = Path(directory)
     directory.mkdir(parents=True, exist_ok=True)
     config.to_json(directory / "config.json")
@@ -168,7 +168,7 @@ def write_random_checkpoint(
 ) -> dict[str, torch.Tensor]:
     """Write config.json, safetensors (+ index when shards > 1) and a tokenizer; return the weights."""
     if config.vocab_size < TOKENIZER_VOCAB_SIZE:
-        raise ValueError(f"vocab_size must be >= {TOKENIZER_VOCAB_SIZE} (the test tokenizer's size)")
+        raise ValueError(f"vocab_size must be >= {TOKENIZER_VOCAB_SIZE} (the character tokenizer's size)")
     if shards < 1:
         raise ValueError(f"shards must be >= 1, got {shards}")
     directory = Path(directory)

@@ -17,7 +17,7 @@ from typing import Any
 
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
-from grpc_health.v1._async import HealthServicer
+from grpc_health.v1.health import aio as health_aio
 
 from lopa.decoding.decoder import Decoder
 from lopa.model.config import DreamConfig
@@ -28,16 +28,23 @@ from lopa.proto import lopa_pb2, lopa_pb2_grpc
 from lopa.scheduling.budget import default_budget
 from lopa.scheduling.request import Completion, QueueFull, RequestAborted
 from lopa.scheduling.scheduler import Scheduler
-from lopa.serving.config import ServingConfig
-from lopa.serving.distributed import DistributedExecutor, StepTiming
-from lopa.serving.jobs import GroupUnavailable, Job, JobRunner, MasterObserver, stats_of
-from lopa.serving.links import WorkerGroup, WorkerLost
-from lopa.serving.listen import NO_REUSEPORT, add_port
-from lopa.serving.metrics import MasterMetrics
-from lopa.serving.model_dir import model_path, usable_max_length
-from lopa.serving.requests import JobSpec, build_params, check_budget, check_prompt, check_stop, usable_limits
-from lopa.serving.tls import server_credentials
-from lopa.serving.undecodable import Undecodable, add_lopa_servicer
+from lopa.serving.master.distributed import DistributedExecutor, StepTiming
+from lopa.serving.master.jobs import GroupUnavailable, Job, JobRunner, MasterObserver, stats_of
+from lopa.serving.master.links import WorkerGroup, WorkerLost
+from lopa.serving.master.requests import (
+    JobSpec,
+    build_params,
+    check_budget,
+    check_prompt,
+    check_stop,
+    usable_limits,
+)
+from lopa.serving.master.undecodable import Undecodable, add_lopa_servicer
+from lopa.serving.shared.config import ServingConfig
+from lopa.serving.shared.listen import NO_REUSEPORT, add_port
+from lopa.serving.shared.metrics import MasterMetrics
+from lopa.serving.shared.model_dir import model_path, usable_max_length
+from lopa.serving.shared.tls import server_credentials
 
 log = logging.getLogger("lopa.master")
 SERVICE = "lopa.v1.Lopa"
@@ -156,7 +163,7 @@ class LopaService(lopa_pb2_grpc.LopaServicer):
         if isinstance(outcome, Completion):
             self.metrics.requests.labels("ok").inc()
             return outcome
-        label = _status_of(outcome)[1]
+        label = status_of(outcome)[1]
         self.metrics.requests.labels(label).inc()
         if label == "error":
             log.error("request failed", exc_info=outcome)
@@ -211,11 +218,12 @@ class LopaService(lopa_pb2_grpc.LopaServicer):
         settled = self.settle(outcome)
         if isinstance(settled, Completion):
             return settled
-        await context.abort(_status_of(settled)[0], str(settled))
+        await context.abort(status_of(settled)[0], str(settled))
         raise AssertionError("unreachable")
 
 
-def _status_of(error: BaseException) -> tuple[grpc.StatusCode, str]:
+def status_of(error: BaseException) -> tuple[grpc.StatusCode, str]:
+    """The gRPC status of a request that failed, and its outcome label in the metrics."""
     if isinstance(error, InvalidParameter):
         return grpc.StatusCode.INVALID_ARGUMENT, "invalid"
     if isinstance(error, WorkerLost):
@@ -226,7 +234,7 @@ def _status_of(error: BaseException) -> tuple[grpc.StatusCode, str]:
     return grpc.StatusCode.INTERNAL, "error"
 
 
-async def drain_requests(service: LopaService, health: HealthServicer, group: WorkerGroup,
+async def drain_requests(service: LopaService, health: health_aio.HealthServicer, group: WorkerGroup,
                          limit_s: float) -> None:
     """Stop admitting (health NOT_SERVING, new requests UNAVAILABLE), let the queued and running
     requests finish, for at most the longest a request may last; stop early if the group is gone
@@ -270,7 +278,7 @@ async def serve_master(
     metrics.serve(config.master.metrics_port)
     group = WorkerGroup(config.workers.addresses)
     service = LopaService(config, path, group, metrics)
-    health = HealthServicer()
+    health = health_aio.HealthServicer()
     loop = asyncio.get_running_loop()
 
     def on_group(attached: bool) -> None:
@@ -304,7 +312,7 @@ async def serve_master(
         await health_server.start()
     http = None
     if config.master.http_port:
-        from lopa.serving.http_api import start_http
+        from lopa.serving.master.http_api import start_http
 
         name = served_model_name(config, path)
         http = await start_http(service, name, config.master.http_port, config.tls)

@@ -1,7 +1,8 @@
-"""Which worker verifies which candidate: round robin, so k + 1 > W shares workers evenly.
+"""Which rank verifies which candidate: round robin, so k + 1 > W shares the ranks evenly.
 
 A request's candidates start at rank (offset % W), offset being its KV slot: requests with few
-branches (D2F, or cut by the budget) then spread over the workers instead of all landing on rank 0.
+branches (D2F, or cut by the budget) then spread over the ranks instead of all landing on rank 0.
+The master places (shares, rank_of); each rank recovers its candidates from its slots (candidates_on).
 """
 
 from __future__ import annotations
@@ -18,3 +19,9 @@ def shares(candidates: int, workers: int, offset: int = 0) -> list[list[int]]:
     for candidate in range(candidates):
         out[(candidate + offset) % workers].append(candidate)
     return out
+
+
+def candidates_on(rank: int, slots: int, workers: int, offset: int = 0) -> list[int]:
+    """The candidate in each of a rank's staging slots 0..slots-1 (the inverse of rank_of)."""
+    first = (rank - offset) % workers
+    return [slot * workers + first for slot in range(slots)]

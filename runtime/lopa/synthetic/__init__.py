@@ -1,0 +1,29 @@
+"""Synthetic stand-ins for real models and loads, for tests, benchmarks and the bundled model.
+
+tokenizer   a character-level tokenizer with Dream's special tokens (the bundled model's tokenizer)
+checkpoint  random Dream checkpoints and PEFT LoRA adapters in the exact on-disk formats
+rule_model  a WindowModel whose logits come from a rule over the visible tokens (no weights)
+mixed       a mixed load of the bundled model's held-out prompts (different k, modes, stops)
+"""
+
+from lopa.synthetic.checkpoint import (
+    tiny_config,
+    write_random_checkpoint,
+    write_random_lora_adapter,
+)
+from lopa.synthetic.tokenizer import (
+    SPECIAL_TOKENS,
+    TOKENIZER_VOCAB_SIZE,
+    special_token_id,
+    write_char_tokenizer,
+)
+
+__all__ = [
+    "SPECIAL_TOKENS",
+    "TOKENIZER_VOCAB_SIZE",
+    "special_token_id",
+    "tiny_config",
+    "write_char_tokenizer",
+    "write_random_checkpoint",
+    "write_random_lora_adapter",
+]

@@ -1,0 +1,117 @@
+"""The YAML config file both roles read (lopa.serving.shared.config): the reference file, errors
+naming the key, ranges, the model's own decoding defaults."""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+
+import pytest
+
+from lopa.params import DecodingParams
+from lopa.serving.shared.config import ConfigError, load_config, parse_config
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def test_the_reference_config_file_parses() -> None:
+    config = load_config(REPO / "docs" / "lopa.yaml")
+    assert config.workers.count == len(config.workers.addresses) == 2
+    assert config.decoding.branches == 7 and config.limits.queue_size == 64 and config.tls.enabled
+
+
+@pytest.mark.parametrize(
+    ("raw", "field"),
+    [
+        ({"workers": {"count": 2}}, "workers.addresses"),
+        ({"workers": {"backend": "mpi"}}, "workers.backend"),
+        ({"decoding": {"tau_conf": 2}}, "decoding.tau_conf"),
+        ({"decoding": {"speed": 1}}, "decoding.speed"),
+        ({"model": {"dtype": "float32"}, "extra": {}}, "extra"),
+    ],
+)
+def test_config_errors_name_the_key(raw: dict, field: str) -> None:
+    with pytest.raises(ConfigError, match=field):
+        parse_config(raw)
+
+
+@pytest.mark.parametrize(
+    ("raw", "message"),
+    [
+        ({"model": {"dtype": "float8"}}, r"model\.dtype: must be one of float32, bfloat16, float16, got 'fl"),
+        ({"model": {"device": "tpu"}}, r"model\.device: must be cpu, cuda\[:N\] or npu\[:N\], got 'tpu'"),
+        ({"model": {"device": "cuda:x"}}, r"model\.device: must be cpu"),
+        ({"model": {"device": "cuda"}, "workers": {"backend": "hccl"}},
+         r"workers\.backend: 'hccl' does not match model\.device 'cuda' \(use nccl, or gloo for sev"),
+        ({"model": {"device": "npu"}, "workers": {"backend": "gloo"}},
+         r"workers\.backend: 'gloo' does not match model\.device 'npu' \(use hccl\)"),
+        ({"model": {"device": "cpu"}, "workers": {"backend": "nccl"}},
+         r"workers\.backend: 'nccl' does not match model\.device 'cpu' \(use gloo\)"),
+        ({"master": {"listen": "not-an-address"}}, r"master\.listen: must be HOST:PORT"),
+        ({"master": {"listen": "127.0.0.1:99999"}}, r"master\.listen: port must be in \[1, 65535\], got 9"),
+        ({"master": {"metrics_port": 99999}}, r"master\.metrics_port: must be in \[0, 65535\], got 99999"),
+        ({"workers": {"listen_port": 70000}}, r"workers\.listen_port: must be in \[0, 65535\], got 70000"),
+        ({"workers": {"metrics_port": -1}}, r"workers\.metrics_port: must be in \[0, 65535\]"),
+        ({"workers": {"addresses": ["worker-0"]}}, r"workers\.addresses\[0\]: must be HOST:PORT"),
+        ({"workers": {"rendezvous": "host:0"}}, r"workers\.rendezvous: port must be in \[1, 65535\]"),
+        ({"limits": {"request_timeout_s": -1}}, r"request_timeout_s: must be > 0 \(seconds\), got -1"),
+        ({"workers": {"step_timeout_s": 0}}, r"workers\.step_timeout_s: must be > 0"),
+        ({"workers": {"join_timeout_s": -5}}, r"workers\.join_timeout_s: must be > 0"),
+        ({"limits": {"max_branches": 15.5}}, r"limits\.max_branches: must be an integer, got 15\.5"),
+        ({"limits": {"max_branches": 65}}, r"limits\.max_branches: must be in \[1, 64\], got 65"),
+        ({"limits": {"queue_size": 0}}, r"limits\.queue_size: must be >= 1, got 0"),
+        ({"decoding": {"branches": True}}, r"decoding\.branches: must be an integer, got True"),
+        ({"decoding": {"block_size": 8.5}}, r"decoding\.block_size: must be an integer, got 8\.5"),
+        ({"decoding": {"tau_conf": False}}, r"decoding\.tau_conf: must be a number, got False"),
+        ({"workers": {"count": "2"}}, r"workers\.count: must be an integer, got '2'"),
+    ],
+)
+def test_config_values_are_checked_with_their_range(raw: dict, message: str) -> None:
+    with pytest.raises(ConfigError, match=message):
+        parse_config(raw)
+
+
+def test_config_accepts_device_indices_and_the_off_ports() -> None:
+    config = parse_config({"model": {"device": "cuda:1"}, "workers": {"backend": "nccl", "listen_port": 0},
+                           "master": {"listen": "[::]:50051", "metrics_port": 0}})
+    assert config.model.device == "cuda:1" and config.master.metrics_port == 0
+    assert parse_config({"limits": {"request_timeout_s": 5}}).limits.request_timeout_s == 5.0
+
+
+def test_a_config_without_decoding_serves_with_the_models_own_defaults() -> None:
+    from lopa.bundled.defaults import model_defaults
+    from lopa.serving.shared.config import with_model_defaults
+    from lopa.serving.shared.model_dir import model_path
+
+    bundled = model_path("")
+    model = model_defaults(bundled)
+    assert model.block_size != DecodingParams().block_size  # the test needs a model with its own defaults
+    assert with_model_defaults(parse_config({}), bundled).decoding == model
+    partial = with_model_defaults(parse_config({"decoding": {"branches": 3, "tau_conf": 0.8}}), bundled)
+    assert partial.decoding == model.with_overrides(branches=3, tau_conf=0.8)  # the file's keys win
+    full = parse_config({"decoding": {"block_size": 16}})
+    assert with_model_defaults(with_model_defaults(full, bundled), bundled).decoding.block_size == 16
+
+
+def test_a_key_given_twice_is_refused(tmp_path: Path) -> None:
+    """Issue 10, finding 8: YAML kept the last value silently."""
+    path = tmp_path / "lopa.yaml"
+    path.write_text("decoding:\n  branches: 1\n  tau_conf: 0.8\n  branches: 3\n")
+    with pytest.raises(ConfigError) as error:
+        load_config(path)
+    assert str(error.value).startswith(f"{path}: not valid YAML: duplicate key 'branches' (line 4)")
+
+
+def test_yaml_errors_name_the_file(tmp_path: Path) -> None:
+    path = tmp_path / "lopa.yaml"
+    path.write_text("decoding: [1,\n")
+    with pytest.raises(ConfigError) as error:
+        load_config(path)
+    assert f'in "{path}"' in str(error.value) and "<unicode string>" not in str(error.value)
+
+
+def test_unknown_keys_list_the_known_ones_in_the_documented_order() -> None:
+    with pytest.raises(ConfigError) as error:
+        parse_config({"decoding": {"nope": 1}})
+    known = ", ".join(f.name for f in dataclasses.fields(DecodingParams))
+    assert str(error.value) == f"decoding.nope: unknown key (known: {known})"
