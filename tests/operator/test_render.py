@@ -257,3 +257,18 @@ def test_decoding_keys_the_spec_sets_are_rendered_as_given() -> None:
     assert doc["decoding"] == {"block_size": 32, "tau_conf": 1.0}
     runtime_config = pytest.importorskip("lopa.serving.shared.config")
     assert runtime_config.parse_config(doc).decoding_keys == {"block_size", "tau_conf"}
+
+
+def test_operator_backends_agree_with_the_runtime() -> None:
+    # The operator cannot import the runtime (no torch in its image): its device and backend tables
+    # are checked against the runtime's one table here instead.
+    runtime_config = pytest.importorskip("lopa.serving.shared.config")
+    crd = yaml.safe_load((REPO / "manifests" / "crds" / "lopadeployments.lopa.dev.yaml").read_text())
+    accelerator = crd["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]["spec"]["properties"][
+        "accelerator"
+    ]["properties"]
+    assert set(accelerator["type"]["enum"]) == set(specs.DEVICES) == set(specs.BACKENDS)
+    for kind, device in specs.DEVICES.items():
+        # the runtime's default backend of the device (its first allowed one)
+        assert specs.BACKENDS[kind] == runtime_config.BACKENDS_OF_DEVICE[device][0], kind
+    assert set(accelerator["backend"]["enum"]) == set(runtime_config.BACKENDS)
