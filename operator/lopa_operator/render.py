@@ -115,7 +115,6 @@ def worker_statefulset(
             "name": names.worker_set(name, index),
             "namespace": namespace,
             "labels": names.labels(name, names.ROLE_WORKER, index),
-            "annotations": {names.CONFIG_HASH_ANNOTATION: config_hash},
         },
         "spec": {
             "serviceName": names.worker_service(name),
@@ -140,7 +139,6 @@ def master_deployment(
             "name": names.master(name, index),
             "namespace": namespace,
             "labels": names.labels(name, names.ROLE_MASTER, index),
-            "annotations": {names.CONFIG_HASH_ANNOTATION: config_hash},
         },
         "spec": {
             "replicas": 1,
