@@ -1,6 +1,6 @@
 """k = 0 is exactly D2F: the Decoder against an independent reference of docs/decoding.md section 3.
 
-`reference_d2f` below is written from the spec only (its own block list, its own loop,
+`reference_d2f` below is written from the consts only (its own block list, its own loop,
 its own logit shift, stored last logit, softmax and Conf) and calls the WindowModel
 directly, one row per forward. The Decoder (branches=0, LocalExecutor) must produce the
 same tokens with the same number of forwards on synthetic models and on a small random

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from lopa.decoding import rules
-from lopa.decoding.blocks import Block, BlockState, Branch, SequenceSpec
+from lopa.decoding.blocks import Block, BlockState, Branch, SequenceConstants
 from lopa.decoding.rules import PositionStat
 from lopa.execution.sampling import confidence, position_stats
 from lopa.params import ConfKind, DecodingParams
@@ -53,15 +53,15 @@ def branch_with_last_block_decoded(decoded: int, size: int = 32) -> Branch:
     return branch
 
 
-def spec(block_size: int = 32, max_blocks: int = 10, max_length: int = 1000) -> SequenceSpec:
-    return SequenceSpec(MASK, frozenset({0}), block_size, max_blocks, max_length)
+def consts(block_size: int = 32, max_blocks: int = 10, max_length: int = 1000) -> SequenceConstants:
+    return SequenceConstants(MASK, frozenset({0}), block_size, max_blocks, max_length)
 
 
 @pytest.mark.parametrize(("tau_add", "no", "yes"), [(0.1, 3, 4), (0.3, 9, 10)])
 def test_block_add_threshold(tau_add: float, no: int, yes: int) -> None:
-    assert not rules.maybe_add_block(branch_with_last_block_decoded(no), spec(), tau_add)
+    assert not rules.maybe_add_block(branch_with_last_block_decoded(no), consts(), tau_add)
     grown = branch_with_last_block_decoded(yes)
-    assert rules.maybe_add_block(grown, spec(), tau_add)
+    assert rules.maybe_add_block(grown, consts(), tau_add)
     assert grown.blocks[-1].start == 35 and grown.blocks[-1].size == 32
     assert grown.tokens[35:] == [MASK] * 32
 
@@ -70,7 +70,7 @@ def test_block_add_threshold(tau_add: float, no: int, yes: int) -> None:
 def test_activation_threshold(tau_act: float, needed: int) -> None:
     for decoded, expected in ((needed - 1, False), (needed, True)):
         branch = branch_with_last_block_decoded(decoded)
-        rules.maybe_add_block(branch, spec(), 0.0)
+        rules.maybe_add_block(branch, consts(), 0.0)
         rules.update_activation(branch, MASK, tau_act)
         assert branch.blocks[2].fully_activated is expected
 

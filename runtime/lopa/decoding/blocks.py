@@ -31,7 +31,7 @@ class Block:
 
 
 @dataclass(frozen=True)
-class SequenceSpec:
+class SequenceConstants:
     """Request-wide constants the rules need (ids come from the checkpoint, never hard-coded)."""
 
     mask_id: int

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 
-from lopa.decoding.blocks import SequenceSpec
+from lopa.decoding.blocks import SequenceConstants
 from lopa.decoding.executor import Executor
 from lopa.decoding.generation import Generation, GenerationResult, StepEvent, StopCheck
 from lopa.params import DecodingParams, InvalidParameter
@@ -25,7 +25,7 @@ class Decoder:
         self.eos_ids = frozenset(eos_ids)
         self.max_length = max_length
 
-    def spec_for(self, prompt: Sequence[int], params: DecodingParams) -> SequenceSpec:
+    def spec_for(self, prompt: Sequence[int], params: DecodingParams) -> SequenceConstants:
         """Validate the request against the model and build the per-request constants."""
         if not prompt:
             raise InvalidParameter("prompt", "is empty")
@@ -43,7 +43,7 @@ class Decoder:
                 f"{len(prompt)} tokens leave no room for one {params.block_size}-token block "
                 f"within the length limit {self.max_length}",
             )
-        return SequenceSpec(
+        return SequenceConstants(
             mask_id=self.mask_id,
             eos_ids=self.eos_ids,
             block_size=params.block_size,

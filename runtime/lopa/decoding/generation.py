@@ -15,7 +15,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 from lopa.decoding import rules
-from lopa.decoding.blocks import Branch, SequenceSpec
+from lopa.decoding.blocks import Branch, SequenceConstants
 from lopa.decoding.executor import BranchWindow
 from lopa.params import DecodingParams
 
@@ -92,12 +92,12 @@ class Verify:
 class Generation:
     def __init__(
         self,
-        spec: SequenceSpec,
+        consts: SequenceConstants,
         prompt: Sequence[int],
         params: DecodingParams,
         should_stop: StopCheck | None = None,
     ) -> None:
-        self.spec, self.params, self.should_stop = spec, params, should_stop
+        self.consts, self.params, self.should_stop = consts, params, should_stop
         self.prompt = list(prompt)
         self.base = Branch.from_prompt(self.prompt)
         self.began = time.perf_counter()
@@ -144,7 +144,7 @@ class Generation:
 
     def apply(self, stats: Sequence[Sequence[rules.PositionStat]]) -> int:
         """The round's statistics -> the winner's index into verify()'s windows (commit it)."""
-        live, spec, params = self._live, self.spec, self.params
+        live, consts, params = self._live, self.consts, self.params
         scores = [
             rules.branch_score([s.conf for s in row], c.creation, params.alpha, params.beta)
             for c, row in zip(live, stats, strict=True)
@@ -153,7 +153,7 @@ class Generation:
         base = live[winner].copy()
         base.creation, base.lookahead_position = 1.0, None
         rules.mark_cached(base)
-        rules.anchor_fill(base, stats[winner], spec, params.tau_conf)
+        rules.anchor_fill(base, stats[winner], consts, params.tau_conf)
         shared_start = min(rules.completed_prefix_end(c) for c in live)
         self._previous, self.base = self.base, base
         self.forwards += 1
@@ -168,7 +168,7 @@ class Generation:
     def event(self) -> StepEvent:
         """The latest round, for streaming."""
         before, after = self._previous, self.base
-        mask = self.spec.mask_id
+        mask = self.consts.mask_id
         fills = [
             (p, t)
             for p, t in enumerate(after.tokens)
@@ -195,7 +195,7 @@ class Generation:
     def contiguous(self) -> list[int]:
         """The generated tokens up to the first mask (what a stop check may read)."""
         generated = self.base.tokens[self.base.prompt_length :]
-        mask = self.spec.mask_id
+        mask = self.consts.mask_id
         end = generated.index(mask) if mask in generated else len(generated)
         return generated[:end]
 
@@ -203,27 +203,27 @@ class Generation:
 
     def _grow(self, branch: Branch) -> bool:
         """Section 3 steps 1-3; returns True when the branch is finished."""
-        rules.maybe_add_block(branch, self.spec, self.params.tau_add)
-        rules.update_activation(branch, self.spec.mask_id, self.params.tau_act)
+        rules.maybe_add_block(branch, self.consts, self.params.tau_add)
+        rules.update_activation(branch, self.consts.mask_id, self.params.tau_act)
         return rules.is_finished(branch)
 
     def _spawn(self, base: Branch, stats: Sequence[rules.PositionStat], shared_start: int) -> list[Branch]:
         """LoPA step 8: lookahead copies of the anchor-filled winner, then the next base."""
-        spec = self.spec
-        base_completed = rules.completed_active_blocks(base, spec.mask_id)
-        still_masked = set(rules.masked_positions(base, spec.mask_id))
+        consts = self.consts
+        base_completed = rules.completed_active_blocks(base, consts.mask_id)
+        still_masked = set(rules.masked_positions(base, consts.mask_id))
         pool = [s for s in stats if s.position in still_masked and s.position >= shared_start]
         candidates = []
         for stat in rules.spawn_positions(pool, self.params.branches):
             branch = base.copy()
             branch.tokens[stat.position] = stat.token
             branch.creation, branch.lookahead_position = stat.conf, stat.position
-            if stat.token in spec.eos_ids:
+            if stat.token in consts.eos_ids:
                 branch.eos_seen = True
             candidates.append(branch)
         candidates.append(base)
         for branch in candidates:
-            rules.promote(branch, spec.mask_id, allowed=base_completed)
+            rules.promote(branch, consts.mask_id, allowed=base_completed)
         return candidates
 
     def _window(self, branch: Branch, start: int) -> BranchWindow:
@@ -235,11 +235,11 @@ class Generation:
         return BranchWindow(
             tokens=branch.tokens[start:],
             block_ids=block_ids,
-            masked=rules.masked_positions(branch, self.spec.mask_id),
+            masked=rules.masked_positions(branch, self.consts.mask_id),
         )
 
     def _up_to_eos(self, generated: list[int]) -> list[int]:
         for index, token in enumerate(generated):
-            if token in self.spec.eos_ids:
+            if token in self.consts.eos_ids:
                 return generated[: index + 1]
         return list(generated)

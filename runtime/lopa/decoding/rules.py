@@ -10,7 +10,7 @@ import math
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
-from lopa.decoding.blocks import Block, BlockState, Branch, SequenceSpec
+from lopa.decoding.blocks import Block, BlockState, Branch, SequenceConstants
 
 
 @dataclass(frozen=True)
@@ -26,19 +26,19 @@ class PositionStat:
 # -- section 3, steps 1-3: per-round block growth ---------------------------------------------
 
 
-def maybe_add_block(branch: Branch, spec: SequenceSpec, tau_add: float) -> bool:
+def maybe_add_block(branch: Branch, consts: SequenceConstants, tau_add: float) -> bool:
     """Step 1: append one all-mask block when the last block is decoded enough."""
     generated_blocks = len(branch.blocks) - 1
-    if generated_blocks >= spec.max_blocks or branch.eos_seen:
+    if generated_blocks >= consts.max_blocks or branch.eos_seen:
         return False
-    if len(branch.tokens) + spec.block_size > spec.max_length:
+    if len(branch.tokens) + consts.block_size > consts.max_length:
         return False
     last = branch.blocks[-1]
-    if branch.decoded_fraction(last, spec.mask_id) < tau_add:
+    if branch.decoded_fraction(last, consts.mask_id) < tau_add:
         return False
     start = len(branch.tokens)
-    branch.tokens.extend([spec.mask_id] * spec.block_size)
-    branch.blocks.append(Block(start, start + spec.block_size, BlockState.ACTIVE))
+    branch.tokens.extend([consts.mask_id] * consts.block_size)
+    branch.blocks.append(Block(start, start + consts.block_size, BlockState.ACTIVE))
     return True
 
 
@@ -112,7 +112,9 @@ def select_fills(stats: Sequence[PositionStat], tau_conf: float, fully_activated
     return fills
 
 
-def anchor_fill(branch: Branch, stats: Iterable[PositionStat], spec: SequenceSpec, tau_conf: float) -> None:
+def anchor_fill(
+    branch: Branch, stats: Iterable[PositionStat], consts: SequenceConstants, tau_conf: float
+) -> None:
     """Apply step 5 to every ACTIVE block with masks, in block order; EOS sets eos_seen."""
     by_position = {s.position: s for s in stats}
     for block in branch.blocks:
@@ -121,11 +123,11 @@ def anchor_fill(branch: Branch, stats: Iterable[PositionStat], spec: SequenceSpe
         block_stats = [
             by_position[p]
             for p in range(block.start, block.end)
-            if branch.tokens[p] == spec.mask_id and p in by_position
+            if branch.tokens[p] == consts.mask_id and p in by_position
         ]
         for fill in select_fills(block_stats, tau_conf, block.fully_activated):
             branch.tokens[fill.position] = fill.token
-            if fill.token in spec.eos_ids:
+            if fill.token in consts.eos_ids:
                 branch.eos_seen = True
 
 

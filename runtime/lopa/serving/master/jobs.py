@@ -18,7 +18,7 @@ from lopa.decoding.decoder import StepEvent
 from lopa.proto import lopa_pb2
 from lopa.scheduling.request import Abort, Completion, Outcome, QueueFull, Request
 from lopa.scheduling.scheduler import Observer, Scheduler
-from lopa.serving.master.requests import JobSpec
+from lopa.serving.master.requests import ValidRequest
 from lopa.serving.master.streaming import DeltaTracker
 from lopa.serving.shared.metrics import MasterMetrics
 
@@ -31,7 +31,7 @@ class GroupUnavailable(Exception):
 
 @dataclass
 class Job:
-    spec: JobSpec
+    submitted: ValidRequest
     loop: asyncio.AbstractEventLoop
     stream: bool = False
     abort: Abort = field(default_factory=Abort)
@@ -116,9 +116,9 @@ class JobRunner:
 
     def submit(self, job: Job) -> None:
         """Queue the job (QueueFull when full; InvalidParameter for what the decoder refuses)."""
-        spec = job.spec
-        tracker = DeltaTracker(self.decode, frozenset(self.scheduler.decoder.eos_ids), spec.stop)
-        prompt_length = len(spec.prompt_ids)
+        submitted = job.submitted
+        tracker = DeltaTracker(self.decode, frozenset(self.scheduler.decoder.eos_ids), submitted.stop)
+        prompt_length = len(submitted.prompt_ids)
 
         def on_step(event: StepEvent) -> None:
             offset, ids, text = tracker.step(event.tokens[prompt_length:], self.mask_id)
@@ -151,10 +151,10 @@ class JobRunner:
             job.finish(outcome)
 
         request = Request(
-            spec.prompt_ids,
-            spec.params,
-            spec.stop,
-            spec.pin_branches,
+            submitted.prompt_ids,
+            submitted.params,
+            submitted.stop,
+            submitted.pin_branches,
             on_step=on_step if job.stream else None,
             on_done=on_done,
             abort=job.abort,

@@ -13,7 +13,9 @@ _OVERRIDES = [f.name for f in fields(DecodingParams) if f.name != "max_new_token
 
 
 @dataclass(frozen=True)
-class JobSpec:
+class ValidRequest:
+    """A client request that passed every check: what the scheduler may run."""
+
     prompt_ids: list[int]
     params: DecodingParams
     stop: tuple[str, ...]

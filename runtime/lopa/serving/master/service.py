@@ -32,7 +32,7 @@ from lopa.serving.master.distributed import DistributedExecutor, StepTiming
 from lopa.serving.master.jobs import GroupUnavailable, Job, JobRunner, MasterObserver, stats_of
 from lopa.serving.master.links import WorkerGroup, WorkerLost
 from lopa.serving.master.requests import (
-    JobSpec,
+    ValidRequest,
     build_params,
     check_budget,
     check_prompt,
@@ -133,7 +133,7 @@ class LopaService(lopa_pb2_grpc.LopaServicer):
         """Validate and queue one request, whatever its transport (gRPC or HTTP): InvalidParameter
         naming the field, GroupUnavailable, or QueueFull; counted in the request metrics."""
         try:
-            spec = self._spec(request)
+            submitted = self._validate(request)
         except InvalidParameter:
             self.metrics.requests.labels("invalid").inc()
             raise
@@ -143,7 +143,7 @@ class LopaService(lopa_pb2_grpc.LopaServicer):
         if not self.group.attached:
             self.metrics.requests.labels("unavailable").inc()
             raise GroupUnavailable("the worker group is not ready (see health)")
-        job = Job(spec, asyncio.get_running_loop(), stream=stream)
+        job = Job(submitted, asyncio.get_running_loop(), stream=stream)
         timeout = self.config.limits.request_timeout_s
         if remaining_s is not None:
             timeout = min(timeout, remaining_s)
@@ -191,7 +191,7 @@ class LopaService(lopa_pb2_grpc.LopaServicer):
             self.metrics.requests.labels("invalid").inc()
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, request.message)
 
-    def _spec(self, request: lopa_pb2.GenerateRequest) -> JobSpec:
+    def _validate(self, request: lopa_pb2.GenerateRequest) -> ValidRequest:
         if request.prompt and request.prompt_token_ids:
             raise InvalidParameter("prompt", "set either prompt or prompt_token_ids, not both")
         params = build_params(request, self.config.decoding, self.limits)
@@ -205,7 +205,7 @@ class LopaService(lopa_pb2_grpc.LopaServicer):
         from_text = not request.prompt_token_ids
         check_prompt(ids, self.model_config.vocab_size, self.special.mask, self.limits, from_text)
         check_budget(len(ids), params, self.max_length, request)
-        return JobSpec(ids, params, check_stop(list(request.stop)), request.pin_branches)
+        return ValidRequest(ids, params, check_stop(list(request.stop)), request.pin_branches)
 
     async def _await(self, job: Job, awaitable: Any, context: Any) -> Any:
         try:
