@@ -20,6 +20,7 @@ from lopa.engine import LocalEngine, bundled_model_dir
 from lopa.serving.client import LopaClient
 from lopa.serving.launcher import LocalCluster, loopback_config
 from lopa.serving.shared.config import parse_config, with_model_defaults
+from lopa.serving.worker.service import QUIET_S, Drain
 
 PROMPTS = [e.prompt for e in tasks.held_out(10)]
 
@@ -56,3 +57,15 @@ def test_sigterm_drains_every_request_in_flight_then_exits(tmp_path: Path) -> No
     finally:
         cluster.stop()
 
+
+
+def test_a_draining_worker_serves_its_attached_master_and_leaves_once_it_is_gone() -> None:
+    drain = Drain()
+    now = time.monotonic()
+    assert drain.done(now - 100, 300, attached=False) == ""  # no SIGTERM yet: serve on
+    drain.request()
+    assert drain.done(now, 300, attached=True) == ""  # the master still steps: keep serving
+    assert drain.done(now, 300, attached=False) == "no master attached"  # its stream ended
+    assert drain.done(now - QUIET_S, 300, attached=True) == "no step for 2 s"  # attached but idle
+    drain.began = now - 301
+    assert drain.done(now, 300, attached=True) == "the longest a request may last passed"

@@ -79,8 +79,12 @@ class WorkerService(worker_pb2_grpc.WorkerServicer):
         self.shard: ShardExecutor | None = None
         self.on_fatal = on_fatal
         self.metrics = metrics
-        self._attached = threading.Lock()  # one master stream at a time
+        self._attached = threading.Lock()  # one master stream at a time (held while it is open)
         self.last_step = time.monotonic()  # a draining worker leaves once its master went quiet
+
+    @property
+    def master_attached(self) -> bool:
+        return self._attached.locked()
 
     def ready(self, group: collective.Group, shard: ShardExecutor) -> None:
         self.group, self.shard = group, shard
@@ -252,8 +256,9 @@ def serve_worker(config: ServingConfig, rank: int, stop: threading.Event | None 
             # Joined: SIGTERM now drains (until here it stops at once: a join cannot be interrupted).
             signal.signal(signal.SIGTERM, drain.request)
         while not stop.wait(0.2):
-            if drain.done(service.last_step, config.limits.request_timeout_s):
-                log.info("rank %d: drained (no step for %.0f s), leaving", rank, QUIET_S)
+            why = drain.done(service.last_step, config.limits.request_timeout_s, service.master_attached)
+            if why:
+                log.info("rank %d: drained (%s), leaving", rank, why)
                 break
     finally:
         server.stop(grace=1.0)
@@ -265,7 +270,8 @@ QUIET_S = 2.0  # a draining worker leaves once no step arrived for this long
 
 class Drain:
     """SIGTERM came (a pod deletion, which stops the master too): keep serving the master's steps
-    while it drains its requests; leave once it went quiet, or after the longest a request may last."""
+    while it drains its requests; leave once no master is attached, once it went quiet, or after
+    the longest a request may last."""
 
     def __init__(self) -> None:
         self.began: float | None = None
@@ -273,11 +279,16 @@ class Drain:
     def request(self, *_: object) -> None:
         self.began = self.began or time.monotonic()
 
-    def done(self, last_step: float, limit_s: float) -> bool:
+    def done(self, last_step: float, limit_s: float, attached: bool) -> str:
+        """Why the drain is over ("" while it is not)."""
         if self.began is None:
-            return False
+            return ""
         now = time.monotonic()
-        return now - last_step >= QUIET_S or now - self.began >= limit_s
+        if not attached:
+            return "no master attached"
+        if now - last_step >= QUIET_S:
+            return f"no step for {QUIET_S:.0f} s"
+        return "the longest a request may last passed" if now - self.began >= limit_s else ""
 
 
 def start_server(service: WorkerService, address: str, key: str = "workers.listen_port") -> grpc.Server:
