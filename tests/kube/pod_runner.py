@@ -249,7 +249,7 @@ class PodRunner:
             start_new_session=True,  # its own process group, like a container's processes
             preexec_fn=die_with_parent,  # dies with the test process, however it dies
         )
-        pid = _container_pid(process, pod_dir / pod_sandbox.LAUNCHED if plan.share_pid else None)
+        pid = container_pid(process, pod_dir / pod_sandbox.LAUNCHED if plan.share_pid else None)
         image = obj["spec"]["containers"][0].get("image", "")
         container = pod_status.ContainerState(plan.container, f"process://{pid}", image, pod_status.now())
         pod = _Pod(meta["namespace"], meta["name"], uid, name, address, plan, process, log, log_path,
@@ -351,7 +351,7 @@ class PodRunner:
         self._pods.pop(pod.uid, None)
 
 
-def _container_pid(process: subprocess.Popen[bytes], launched: Path | None, timeout: float = 10.0) -> int:
+def container_pid(process: subprocess.Popen[bytes], launched: Path | None, timeout: float = 10.0) -> int:
     """The container's pid: the child of `process` (pod_launcher), PID 1 of the pod's PID namespace;
     beside a "pause" (`launched`: the file it writes once the container runs) that one's child.
     `process` itself if it exited first."""

@@ -16,7 +16,7 @@ import pytest
 
 from kube import cluster_dns, netns, pod_sandbox
 from kube.pod_plan import Mount, PodPlan, expand
-from kube.pod_runner import _container_pid
+from kube.pod_runner import container_pid
 
 needs_netns = pytest.mark.skipif(bool(netns.available()), reason=f"pod networks: {netns.available()}")
 
@@ -115,7 +115,7 @@ def test_the_container_is_pid_1_unless_the_pod_shares_its_pid_namespace(tmp_path
         argv = pod_sandbox.prepare(plan, tmp_path, network.netns_path(name), address, network.gateway, set())
         process = subprocess.Popen(argv, env=plan.env, stdout=subprocess.PIPE, text=True)
         assert process.stdout is not None
-        pid = _container_pid(process, tmp_path / pod_sandbox.LAUNCHED if share else None)
+        pid = container_pid(process, tmp_path / pod_sandbox.LAUNCHED if share else None)
         ns_pid = process.stdout.readline().split()
         assert (ns_pid[1] != "1") if share else (ns_pid == ["pid", "1"])
         os.kill(pid, signal.SIGTERM)
