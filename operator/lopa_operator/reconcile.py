@@ -161,9 +161,8 @@ def _reconcile(
 
     ours = names.selector(name)
     worker_sets, masters = kube.list("StatefulSet", namespace, ours), kube.list("Deployment", namespace, ours)
-    deployed = rollout.deployed_groups(
-        worker_sets, masters, {i: bool(e.get("available")) for i, e in entries.items()}
-    )
+    pods = kube.list("Pod", namespace, ours)
+    deployed = rollout.deployed_groups(worker_sets, masters, entries, pods)
     plan = rollout.plan(deployed, spec["replicas"], desired_hash, spec["rollout"]["maxUnavailable"])
     raw = obj.get("spec") or {}
     children = [c for i in plan.update for c in render.group_children(name, namespace, raw, i)]
@@ -178,13 +177,14 @@ def _reconcile(
         "Deployment": masters,
         "ConfigMap": kube.list("ConfigMap", namespace, ours),
     }
+    # An operator from before groups left unlabelled children: they serve until enough groups do.
+    legacy_too = sum(d.available for d in deployed.values()) >= statuses.min_available(spec)
     for kind, objs in listed.items():  # (a list's items carry no kind)
-        for child in rollout.unexpected(objs, spec["replicas"]):
+        for child in rollout.unexpected(objs, spec["replicas"], legacy_too):
             kube.delete(kind, namespace, child["metadata"]["name"], uid=child["metadata"]["uid"])
             logger.info("deleted %s %s: no group of spec.replicas owns it", kind, child["metadata"]["name"])
 
-    pods = kube.list("Pod", namespace, ours)
-    fresh_spec = before.get("observedGeneration") != meta.get("generation")
+    pods = kube.list("Pod", namespace, ours)  # again: the deletions above changed them
     now = dt.datetime.now(dt.timezone.utc)
     rounds = []
     for index in range(spec["replicas"]):
@@ -192,9 +192,11 @@ def _reconcile(
             config_hash, wanted = rollout.held_state(deployed[index])
         else:
             config_hash, wanted = desired_hash, spec["branchParallelism"]
-        memory = group.Memory.from_status(entries.get(index) or {})
-        if fresh_spec:
-            memory = replace(memory, recent_restarts=0)  # a new spec gets a fresh restart budget
+        entry = entries.get(index) or {}
+        memory = group.Memory.from_status(entry)
+        if entry and entry.get("configHash") != config_hash:
+            # A new config gets a fresh restart budget; a scale or a Service change does not.
+            memory = replace(memory, recent_restarts=0)
         mine = [p for p in pods if names.group_of(p) == index]
         workers = [p for p in mine if p["metadata"]["labels"].get(_ROLE) == names.ROLE_WORKER]
         decision = group.decide(workers, wanted, config_hash, memory, spec["failurePolicy"], now)

@@ -10,10 +10,11 @@ beyond spec.replicas are removed, highest index first as a StatefulSet scales.
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
-from . import names
+from . import group, names
+from .status import pod_ready
 
 Obj = dict[str, Any]
 
@@ -64,29 +65,54 @@ def _template_hash(obj: Obj | None) -> str | None:
 
 
 def deployed_groups(
-    worker_sets: Iterable[Obj], masters: Iterable[Obj], available: Mapping[int, bool]
+    worker_sets: Iterable[Obj], masters: Iterable[Obj], entries: Mapping[int, Obj], pods: list[Obj]
 ) -> dict[int, Deployed]:
-    """Every group that has a worker StatefulSet or a master Deployment, by index; `available` is
-    what status last said of each group."""
+    """Every group that has a worker StatefulSet or a master Deployment, by index; `entries` are
+    the groups' status.groups[] entries, `pods` the deployment's pods."""
     by_set = {i: s for s in worker_sets if (i := names.group_of(s)) is not None}
     by_master = {i: m for m in masters if (i := names.group_of(m)) is not None}
     out = {}
     for i in sorted(by_set.keys() | by_master.keys()):
         worker_set = by_set.get(i)
-        out[i] = Deployed(
+        found = Deployed(
             index=i,
             worker_hash=_template_hash(worker_set),
             master_hash=_template_hash(by_master.get(i)),
             workers=int(worker_set["spec"].get("replicas") or 0) if worker_set else 0,
-            available=available.get(i, False),
+            available=False,
         )
+        mine = [p for p in pods if names.group_of(p) == i]
+        out[i] = replace(found, available=serving_now(entries.get(i) or {}, mine, found))
     return out
 
 
-def unexpected(children: Iterable[Obj], replicas: int) -> list[Obj]:
-    """Children that no group in spec.replicas owns: of removed groups, or without a group label
-    (rendered by an operator from before groups existed). Shared Services are never listed here."""
-    return [c for c in children if (i := names.group_of(c)) is None or i >= replicas]
+def unexpected(children: Iterable[Obj], replicas: int, legacy_too: bool) -> list[Obj]:
+    """Children that no group in spec.replicas owns: of removed groups, and (with `legacy_too`)
+    those without a group label, rendered by an operator from before groups existed: they keep
+    serving until enough new groups do. Shared Services are never listed here."""
+    return [
+        c
+        for c in children
+        if ((i := names.group_of(c)) is None and legacy_too) or (i is not None and i >= replicas)
+    ]
+
+
+def serving_now(entry: Obj, pods: Iterable[Obj], deployed: Deployed) -> bool:
+    """What the last status said of a group, re-checked against its live pods: the status may be
+    a resync old, or from a reconcile that stopped before writing it. Up = the status says so for
+    the hash it runs, its formed members are all there and Ready on it, and so is a master."""
+    config_hash = deployed.worker_hash
+    if not entry.get("available") or not config_hash or entry.get("configHash") != config_hash:
+        return False
+    if not deployed.runs(config_hash):
+        return False
+    live = [p for p in pods if not group.is_terminating(p) and group.config_hash(p) == config_hash]
+    role = "app.kubernetes.io/component"
+    workers = [p for p in live if p["metadata"]["labels"].get(role) == names.ROLE_WORKER and pod_ready(p)]
+    members = {m.get("uid") for m in entry.get("members") or []}
+    if len(workers) != deployed.workers or {p["metadata"]["uid"] for p in workers} != members:
+        return False
+    return any(p["metadata"]["labels"].get(role) == names.ROLE_MASTER and pod_ready(p) for p in live)
 
 
 def held_state(deployed: Deployed) -> tuple[str, int]:

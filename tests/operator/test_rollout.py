@@ -186,6 +186,27 @@ def test_scale_down_removes_the_children_of_the_highest_groups(fake: FakeKube) -
     assert ("ScaledDown", "removed group(s) 2, 1 (spec.replicas)") in posted
 
 
+def test_a_group_lost_since_the_last_status_counts_as_down(fake: FakeKube) -> None:
+    serving(fake)
+    # A worker of group 2 goes between two reconciles; then the spec changes: the status still says
+    # group 2 serves, its pods do not, so no other group may roll in the same pass.
+    del fake.objects[path("Pod", "ns", "d-2-worker-0")]
+    change_spec(fake, decoding={"tauConf": 0.8})
+    status = reconcile.reconcile(fake, "ns", "d", "test", lambda *a: None, logging.getLogger("t"), fake.memo)  # type: ignore[arg-type]
+    assert status is not None
+    assert [g["configHash"] == status["configHash"] for g in status["groups"]] == [False, False, True]
+
+
+def test_scaling_keeps_an_exhausted_group_degraded(fake: FakeKube) -> None:
+    change_spec(fake, failurePolicy={"maxGroupRestarts": 0})
+    serving(fake)
+    del fake.objects[path("Pod", "ns", "d-1-worker-0")]
+    fake.settle()
+    assert step(fake)["phase"] == "Degraded"
+    change_spec(fake, replicas=2)  # a scale bumps the generation, not the config
+    assert step(fake)["phase"] == "Degraded"
+
+
 def test_scale_to_zero_and_back(fake: FakeKube) -> None:
     serving(fake)
     change_spec(fake, replicas=0)
@@ -199,11 +220,18 @@ def test_scale_to_zero_and_back(fake: FakeKube) -> None:
 def test_children_of_an_operator_without_groups_are_replaced(fake: FakeKube) -> None:
     legacy = {
         "metadata": {"name": "d-worker", "labels": names.labels("d", names.ROLE_WORKER), "uid": "x"},
-        "spec": {"replicas": 2, "template": {"metadata": {"annotations": {}}}},
+        "spec": {
+            "replicas": 2,
+            "template": {"metadata": {"labels": names.labels("d", names.ROLE_WORKER), "annotations": {}}},
+        },
     }
     fake.objects[path("StatefulSet", "ns", "d-worker")] = legacy
     fake.objects[path("ConfigMap", "ns", "d-config")] = {
         "metadata": {"name": "d-config", "labels": names.labels("d"), "uid": "y"}
     }
+    fake.settle()
+    # The first reconcile creates the groups; the old children serve until enough groups do.
+    status = step(fake)
+    assert status["readyReplicas"] == 0 and "d-worker" in fake.of_kind("StatefulSet")
     serving(fake)
     assert "d-worker" not in fake.of_kind("StatefulSet") and "d-config" not in fake.of_kind("ConfigMap")
