@@ -161,6 +161,8 @@ def _reconcile(
 
     ours = names.selector(name)
     worker_sets, masters = kube.list("StatefulSet", namespace, ours), kube.list("Deployment", namespace, ours)
+    # One pod list serves the whole reconcile: applying children changes no pod at once, and the
+    # deletions below only reach groups beyond spec.replicas, which no round looks at.
     pods = kube.list("Pod", namespace, ours)
     deployed = rollout.deployed_groups(worker_sets, masters, entries, pods)
     plan = rollout.plan(deployed, spec["replicas"], desired_hash, spec["rollout"]["maxUnavailable"])
@@ -184,7 +186,6 @@ def _reconcile(
             kube.delete(kind, namespace, child["metadata"]["name"], uid=child["metadata"]["uid"])
             logger.info("deleted %s %s: no group of spec.replicas owns it", kind, child["metadata"]["name"])
 
-    pods = kube.list("Pod", namespace, ours)  # again: the deletions above changed them
     now = dt.datetime.now(dt.timezone.utc)
     rounds = []
     for index in range(spec["replicas"]):

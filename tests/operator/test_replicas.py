@@ -58,9 +58,13 @@ def test_replicas_make_groups_that_kubectl_scale_and_an_hpa_drive(kube: KubeClus
     assert names_of(kube, ns, "deployments") == [f"{NAME}-{i}-master" for i in range(3)]
     assert {i: len(p) for i, p in group_pods(kube, ns).items()} == {0: 3, 1: 3, 2: 3}  # 2 workers + master
     # The client Service spans every group's master.
-    endpoints = kube.get_json("endpointslices", "-n", ns, "-l", f"kubernetes.io/service-name={NAME}")
-    addresses = [a for s in endpoints["items"] for e in s.get("endpoints") or [] for a in e["addresses"]]
-    assert len(addresses) == 3
+    # (the endpoints controller follows pod readiness a moment after the status does)
+    def addresses() -> list[str] | None:
+        slices = kube.get_json("endpointslices", "-n", ns, "-l", f"kubernetes.io/service-name={NAME}")
+        found = [a for s in slices["items"] for e in s.get("endpoints") or [] for a in e["addresses"]]
+        return found if len(found) == 3 else None
+
+    kube.wait_for(addresses, timeout=30, description="the client Service's 3 master endpoints")
 
     kube.kubectl("scale", "lopadeployment", NAME, "-n", ns, "--replicas=1")
     scaled = wait_status(
