@@ -56,15 +56,20 @@ def test_bench_serving_rejects_bad_levels() -> None:
 def test_bench_concurrency_sweeps_the_local_engine(tmp_path: Path) -> None:
     out = tmp_path / "concurrency.json"
     done = run_lopa("bench", "concurrency", "--levels", "1,3", "--requests", "3", "--branches", "1",
-                    "--json", str(out))
+                    "--passes", "2", "--json", str(out))
     assert done.returncode == 0, done.stderr[-3000:]
     rows = json.loads(out.read_text())
     assert [r["concurrency"] for r in rows] == [1, 3] and "| concurrency |" in done.stdout
+    assert done.stdout.count('"pass": ') == 4  # each pass's rows as they are measured, then the medians
     for row in rows:
-        assert row["requests"] == 3 and row["tokens"] > 0 and row["tpf"] >= 1
+        assert row["requests"] == 3 and row["tokens"] > 0 and row["tpf"] >= 1 and row["passes"] == 2
         assert 0 <= row["mean_branches"] <= 1 and 0 < row["p50_s"] <= row["p99_s"]
     done = run_lopa("bench", "concurrency", "--levels", "x", timeout=60)
     assert done.returncode == 2 and "--levels: not a comma-separated list of integers: 'x'" in done.stderr
+    done = run_lopa("bench", "concurrency", "--passes", "0", timeout=60)
+    assert done.returncode == 2 and "--passes: must be >= 1, got 0" in done.stderr
+    done = run_lopa("bench", "concurrency", "--device", "tpu", timeout=60)
+    assert done.returncode == 2 and "--device:" in done.stderr and "tpu" in done.stderr
 
 
 def test_bench_transport_measures_both_transports(tmp_path: Path) -> None:

@@ -8,6 +8,11 @@ its ratios to the first level (one request at a time), measured in the same run.
 
 Transport-free: a `Send` maps a request index to its Answer, so the local engine (`lopa bench
 concurrency`) and a served group (`lopa bench serving`) share the sweep and its table.
+
+On a shared or virtual machine the speed of the host drifts by tens of percent within a minute, so
+one pass over the levels can compare a fast moment with a slow one. With `passes` > 1 the levels
+run interleaved (1, 8, 1, 8, ...): every ratio is taken within its own pass, and each level's row
+holds the median over the passes (`combine`), its ratios the median of the passes' ratios.
 """
 
 from __future__ import annotations
@@ -75,17 +80,47 @@ def run_level(send: Send, requests: int, concurrency: int) -> dict:
 
 def sweep(
     send: Send, requests: int, levels: Sequence[int] = LEVELS, warmup: int = 2,
-    show: Callable[[dict], None] = lambda row: None,
+    show: Callable[[dict], None] = lambda row: None, passes: int = 1,
 ) -> list[dict]:
-    """One row per level, `warmup` requests first (not measured); see with_ratios."""
+    """One row per level, `warmup` requests first (not measured); see with_ratios and combine."""
     for index in range(warmup):
         send(index % requests)
-    rows: list[dict] = []
-    for level in levels:
-        rows.append(run_level(send, requests, level))
-        with_ratios(rows)
-        show(rows[-1])
-    return rows
+    runs: list[list[dict]] = []
+    for number in range(passes):
+        rows: list[dict] = []
+        for level in levels:
+            rows.append(run_level(send, requests, level))
+            with_ratios(rows)
+            show({"pass": number + 1, **rows[-1]} if passes > 1 else rows[-1])
+        runs.append(rows)
+    return combine(runs)
+
+
+# Measured quantities a combined row takes the median of (and their rounding digits); the rest (the
+# level, counts) are the same in every pass.
+_MEDIAN_DIGITS = {"wall_s": 3, "tok_s": 1, "per_request_tok_s": 1, "p50_s": 3, "p99_s": 3, "tpf": 3,
+                  "mean_branches": 3, "speedup": 2, "p99_x_lone": 2}
+
+
+def combine(runs: Sequence[Sequence[dict]]) -> list[dict]:
+    """The rows of several passes over the same levels -> one row per level: the median of each
+    measured quantity over the passes (ratios: of the per-pass ratios), plus `passes` and the
+    range of the per-pass speedups. One pass comes back as it is."""
+    if len(runs) == 1:
+        return list(runs[0])
+    if len({len(rows) for rows in runs}) != 1:
+        raise ValueError("every pass must cover the same levels")
+    combined = []
+    for rows in zip(*runs, strict=True):
+        row = dict(rows[0])
+        for key, digits in _MEDIAN_DIGITS.items():
+            if key in row:
+                row[key] = round(statistics.median(r[key] for r in rows), digits)
+        speedups = [r["speedup"] for r in rows]
+        row["passes"] = len(rows)
+        row["speedup_range"] = f"{min(speedups):.2f}-{max(speedups):.2f}"
+        combined.append(row)
+    return combined
 
 
 def with_ratios(rows: list[dict]) -> list[dict]:
@@ -97,7 +132,7 @@ def with_ratios(rows: list[dict]) -> list[dict]:
     return rows
 
 
-def sweep_flags(levels: str, levels_flag: str, requests: int) -> list[int]:
+def sweep_flags(levels: str, levels_flag: str, requests: int, passes: int = 1) -> list[int]:
     """The levels of a sweep's comma-separated flag; InvalidParameter naming the flag at fault."""
     try:
         parsed = [int(v) for v in levels.split(",") if v.strip()]
@@ -107,4 +142,6 @@ def sweep_flags(levels: str, levels_flag: str, requests: int) -> list[int]:
         raise InvalidParameter(levels_flag, f"every level must be >= 1, got {levels!r}")
     if requests < 1:
         raise InvalidParameter("requests", f"must be >= 1, got {requests}")
+    if passes < 1:
+        raise InvalidParameter("passes", f"must be >= 1, got {passes}")
     return parsed

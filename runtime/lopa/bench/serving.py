@@ -19,7 +19,7 @@ from pathlib import Path
 
 from prometheus_client.parser import text_string_to_metric_families
 
-from lopa.bench.concurrency import Answer, run_level, sweep_flags, with_ratios
+from lopa.bench.concurrency import Answer, combine, run_level, sweep_flags, with_ratios
 from lopa.bench.rows import finish, show_row
 from lopa.serving.client import LopaClient
 from lopa.serving.launcher import LocalCluster, free_ports, loopback_config
@@ -58,10 +58,11 @@ def step_split(before: dict, after: dict) -> dict[str, float]:
 
 def bench_workers(
     config: ServingConfig, workers: int, requests: int, levels: Sequence[int], kw: dict,
-    prompts: Sequence[str] = PROMPTS,
+    prompts: Sequence[str] = PROMPTS, passes: int = 1,
 ) -> tuple[dict, list[dict]]:
-    """One worker count: its step split row and its sweep rows. prompts[:WARMUP] warm up, the
-    measured requests cycle through the rest."""
+    """One worker count: its step split row (of the first level's first pass) and its sweep rows
+    (`passes` interleaved passes combined, see lopa.bench.concurrency). prompts[:WARMUP] warm up,
+    the measured requests cycle through the rest."""
     warmup, measured = list(prompts[:WARMUP]), list(prompts[WARMUP:]) or list(prompts)
     metrics_port = free_ports(1)[0]
     config = dataclasses.replace(config, master=MasterConfig(metrics_port=metrics_port))
@@ -73,7 +74,7 @@ def bench_workers(
         decoded.append((stats.tokens, stats.wall_s, stats.forwards))
         return Answer(stats.tokens, stats.forwards, stats.mean_branches)
 
-    rows: list[dict] = []
+    runs: list[list[dict]] = []
     with tempfile.TemporaryDirectory(prefix="lopa-bench-") as tmp:
         cluster = LocalCluster(config, Path(tmp), log_dir=Path(tmp))
         cluster.start()
@@ -81,13 +82,16 @@ def bench_workers(
             with LopaClient(cluster.address) as client:
                 for prompt in warmup:
                     client.generate(prompt, timeout=600, **kw)
-                for level in levels:
-                    before, decoded[:] = scrape(metrics_port), []
-                    rows.append({"workers": workers, **run_level(send, requests, level)})
-                    with_ratios(rows)
-                    show_row(rows[-1])
-                    if len(rows) == 1:
-                        split, lone = step_split(before, scrape(metrics_port)), list(decoded)
+                for number in range(passes):
+                    rows = []
+                    for level in levels:
+                        before, decoded[:] = scrape(metrics_port), []
+                        rows.append({"workers": workers, **run_level(send, requests, level)})
+                        with_ratios(rows)
+                        show_row({"pass": number + 1, **rows[-1]} if passes > 1 else rows[-1])
+                        if number == 0 and len(rows) == 1:
+                            split, lone = step_split(before, scrape(metrics_port)), list(decoded)
+                    runs.append(rows)
         finally:
             cluster.stop()
     tokens, wall, steps = (sum(column) for column in zip(*lone, strict=True))
@@ -101,7 +105,7 @@ def bench_workers(
         "overhead_ms": round(overhead, 3),
         "overhead_pct": round(100 * overhead / step_ms, 1) if step_ms else 0.0,
         "tpf": round(tokens / steps, 3) if steps else 0.0,
-    }, rows
+    }, combine(runs)
 
 
 def add_parser(kinds: argparse._SubParsersAction) -> None:
@@ -120,6 +124,9 @@ def add_parser(kinds: argparse._SubParsersAction) -> None:
     parser.add_argument("--requests", type=int, default=32, help="requests per concurrency level")
     parser.add_argument("--concurrency", default="1,2,4,8,16",
                         help="requests in flight, comma-separated; the step split is of the first level")
+    parser.add_argument("--passes", type=int, default=1,
+                        help="run the levels this many times interleaved; each row is the median (default 1; "
+                        "use 3-5 on a shared or virtual machine, whose speed drifts)")
     parser.add_argument("--max-batch", type=int, default=None,
                         help="limits.max_batch of the served group (default: the largest level)")
     parser.add_argument("--max-step-tokens", type=int, default=None,
@@ -150,7 +157,7 @@ def synthetic_model(directory: Path) -> Path:
 
 
 def run(args: argparse.Namespace) -> int:
-    levels = sweep_flags(args.concurrency, "concurrency", args.requests)
+    levels = sweep_flags(args.concurrency, "concurrency", args.requests, args.passes)
     if args.synthetic:
         with tempfile.TemporaryDirectory(prefix="lopa-bench-model-") as tmp:
             args.model, args.synthetic = str(synthetic_model(Path(tmp))), False
@@ -165,7 +172,7 @@ def run(args: argparse.Namespace) -> int:
     kw, prompts = workload(args, args.requests)
     splits, sweeps = [], []
     for workers in [int(w) for w in args.workers.split(",") if w.strip()]:
-        split, rows = bench_workers(config, workers, args.requests, levels, kw, prompts)
+        split, rows = bench_workers(config, workers, args.requests, levels, kw, prompts, args.passes)
         splits.append(split)
         sweeps.extend(rows)
     print("step split (the first level):")

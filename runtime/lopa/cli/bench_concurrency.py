@@ -11,7 +11,9 @@ from pathlib import Path
 
 from lopa.bench.concurrency import Answer, sweep, sweep_flags
 from lopa.bench.rows import finish, show_row
+from lopa.cli.preflight import device_problem
 from lopa.params import MAX_BRANCHES, InvalidParameter
+from lopa.serving.shared.config import DTYPES
 
 
 def add_parser(kinds: argparse._SubParsersAction) -> None:
@@ -28,18 +30,27 @@ def add_parser(kinds: argparse._SubParsersAction) -> None:
     parser.add_argument("--max-step-tokens", type=int, default=None,
                         help="branch budget per forward (default: the device's, cpu 640)")
     parser.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's)")
+    parser.add_argument("--passes", type=int, default=1,
+                        help="run the levels this many times interleaved; each row is the median (default 1; "
+                        "use 3-5 on a shared or virtual machine, whose speed drifts)")
+    parser.add_argument("--device", default="cpu", help="cpu, cuda, cuda:1, npu, npu:1 (default cpu)")
+    parser.add_argument("--dtype", default="float32", choices=DTYPES,
+                        help="weights dtype (default float32; bfloat16 on an accelerator)")
     parser.add_argument("--json", default=None, help="also write the rows to this file")
     parser.set_defaults(handler=run)
 
 
 def check(args: argparse.Namespace) -> list[int]:
-    levels = sweep_flags(args.levels, "levels", args.requests)
+    levels = sweep_flags(args.levels, "levels", args.requests, args.passes)
     if not 0 <= args.branches <= MAX_BRANCHES:
         raise InvalidParameter("branches", f"must be in [0, {MAX_BRANCHES}], got {args.branches}")
     if args.max_step_tokens is not None and args.max_step_tokens < 1:
         raise InvalidParameter("max_step_tokens", f"must be >= 1, got {args.max_step_tokens}")
     if args.threads is not None and args.threads < 1:
         raise InvalidParameter("threads", f"must be >= 1, got {args.threads}")
+    problem = device_problem(args.device)
+    if problem:
+        raise InvalidParameter("device", problem)
     return levels
 
 
@@ -54,19 +65,21 @@ def run(args: argparse.Namespace) -> int:
     if args.threads:
         torch.set_num_threads(args.threads)
     model_dir = Path(args.model) if args.model else bundled_model_dir()
-    engine = LocalEngine.from_dirs(model_dir, max_batch=max(levels), max_step_tokens=args.max_step_tokens)
+    engine = LocalEngine.from_dirs(model_dir, dtype=args.dtype, device=args.device, max_batch=max(levels),
+                                   max_step_tokens=args.max_step_tokens)
     params = model_defaults(model_dir).with_overrides(branches=args.branches)
     prompts = [e.prompt for e in tasks.held_out(args.requests)]
     budget = engine.scheduler.budget_tokens
-    print(f"local engine, {model_dir.name}, k={args.branches}, budget {budget} tokens/forward, "
-          f"{torch.get_num_threads()} threads, {args.requests} requests per level", flush=True)
+    print(f"local engine, {model_dir.name} on {args.device} ({args.dtype}), k={args.branches}, "
+          f"budget {budget} tokens/forward, {torch.get_num_threads()} threads, "
+          f"{args.requests} requests per level, {args.passes} pass(es)", flush=True)
 
     def send(index: int) -> Answer:
         result = engine.generate(prompts[index % len(prompts)], params).result
         return Answer(result.tokens, result.forwards, result.mean_branches)
 
     try:
-        rows = sweep(send, args.requests, levels, show=show_row)
+        rows = sweep(send, args.requests, levels, show=show_row, passes=args.passes)
     finally:
         engine.close()
     finish(rows, args.json)

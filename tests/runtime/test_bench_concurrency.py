@@ -1,0 +1,68 @@
+"""lopa.bench.concurrency: the sweep's bookkeeping (closed loop, ratios within a pass, medians over
+interleaved passes), driven by a Send that answers from a table instead of a model."""
+
+from __future__ import annotations
+
+import threading
+
+import pytest
+
+from lopa.bench.concurrency import Answer, combine, percentile, sweep, with_ratios
+
+
+def test_percentile_interpolates_between_ranks() -> None:
+    assert percentile([3.0], 99) == 3.0
+    assert percentile([1.0, 2.0, 3.0, 4.0, 5.0], 50) == 3.0
+    assert percentile([1.0, 2.0], 99) == pytest.approx(1.99)
+
+
+def test_ratios_are_taken_against_the_first_level() -> None:
+    rows = with_ratios([{"tok_s": 100.0, "p50_s": 0.5, "p99_s": 0.6}])
+    rows.append({"tok_s": 250.0, "p50_s": 1.0, "p99_s": 1.5})
+    with_ratios(rows)
+    assert rows[0]["speedup"] == 1.0 and rows[1]["speedup"] == 2.5 and rows[1]["p99_x_lone"] == 3.0
+
+
+def _row(level: int, tok_s: float, p99: float, speedup: float) -> dict:
+    return {"concurrency": level, "requests": 4, "tok_s": tok_s, "p99_s": p99, "speedup": speedup}
+
+
+def test_combine_takes_each_quantity_s_median_and_the_speedup_range() -> None:
+    runs = [
+        [_row(1, 100.0, 0.2, 1.0), _row(8, 150.0, 1.0, 1.5)],
+        [_row(1, 50.0, 0.4, 1.0), _row(8, 110.0, 1.2, 2.2)],  # a slow moment of the host
+        [_row(1, 90.0, 0.25, 1.0), _row(8, 190.0, 0.9, 2.1)],
+    ]
+    lone, eight = combine(runs)
+    assert lone["tok_s"] == 90.0 and lone["speedup"] == 1.0 and lone["passes"] == 3
+    # Medians of each column separately: the speedup is the median of the per-pass ratios (2.1),
+    # not the ratio of the medians (150 / 90).
+    assert (eight["tok_s"], eight["p99_s"], eight["speedup"]) == (150.0, 1.0, 2.1)
+    assert eight["speedup_range"] == "1.50-2.20" and eight["requests"] == 4
+    assert combine([runs[0]]) == runs[0]  # one pass: as measured
+    with pytest.raises(ValueError, match="same levels"):
+        combine([runs[0], runs[1][:1]])
+
+
+def test_sweep_interleaves_its_passes_and_keeps_each_level_in_flight() -> None:
+    lock, in_flight, order = threading.Lock(), [0], []
+    peaks = [0, 0, 0, 0]  # most requests in flight during each (pass, level) run, in run order
+
+    def send(index: int) -> Answer:
+        with lock:
+            in_flight[0] += 1
+            run = len(order)  # a row is shown when its level ends: the running one is the next
+            peaks[run] = max(peaks[run], in_flight[0])
+        threading.Event().wait(0.01)
+        with lock:
+            in_flight[0] -= 1
+        return Answer(tokens=10, forwards=2, mean_branches=1.0)
+
+    def show(row: dict) -> None:
+        order.append((row["pass"], row["concurrency"]))
+
+    rows = sweep(send, requests=8, levels=(1, 4), warmup=0, show=show, passes=2)
+    assert order == [(1, 1), (1, 4), (2, 1), (2, 4)]  # interleaved: 1, 4, 1, 4
+    assert peaks[0] == peaks[2] == 1 and 2 <= peaks[1] <= 4 and 2 <= peaks[3] <= 4  # closed loop
+    assert [r["concurrency"] for r in rows] == [1, 4] and all(r["passes"] == 2 for r in rows)
+    assert all(r["tokens"] == 80 and r["tpf"] == 5.0 for r in rows)
