@@ -29,6 +29,8 @@ def add_parser(kinds: argparse._SubParsersAction) -> None:
     parser.add_argument("--branches", type=int, default=3, help="lookahead branches k each request asks")
     parser.add_argument("--max-step-tokens", type=int, default=None,
                         help="branch budget per forward (default: the device's, cpu 640)")
+    parser.add_argument("--max-new-tokens", type=int, default=None,
+                        help="tokens each request generates (default: the model's default)")
     parser.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's)")
     parser.add_argument("--passes", type=int, default=1,
                         help="run the levels this many times interleaved; each row is the median (default 1; "
@@ -68,6 +70,8 @@ def run(args: argparse.Namespace) -> int:
     engine = LocalEngine.from_dirs(model_dir, dtype=args.dtype, device=args.device, max_batch=max(levels),
                                    max_step_tokens=args.max_step_tokens)
     params = model_defaults(model_dir).with_overrides(branches=args.branches)
+    if args.max_new_tokens is not None:
+        params = params.with_overrides(max_new_tokens=args.max_new_tokens)
     prompts = [e.prompt for e in tasks.held_out(args.requests)]
     budget = engine.scheduler.budget_tokens
     print(f"local engine, {model_dir.name} on {args.device} ({args.dtype}), k={args.branches}, "
