@@ -63,7 +63,10 @@ def test_the_budget_is_per_executor_with_rows_spread_from_each_slot() -> None:
 def test_defaults_per_device_kind_are_the_documented_ones() -> None:
     cpu, cuda = default_budget("cpu"), default_budget("cuda:3")
     assert default_budget("npu") == cuda
-    stated = f"cpu {cpu}, cuda/npu {cuda}"
+    # A CPU default bounds the round (split over the workers); an accelerator's is per worker.
+    assert default_budget("cpu", executors=2) == cpu // 2 and default_budget("cpu", executors=4) == cpu // 4
+    assert default_budget("cuda", executors=4) == cuda and default_budget("npu:1", executors=2) == cuda
+    stated = f"cpu {cpu} split over the workers, cuda/npu {cuda}"
     repo = Path(__file__).resolve().parents[2]
     for doc in ("README.md", "docs/lopa.yaml", "runtime/lopa/cli/serve.py"):
         words = (repo / doc).read_text().replace("#", " ").split()  # wrapped comment lines joined

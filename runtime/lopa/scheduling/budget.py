@@ -20,14 +20,20 @@ from lopa.decoding.generation import RoundPlan
 # Tokens per forward per executor (limits.max_step_tokens) by device kind. Accelerators: a 7B
 # forward stays memory-bound up to ~200-300 query tokens on an H100, so 512 keeps a batch near the
 # cost of one request's round. CPU: a forward's cost grows with its tokens from the start (a lone
-# request already keeps the cores busy), so under load tokens per row count most: 640 keeps ~1.5
-# lookaheads per request at 8 concurrent, the best throughput measured (runtime/BENCHMARKS.md).
+# request already keeps the cores busy), so under load tokens per row count most: 640 tokens per
+# ROUND keeps ~1.5 lookaheads per request at 8 concurrent, the best throughput measured; it is split
+# over the executors (640 / W each), since the lookaheads past ~1.5 that a per-worker 640 would
+# grant with 2 workers buy no TPF and cost every round their tokens (runtime/BENCHMARKS.md).
 DEFAULT_BUDGET_TOKENS = {"cpu": 640, "cuda": 512, "npu": 512}
+SPLIT_OVER_EXECUTORS = {"cpu"}
 
 
-def default_budget(device: str) -> int:
-    """The documented default of limits.max_step_tokens for a device ("cuda:1" -> cuda's)."""
-    return DEFAULT_BUDGET_TOKENS.get(device.split(":")[0], DEFAULT_BUDGET_TOKENS["cuda"])
+def default_budget(device: str, executors: int = 1) -> int:
+    """The documented default of limits.max_step_tokens for a device ("cuda:1" -> cuda's) served
+    by `executors` workers."""
+    kind = device.split(":")[0]
+    tokens = DEFAULT_BUDGET_TOKENS.get(kind, DEFAULT_BUDGET_TOKENS["cuda"])
+    return max(1, tokens // executors) if kind in SPLIT_OVER_EXECUTORS else tokens
 
 
 @dataclass(frozen=True)

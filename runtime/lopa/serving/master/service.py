@@ -65,7 +65,7 @@ class LopaService(lopa_pb2_grpc.LopaServicer):
             group, config.workers.step_timeout_s, self._observe_step, limits.max_batch
         )
         decoder = Decoder(self.executor, self.special.mask, self.special.eos, self.max_length)
-        self.budget = limits.max_step_tokens or default_budget(config.model.device)
+        self.budget = limits.max_step_tokens or default_budget(config.model.device, config.workers.count)
         scheduler = Scheduler(
             decoder, self.executor, self.decode, limits.queue_size, self.budget, MasterObserver(metrics)
         )
@@ -322,6 +322,10 @@ async def serve_master(
     service.runner.start()
     log.info("master listening on %s (%s), %d workers: %s", listen, "TLS" if credentials else "plaintext",
              group.size, ", ".join(config.workers.addresses))
+    limits = config.limits
+    source = "limits.max_step_tokens" if limits.max_step_tokens else f"the {config.model.device} default"
+    log.info("batching: %d requests at once (limits.max_batch), branch budget %d tokens per forward per "
+             "worker (%s)", limits.max_batch, service.budget, source)
     if started is not None:
         started.set()
     try:
