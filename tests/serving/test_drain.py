@@ -27,7 +27,8 @@ PROMPTS = [e.prompt for e in tasks.held_out(10)]
 
 def test_sigterm_drains_every_request_in_flight_then_exits(tmp_path: Path) -> None:
     raw = {"model": {"path": str(bundled_model_dir())},
-           "limits": {"max_batch": 4, "queue_size": 16, "request_timeout_s": 60},
+           "limits": {"max_batch": 4, "queue_size": 16, "request_timeout_s": 60,
+                      "max_step_tokens": 100_000},  # every branch granted: outputs as alone
            "master": {"metrics_port": 0}}
     config = loopback_config(with_model_defaults(parse_config(raw), bundled_model_dir()), workers=2)
     engine = LocalEngine.from_dirs(bundled_model_dir(), max_batch=1)

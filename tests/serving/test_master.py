@@ -35,6 +35,7 @@ def base_config(checkpoint: Path, queue_size: int = 16) -> dict:
             "max_new_tokens": 256,
             "max_prompt_tokens": 64,
             "queue_size": queue_size,
+            "max_step_tokens": 100_000,  # every branch granted: concurrent outputs equal lone ones
         },
         "master": {"metrics_port": 0},
         "workers": {"join_timeout_s": 60, "step_timeout_s": 20},
