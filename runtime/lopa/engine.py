@@ -14,7 +14,7 @@ from lopa.execution.local import LocalExecutor
 from lopa.model.loader import LoadedModel, load_model
 from lopa.model.tokenizer import chat_prompt_ids
 from lopa.params import DecodingParams, InvalidParameter, check_length
-from lopa.scheduling.budget import default_budget
+from lopa.scheduling.budget import Budget, default_budget
 from lopa.scheduling.request import Completion, Request, Waiter
 from lopa.scheduling.scheduler import Observer, Scheduler
 
@@ -51,7 +51,7 @@ class LocalEngine:
         self.decoder = Decoder(
             self.executor, mask_id=loaded.special.mask, eos_ids=loaded.special.eos, max_length=self.max_length
         )
-        budget = max_step_tokens if max_step_tokens is not None else default_budget(str(device))
+        budget = Budget(max_step_tokens) if max_step_tokens is not None else default_budget(str(device))
         self.scheduler = Scheduler(
             self.decoder, self.executor, self.decode, DEFAULT_QUEUE_SIZE, budget, observer
         )

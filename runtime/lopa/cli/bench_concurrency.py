@@ -28,7 +28,8 @@ def add_parser(kinds: argparse._SubParsersAction) -> None:
     parser.add_argument("--requests", type=int, default=32, help="requests per level (default 32)")
     parser.add_argument("--branches", type=int, default=3, help="lookahead branches k each request asks")
     parser.add_argument("--max-step-tokens", type=int, default=None,
-                        help="branch budget per forward (default: the device's, cpu 640)")
+                        help="branch budget, tokens per forward "
+                        "(default: the device's, cpu max(640, 80 x running requests))")
     parser.add_argument("--max-new-tokens", type=int, default=None,
                         help="tokens each request generates (default: the model's default)")
     parser.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's)")
@@ -73,9 +74,9 @@ def run(args: argparse.Namespace) -> int:
     if args.max_new_tokens is not None:
         params = params.with_overrides(max_new_tokens=args.max_new_tokens)
     prompts = [e.prompt for e in tasks.held_out(args.requests)]
-    budget = engine.scheduler.budget_tokens
+    budget = engine.scheduler.budget.describe()
     print(f"local engine, {model_dir.name} on {args.device} ({args.dtype}), k={args.branches}, "
-          f"budget {budget} tokens/forward, {torch.get_num_threads()} threads, "
+          f"budget {budget}, {torch.get_num_threads()} threads, "
           f"{args.requests} requests per level, {args.passes} pass(es)", flush=True)
 
     def send(index: int) -> Answer:

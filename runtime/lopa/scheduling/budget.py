@@ -17,23 +17,42 @@ from dataclasses import dataclass
 
 from lopa.decoding.generation import RoundPlan
 
-# Tokens per forward per executor (limits.max_step_tokens) by device kind. Accelerators: a 7B
-# forward stays memory-bound up to ~200-300 query tokens on an H100, so 512 keeps a batch near the
-# cost of one request's round. CPU: a forward's cost grows with its tokens from the start (a lone
-# request already keeps the cores busy), so under load tokens per row count most: 640 tokens per
-# ROUND keeps ~1.5 lookaheads per request at 8 concurrent, the best throughput measured; it is split
-# over the executors (640 / W each), since the lookaheads past ~1.5 that a per-worker 640 would
-# grant with 2 workers buy no TPF and cost every round their tokens (runtime/BENCHMARKS.md).
-DEFAULT_BUDGET_TOKENS = {"cpu": 640, "cuda": 512, "npu": 512}
-SPLIT_OVER_EXECUTORS = {"cpu"}
+# The default budgets (limits.max_step_tokens = 0). Accelerators: a 7B forward stays memory-bound up to
+# ~200-300 query tokens on an H100, so 512 tokens per worker keep a batch near the cost of one
+# request's round. CPU: a forward costs its tokens from the first one (a lone request already keeps
+# the cores busy), so under load tokens per row count most. The bundled model's TPF stops growing at
+# ~1.5 lookaheads (a base row and 1.5 lookaheads are ~80 tokens): 640 tokens per round, or 80 per
+# running request when more than 8 run, the best throughput measured at 8 and at 16 concurrent; the
+# round is split over the workers, as the lookaheads past ~1.5 buy no TPF however many workers run
+# them (runtime/BENCHMARKS.md).
+ACCELERATOR_TOKENS = 512
+CPU_ROUND_TOKENS = 640
+CPU_REQUEST_TOKENS = 80
 
 
-def default_budget(device: str, executors: int = 1) -> int:
-    """The documented default of limits.max_step_tokens for a device ("cuda:1" -> cuda's) served
-    by `executors` workers."""
-    kind = device.split(":")[0]
-    tokens = DEFAULT_BUDGET_TOKENS.get(kind, DEFAULT_BUDGET_TOKENS["cuda"])
-    return max(1, tokens // executors) if kind in SPLIT_OVER_EXECUTORS else tokens
+@dataclass(frozen=True)
+class Budget:
+    """The branch budget: at most limit(running) tokens in one forward of each executor."""
+
+    tokens: int
+    per_request: int = 0  # the limit grows to this many tokens per running request (CPU default)
+
+    def limit(self, running: int) -> int:
+        return max(self.tokens, self.per_request * running)
+
+    def describe(self) -> str:
+        if not self.per_request:
+            return f"{self.tokens} tokens per forward per worker"
+        return (f"{self.tokens} tokens per forward per worker, {self.per_request} per running request "
+                "when that is more")
+
+
+def default_budget(device: str, executors: int = 1) -> Budget:
+    """The documented default of limits.max_step_tokens for a device ("cuda:1" -> cuda's) served by
+    `executors` workers."""
+    if device.split(":")[0] == "cpu":
+        return Budget(max(1, CPU_ROUND_TOKENS // executors), max(1, CPU_REQUEST_TOKENS // executors))
+    return Budget(ACCELERATOR_TOKENS)
 
 
 @dataclass(frozen=True)

@@ -22,7 +22,7 @@ from lopa.decoding.decoder import Decoder
 from lopa.decoding.generation import Generation
 from lopa.execution.local import PartOutcome, VerifyPart
 from lopa.params import DecodingParams
-from lopa.scheduling.budget import Ask, grant
+from lopa.scheduling.budget import Ask, Budget, grant
 from lopa.scheduling.request import Completion, Outcome, QueueFull, Request, RequestAborted
 from lopa.stops import cut_at_stop, stop_check
 
@@ -69,11 +69,11 @@ class Scheduler:
         executor: BatchExecutor,
         decode: Callable[[list[int]], str],
         queue_size: int,
-        budget_tokens: int,
+        budget: Budget,
         observer: Observer | None = None,
     ) -> None:
         self.decoder, self.executor, self.decode = decoder, executor, decode
-        self.queue_size, self.budget_tokens = queue_size, budget_tokens
+        self.queue_size, self.budget = queue_size, budget
         self.observer = observer or Observer()
         self._waiting: collections.deque[tuple[Request, Generation]] = collections.deque()
         self._running: list[_Running] = []
@@ -192,7 +192,7 @@ class Scheduler:
             Ask(plan, run.request.params.branches, run.request.pin_branches, run.waited, run.sequence)
             for run, plan in planned
         ]
-        grants = grant(asks, self.budget_tokens, self.executor.executors)
+        grants = grant(asks, self.budget.limit(len(asks)), self.executor.executors)
         chosen, parts = [], []
         for (run, _), granted in zip(planned, grants, strict=True):
             if granted is None:

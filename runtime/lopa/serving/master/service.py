@@ -25,7 +25,7 @@ from lopa.model.loader import resolve_special_ids
 from lopa.model.tokenizer import chat_prompt_ids, load_tokenizer
 from lopa.params import DecodingParams, InvalidParameter
 from lopa.proto import lopa_pb2, lopa_pb2_grpc
-from lopa.scheduling.budget import default_budget
+from lopa.scheduling.budget import Budget, default_budget
 from lopa.scheduling.request import Completion, QueueFull, RequestAborted
 from lopa.scheduling.scheduler import Scheduler
 from lopa.serving.master.distributed import DistributedExecutor, StepTiming
@@ -65,7 +65,10 @@ class LopaService(lopa_pb2_grpc.LopaServicer):
             group, config.workers.step_timeout_s, self._observe_step, limits.max_batch
         )
         decoder = Decoder(self.executor, self.special.mask, self.special.eos, self.max_length)
-        self.budget = limits.max_step_tokens or default_budget(config.model.device, config.workers.count)
+        self.budget = (
+            Budget(limits.max_step_tokens) if limits.max_step_tokens
+            else default_budget(config.model.device, config.workers.count)
+        )
         scheduler = Scheduler(
             decoder, self.executor, self.decode, limits.queue_size, self.budget, MasterObserver(metrics)
         )
@@ -324,8 +327,8 @@ async def serve_master(
              group.size, ", ".join(config.workers.addresses))
     limits = config.limits
     source = "limits.max_step_tokens" if limits.max_step_tokens else f"the {config.model.device} default"
-    log.info("batching: %d requests at once (limits.max_batch), branch budget %d tokens per forward per "
-             "worker (%s)", limits.max_batch, service.budget, source)
+    log.info("batching: %d requests at once (limits.max_batch), branch budget %s (%s)", limits.max_batch,
+             service.budget.describe(), source)
     if started is not None:
         started.set()
     try:
