@@ -51,7 +51,8 @@ class LocalEngine:
         self.decoder = Decoder(
             self.executor, mask_id=loaded.special.mask, eos_ids=loaded.special.eos, max_length=self.max_length
         )
-        budget = Budget(max_step_tokens) if max_step_tokens is not None else default_budget(str(device))
+        # 0 or None: the device's default, as limits.max_step_tokens = 0 is for a served group
+        budget = Budget(max_step_tokens) if max_step_tokens else default_budget(str(device))
         self.scheduler = Scheduler(
             self.decoder, self.executor, self.decode, DEFAULT_QUEUE_SIZE, budget, observer
         )
