@@ -5,17 +5,20 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import time
+import urllib.request
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
 import torch
+from prometheus_client.parser import text_string_to_metric_families
 from safetensors.torch import save_file
 
 from lopa.decoding.decoder import Decoder
 from lopa.model.loader import load_model
-from lopa.serving.launcher import free_ports
+from lopa.serving.launcher import LocalCluster, free_ports
 from lopa.serving.master.distributed import DistributedExecutor
 from lopa.serving.master.links import WorkerGroup
 from lopa.serving.shared.config import dump_config, load_config, parse_config
@@ -124,3 +127,20 @@ def tmp_logs(tmp_path: Path) -> Iterator[Path]:
         text = log.read_text(errors="replace")
         if "Traceback" in text:
             print(f"--- {log.name} ---\n{text[-3000:]}")
+
+
+def metric_samples(cluster: LocalCluster) -> dict[str, float]:
+    port = cluster.config.master.metrics_port
+    text = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5).read().decode()
+    return {s.name: s.value for f in text_string_to_metric_families(text) for s in f.samples}
+
+
+def wait_for_gauges(cluster: LocalCluster, running: int, queued: int = 0) -> None:
+    """Until the master's own gauges show this many requests decoding and waiting. A fault injected
+    after a fixed sleep instead found every request already answered on a fast machine (CI)."""
+    deadline = time.monotonic() + 30
+    while (samples := metric_samples(cluster))["lopa_requests_running"] < running or (
+        samples["lopa_queue_depth"] < queued
+    ):
+        assert time.monotonic() < deadline, f"never saw {running} running, {queued} queued: {samples}"
+        time.sleep(0.01)

@@ -18,9 +18,11 @@ from lopa.bundled import tasks
 from lopa.bundled.defaults import model_defaults
 from lopa.engine import LocalEngine, bundled_model_dir
 from lopa.serving.client import LopaClient
-from lopa.serving.launcher import LocalCluster, loopback_config
+from lopa.serving.launcher import LocalCluster, free_ports, loopback_config
 from lopa.serving.shared.config import parse_config, with_model_defaults
 from lopa.serving.worker.service import QUIET_S, Drain
+
+from .conftest import wait_for_gauges
 
 PROMPTS = [e.prompt for e in tasks.held_out(10)]
 
@@ -29,7 +31,7 @@ def test_sigterm_drains_every_request_in_flight_then_exits(tmp_path: Path) -> No
     raw = {"model": {"path": str(bundled_model_dir())},
            "limits": {"max_batch": 4, "queue_size": 16, "request_timeout_s": 60,
                       "max_step_tokens": 100_000},  # every branch granted: outputs as alone
-           "master": {"metrics_port": 0}}
+           "master": {"metrics_port": free_ports(1)[0]}}
     config = loopback_config(with_model_defaults(parse_config(raw), bundled_model_dir()), workers=2)
     engine = LocalEngine.from_dirs(bundled_model_dir(), max_batch=1)
     params = model_defaults(bundled_model_dir()).with_overrides(branches=3)
@@ -39,7 +41,7 @@ def test_sigterm_drains_every_request_in_flight_then_exits(tmp_path: Path) -> No
     try:
         with LopaClient(cluster.address) as client, ThreadPoolExecutor(10) as pool:
             futures = [pool.submit(client.generate, p, 120, branches=3) for p in PROMPTS]
-            time.sleep(0.3)  # 4 decoding, 6 queued
+            wait_for_gauges(cluster, running=4, queued=4)  # a batch decoding, more waiting
             signalled = time.monotonic()
             for process in [cluster.master, *cluster.workers]:
                 process.send_signal(signal.SIGTERM)

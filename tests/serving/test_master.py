@@ -6,14 +6,12 @@ import dataclasses
 import signal
 import threading
 import time
-import urllib.request
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor, wait
 from pathlib import Path
 
 import grpc
 import pytest
-from prometheus_client.parser import text_string_to_metric_families
 
 from lopa.decoding.decoder import Decoder
 from lopa.execution.local import LocalExecutor
@@ -22,6 +20,8 @@ from lopa.params import DecodingParams
 from lopa.serving.client import LopaClient
 from lopa.serving.launcher import LocalCluster, free_ports, loopback_config
 from lopa.serving.shared.config import MasterConfig, parse_config
+
+from .conftest import metric_samples, wait_for_gauges
 
 PROMPT = [5, 17, 23, 42, 8, 9, 30]
 
@@ -207,12 +207,6 @@ def test_deadline_aborts_and_the_next_request_is_clean(client: LopaClient, local
     assert list(reply.token_ids) == local_ids(local, PROMPT, branches=1)
 
 
-def metric_samples(cluster: LocalCluster) -> dict[str, float]:
-    port = cluster.config.master.metrics_port
-    text = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5).read().decode()
-    return {s.name: s.value for f in text_string_to_metric_families(text) for s in f.samples}
-
-
 def test_killed_worker_fails_requests_then_the_restarted_group_serves(
     cluster: LocalCluster, client: LopaClient, local: Decoder
 ) -> None:
@@ -229,22 +223,13 @@ def test_killed_worker_fails_requests_then_the_restarted_group_serves(
             details.append(error.details())
             return error.code(), time.monotonic()
 
-    def wait_for(running: int, queued: int) -> None:
-        deadline = time.monotonic() + 30
-        while (samples := metric_samples(cluster))["lopa_requests_running"] < running or (
-            samples["lopa_queue_depth"] < queued
-        ):
-            assert time.monotonic() < deadline, f"never saw {running} running, {queued} queued: {samples}"
-            time.sleep(0.02)
-
     with ThreadPoolExecutor(sent) as pool:
-        # The kill comes once the master's own gauges show a full batch and a deep queue: after a
-        # fixed 1 s sleep a fast machine had finished enough requests to admit every queued one (CI).
-        # Sent in two waves so the queue (16) never overflows before the first 8 are admitted.
+        # The kill comes once a full batch decodes and 8+ wait (after a fixed 1 s sleep the CI box
+        # had admitted every queued request). Two waves: the queue (16) never overflows.
         futures = [pool.submit(call, i) for i in range(8)]
-        wait_for(running=8, queued=0)
+        wait_for_gauges(cluster, running=8)
         futures += [pool.submit(call, i) for i in range(8, sent)]
-        wait_for(running=8, queued=8)
+        wait_for_gauges(cluster, running=8, queued=8)
         killed_at = time.monotonic()
         cluster.workers[1].send_signal(signal.SIGKILL)
         done, queued = wait(futures, timeout=10.0)
@@ -323,12 +308,13 @@ def test_a_worker_that_never_joins_keeps_the_master_not_serving(
 def test_a_hung_worker_fails_the_step_within_the_step_timeout(checkpoint: Path, tmp_path: Path) -> None:
     raw = base_config(checkpoint)
     raw["workers"]["step_timeout_s"] = 3
+    raw["master"]["metrics_port"] = free_ports(1)[0]
     cluster = LocalCluster(loopback_config(parse_config(raw), workers=2), tmp_path, log_dir=tmp_path)
     cluster.start(timeout=120)
     try:
         with LopaClient(cluster.address) as c, ThreadPoolExecutor(4) as pool:
             futures = [pool.submit(c.generate, PROMPT, timeout=60, max_new_tokens=128) for _ in range(4)]
-            time.sleep(0.5)
+            wait_for_gauges(cluster, running=4)
             stopped_at = time.monotonic()
             cluster.workers[1].send_signal(signal.SIGSTOP)  # alive but silent: only the timeout sees it
             codes = []
