@@ -129,8 +129,8 @@ def tmp_logs(tmp_path: Path) -> Iterator[Path]:
             print(f"--- {log.name} ---\n{text[-3000:]}")
 
 
-def metric_samples(cluster: LocalCluster) -> dict[str, float]:
-    port = cluster.config.master.metrics_port
+def metric_samples(port: int) -> dict[str, float]:
+    """The master's /metrics on this port, sample name -> value (unlabelled samples)."""
     text = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5).read().decode()
     return {s.name: s.value for f in text_string_to_metric_families(text) for s in f.samples}
 
@@ -138,8 +138,8 @@ def metric_samples(cluster: LocalCluster) -> dict[str, float]:
 def wait_for_gauges(cluster: LocalCluster, running: int, queued: int = 0) -> None:
     """Until the master's own gauges show this many requests decoding and waiting. A fault injected
     after a fixed sleep instead found every request already answered on a fast machine (CI)."""
-    deadline = time.monotonic() + 30
-    while (samples := metric_samples(cluster))["lopa_requests_running"] < running or (
+    port, deadline = cluster.config.master.metrics_port, time.monotonic() + 30
+    while (samples := metric_samples(port))["lopa_requests_running"] < running or (
         samples["lopa_queue_depth"] < queued
     ):
         assert time.monotonic() < deadline, f"never saw {running} running, {queued} queued: {samples}"

@@ -9,14 +9,12 @@ pinned branches and the branches granted per step travel over gRPC.
 from __future__ import annotations
 
 import threading
-import urllib.request
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import grpc
 import pytest
-from prometheus_client.parser import text_string_to_metric_families
 
 from lopa.engine import LocalEngine, bundled_model_dir
 from lopa.scheduling.request import Completion
@@ -24,6 +22,8 @@ from lopa.serving.client import LopaClient
 from lopa.serving.launcher import LocalCluster, free_ports, loopback_config
 from lopa.serving.shared.config import parse_config, with_model_defaults
 from lopa.synthetic.mixed import MixedRequest, mixed_requests
+
+from .conftest import metric_samples
 
 REQUESTS = mixed_requests(16)
 
@@ -75,9 +75,7 @@ def test_sixteen_concurrent_requests_equal_each_alone(served: tuple, alone: list
     assert not changed, f"{workers} workers: requests {changed} changed in a batch"
     assert {r.finish_reason for r in replies} >= {"stop", "eos"}
     # The gateway's view: rounds really were batched, every slot is free again.
-    url = f"http://127.0.0.1:{metrics_port}/metrics"
-    text = urllib.request.urlopen(url, timeout=5).read().decode()
-    samples = {s.name: s.value for f in text_string_to_metric_families(text) for s in f.samples}
+    samples = metric_samples(metrics_port)
     assert samples["lopa_batch_size_sum"] / samples["lopa_batch_size_count"] > 2
     assert samples["lopa_requests_running"] == samples["lopa_kv_slot_usage"] == 0
     assert samples["lopa_queue_depth"] == 0 and samples["lopa_branches_granted_count"] > 0

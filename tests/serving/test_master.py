@@ -256,7 +256,7 @@ def test_killed_worker_fails_requests_then_the_restarted_group_serves(
     reply = client.generate(PROMPT, timeout=60, branches=3)
     assert list(reply.token_ids) == local_ids(local, PROMPT, branches=3)
     # Issue 10, finding 9: the loss, the new group and request latencies are in the metrics.
-    samples = metric_samples(cluster)
+    samples = metric_samples(cluster.config.master.metrics_port)
     assert samples["lopa_group_losses_total"] >= 1 and samples["lopa_group_attaches_total"] >= 2
     assert samples["lopa_request_seconds_count"] >= sent and samples["lopa_queue_seconds_count"] >= sent
 
