@@ -3,7 +3,7 @@
 import torch
 
 from lopa.model import build_window_mask
-from lopa.model.mask import additive, window_mask
+from lopa.model.mask import additive, additive_window_mask, window_mask
 from lopa.params import AttentionMode
 
 
@@ -102,3 +102,30 @@ def test_additive_mask_is_zero_or_minus_infinity() -> None:
     assert bias.dtype == torch.bfloat16
     assert torch.equal(bias == 0, mask)
     assert torch.isinf(bias[~mask]).all()
+
+
+def test_memoized_additive_mask_equals_the_built_one() -> None:
+    # Same shapes again with a longer cache (a memo hit), ragged rows, both modes, and a window too
+    # large to memoize: always exactly additive(build_window_mask(...)).
+    cases = [
+        ([3, 2], _ids([0, 1, 1], [1, 2, 0])),
+        ([4, 4, 1], _ids([1, 1, 2, 2], [1, 1, 2, 2], [1, 9, 9, 9])),
+        ([40] * 16, torch.arange(640).view(16, 40) // 8),
+    ]
+    for lengths, ids in cases:
+        for mode in AttentionMode:
+            for cache_length in (0, 5, 9):
+                expected = additive(build_window_mask(lengths, ids, cache_length, mode), torch.float32)
+                got = additive_window_mask(lengths, ids, cache_length, mode, torch.float32)
+                assert torch.equal(got, expected), (lengths, mode, cache_length)
+                got.fill_(7.0)  # the caller's copy: the memo is not touched
+
+
+def test_memoized_mask_tells_block_ids_apart_in_block_causal_mode() -> None:
+    first = additive_window_mask([3], _ids([1, 1, 2]), 0, "block_causal", torch.float32)
+    second = additive_window_mask([3], _ids([1, 2, 2]), 0, "block_causal", torch.float32)
+    assert not torch.equal(first, second)
+    assert torch.equal(
+        additive_window_mask([3], _ids([1, 1, 2]), 0, "full", torch.float32),
+        additive_window_mask([3], _ids([1, 2, 2]), 0, "full", torch.float32),
+    )

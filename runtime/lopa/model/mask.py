@@ -14,6 +14,7 @@ the W cache positions followed by the R * L window tokens:
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Sequence
 
 import torch
@@ -71,3 +72,50 @@ def additive(mask: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     """The bool mask as 0 / -inf in dtype: converted once per forward rather than by every layer's
     attention call."""
     return torch.zeros(mask.shape, dtype=dtype, device=mask.device).masked_fill_(~mask, float("-inf"))
+
+
+_MEMO_TOKENS = 512  # windows up to this many tokens keep their mask (<= 1 MiB each in fp32)
+
+
+def additive_window_mask(
+    lengths: Sequence[int],
+    block_ids: torch.Tensor,
+    cache_length: int,
+    mode: AttentionMode | str,
+    dtype: torch.dtype,
+    device: torch.device | str = "cpu",
+) -> torch.Tensor:
+    """additive(build_window_mask(...)) on `device` (block_ids on the host), the window part
+    memoized: a request's rounds repeat a few window shapes while its cache grows, and a batched
+    round builds one mask per request, so rebuilding it (~20 small ops) was a visible share of an
+    eager CPU forward. Same values."""
+    mode, device = AttentionMode(mode), torch.device(device)
+    rows, width = block_ids.shape
+    if len(lengths) != rows:
+        raise ValueError(f"{len(lengths)} lengths for {rows} rows")
+    tokens = rows * width
+    if tokens > _MEMO_TOKENS:
+        return additive(build_window_mask(lengths, block_ids.to(device), cache_length, mode), dtype)
+    # Full attention ignores the block ids: the rows, width and lengths decide the mask.
+    ids = tuple(block_ids.flatten().tolist()) if mode is AttentionMode.BLOCK_CAUSAL else None
+    window = _window_part(rows, width, tuple(lengths), ids, dtype, device)
+    mask = torch.empty((1, 1, tokens, cache_length + tokens), dtype=dtype, device=device)
+    mask[..., :cache_length] = 0
+    mask[..., cache_length:] = window
+    return mask
+
+
+@functools.lru_cache(maxsize=128)
+def _window_part(
+    rows: int,
+    width: int,
+    lengths: tuple[int, ...],
+    ids: tuple[int, ...] | None,
+    dtype: torch.dtype,
+    device: torch.device,
+) -> torch.Tensor:
+    if ids is None:
+        block_ids, mode = torch.zeros(rows, width, dtype=torch.long), AttentionMode.FULL
+    else:
+        block_ids, mode = torch.tensor(ids).view(rows, width), AttentionMode.BLOCK_CAUSAL
+    return additive(build_window_mask(lengths, block_ids.to(device), 0, mode), dtype)[0, 0]

@@ -22,7 +22,7 @@ import torch
 from lopa.execution.protocol import WindowBatch
 from lopa.model.dream import DreamModel, Segment
 from lopa.model.kv_cache import KVCache
-from lopa.model.mask import additive, build_window_mask
+from lopa.model.mask import additive_window_mask
 from lopa.params import AttentionMode
 
 log = logging.getLogger("lopa.model")
@@ -125,10 +125,10 @@ class DreamWindowModel:
                 raise ValueError("forward_many: every batch must name its outputs")
             kv = self._cache(batch.sequence)
             rows, width = batch.rows, batch.width
-            mask = build_window_mask(batch.lengths, batch.block_ids.to(device), kv.length, batch.mode)
+            mask = additive_window_mask(batch.lengths, batch.block_ids, kv.length, batch.mode, dtype, device)
             kv.begin_stage(rows, batch.n_stage, batch.first_slot)
             end = offset + rows * width
-            segments.append(Segment(offset, end, additive(mask, dtype), kv, kv.stage))
+            segments.append(Segment(offset, end, mask, kv, kv.stage))
             tokens.append(batch.tokens.reshape(-1))
             positions.append(batch.start + torch.arange(width).repeat(rows))
             outputs.append(torch.tensor(batch.outputs, dtype=torch.long) + offset)
@@ -154,8 +154,8 @@ class DreamWindowModel:
         device = self.device
         kv = self._cache(batch.sequence)
         rows, width = batch.rows, batch.width
-        block_ids = batch.block_ids.to(device)
-        mask = build_window_mask(batch.lengths, block_ids, kv.length, batch.mode)
+        dtype = self.model.dtype
+        mask = additive_window_mask(batch.lengths, batch.block_ids, kv.length, batch.mode, dtype, device)
         positions = batch.start + torch.arange(width, device=device).repeat(rows)
         outputs = None
         if batch.outputs is not None:
@@ -164,7 +164,7 @@ class DreamWindowModel:
         logits = self.model(
             batch.tokens.to(device).reshape(1, rows * width),
             positions,
-            additive(mask, self.model.dtype),
+            mask,
             past=kv,
             on_kv=kv.stage,
             output_index=outputs,
