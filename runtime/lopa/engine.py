@@ -11,6 +11,7 @@ from pathlib import Path
 
 from lopa.decoding.decoder import Decoder, StepEvent
 from lopa.execution.local import LocalExecutor
+from lopa.execution.openmp import release_thread_pool
 from lopa.model.loader import LoadedModel, load_model
 from lopa.model.tokenizer import chat_prompt_ids
 from lopa.params import DecodingParams, InvalidParameter, check_length
@@ -56,6 +57,9 @@ class LocalEngine:
         self.scheduler = Scheduler(
             self.decoder, self.executor, self.decode, DEFAULT_QUEUE_SIZE, budget, observer
         )
+        # Forwards run on the scheduler thread: this thread's OpenMP pool (from loading the model)
+        # would otherwise slow every op there (lopa.execution.openmp).
+        release_thread_pool()
 
     @classmethod
     def from_dirs(

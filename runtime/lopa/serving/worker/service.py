@@ -20,6 +20,7 @@ import torch
 
 from lopa.decoding.executor import BranchWindow
 from lopa.execution.local import VerifyPart
+from lopa.execution.openmp import release_thread_pool
 from lopa.execution.shard import CommitOrder, ShardExecutor
 from lopa.model.loader import load_model
 from lopa.params import DecodingParams
@@ -129,6 +130,7 @@ class WorkerService(worker_pb2_grpc.WorkerServicer):
                 yield reply
         finally:
             self._attached.release()
+            release_thread_pool()  # the next stream may come on another gRPC thread (lopa.execution.openmp)
 
     def step(self, request: worker_pb2.StepRequest) -> worker_pb2.StepReply:
         """One round: Begins (local), the piggybacked commits (the collectives), this rank's rows of
@@ -216,6 +218,7 @@ def serve_worker(config: ServingConfig, rank: int, stop: threading.Event | None 
     element_size = loaded.model.lm_head.weight.element_size()
     check_kv_fits(config, loaded.config, max_length, loaded.model.device, element_size)
     window_model = loaded.window_model(max_length, max_batch=config.limits.max_batch)
+    release_thread_pool()  # steps run on a gRPC thread, not this one (lopa.execution.openmp)
     reserved = window_model.reserved_bytes()
     metrics = WorkerMetrics.start(workers.metrics_port, rank)
     exit_code: list[int] = []
