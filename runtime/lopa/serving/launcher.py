@@ -38,6 +38,13 @@ def free_ports(n: int, host: str = "127.0.0.1") -> list[int]:
             s.close()
 
 
+def worker_threads(workers: int) -> int:
+    """torch threads per local worker: the usable cores split among the workers (the master runs no
+    forwards). A worker with more threads than its share slows every other one down."""
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+    return max(1, cores // max(1, workers))
+
+
 def loopback_config(base: ServingConfig, workers: int, listen: str | None = None) -> ServingConfig:
     """base with a master and `workers` workers on free loopback ports (gloo on CPU)."""
     ports = free_ports(workers + 2)
@@ -80,7 +87,7 @@ class LocalCluster:
     def address(self) -> str:
         return self.config.master.listen
 
-    def _spawn(self, role: str, *extra: str) -> subprocess.Popen:
+    def _spawn(self, role: str, *extra: str, threads: int = 1) -> subprocess.Popen:
         out: IO[bytes] | None = None
         if self.log_dir is not None:
             name = role if not extra else f"{role}-{extra[-1]}"
@@ -89,7 +96,7 @@ class LocalCluster:
         if self.lifeline is None:
             self.lifeline = Lifeline(str(self.work_dir) if self.own_work_dir else None)
         env = self.lifeline.child_env(dict(os.environ))
-        env.setdefault("OMP_NUM_THREADS", "1")  # N processes share the CPU cores
+        env.setdefault("OMP_NUM_THREADS", str(threads))  # the processes share the CPU cores
         command = [sys.executable, "-m", "lopa", role, "--config", str(self.config_path), *extra]
         return subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT if out else None, env=env,
                                 pass_fds=(self.lifeline.read_fd,),
@@ -112,7 +119,9 @@ class LocalCluster:
         return f"; {path} ends: {lines[-1].strip()}" if lines else f"; {path} is empty"
 
     def start_workers(self) -> None:
-        self.workers = [self._spawn("worker", "--rank", str(r)) for r in range(self.config.workers.count)]
+        count = self.config.workers.count
+        threads = worker_threads(count)
+        self.workers = [self._spawn("worker", "--rank", str(r), threads=threads) for r in range(count)]
 
     def stop_workers(self, timeout: float = 10.0) -> None:
         _terminate(self.workers, timeout)
