@@ -12,6 +12,9 @@ from lopa.model.errors import CheckpointError
 from lopa.params import InvalidParameter
 from lopa.serving.shared.config import ConfigError
 
+# Commands that run a model in this process (`lopa worker` fits its threads once its logging is set).
+IN_PROCESS_MODEL_COMMANDS = ("generate", "bench", "train")
+
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="lopa", description="LoPA decoding for D2F diffusion LMs")
@@ -29,6 +32,10 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
+    if args.command in IN_PROCESS_MODEL_COMMANDS:
+        from lopa.execution.cpu_budget import fit_torch_threads
+
+        fit_torch_threads()  # a container's CPU limit, which torch does not see
     try:
         return int(args.handler(args) or 0)
     except InvalidParameter as error:

@@ -19,6 +19,7 @@ import time
 from pathlib import Path
 from typing import IO
 
+from lopa.execution.cpu_budget import usable_cpus
 from lopa.serving.client import LopaClient
 from lopa.serving.shared.config import ServingConfig, WorkersConfig, dump_config
 from lopa.serving.shared.parent_watch import Lifeline
@@ -39,10 +40,10 @@ def free_ports(n: int, host: str = "127.0.0.1") -> list[int]:
 
 
 def worker_threads(workers: int) -> int:
-    """torch threads per local worker: the usable cores split among the workers (the master runs no
-    forwards). A worker with more threads than its share slows every other one down."""
-    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
-    return max(1, cores // max(1, workers))
+    """torch threads per local worker: the usable cores (a container's CPU limit included) split
+    among the workers (the master runs no forwards). A worker with more threads than its share
+    slows every other one down."""
+    return max(1, usable_cpus() // max(1, workers))
 
 
 def loopback_config(base: ServingConfig, workers: int, listen: str | None = None) -> ServingConfig:
