@@ -110,6 +110,8 @@ class LocalEngine:
         request = Request(ids, params, tuple(stop), pin_branches, on_step=on_step, on_done=waiter)
         self.scheduler.submit(request)
         self.scheduler.start()
+        # This thread only waits now: a pool from any torch op it ran would slow the scheduler's.
+        release_thread_pool()
         return waiter.wait()
 
     def close(self) -> None:

@@ -1,4 +1,5 @@
-"""release_thread_pool really ends the calling thread's OpenMP workers, and torch works after it."""
+"""release_thread_pool really ends the calling thread's OpenMP workers, torch works after it, and the
+local engine releases the pools of the threads that load it and that wait on it."""
 
 from __future__ import annotations
 
@@ -9,6 +10,9 @@ import time
 import pytest
 import torch
 
+from lopa.bundled.defaults import model_defaults
+from lopa.bundled.tasks import held_out
+from lopa.engine import bundled_model_dir
 from lopa.execution.openmp import release_thread_pool
 
 pytestmark = pytest.mark.skipif(
@@ -65,4 +69,16 @@ def test_release_on_another_thread_leaves_this_threads_pool(two_threads) -> None
     assert done == [True]
     with_pool = os_threads()
     assert release_thread_pool()  # this thread's pool was still there to release
+    assert settle(with_pool) < with_pool
+
+
+def test_generate_releases_the_calling_threads_pool(bundled_engine, two_threads) -> None:
+    """A caller that ran a torch op waits in generate without a pool of its own: a second pool would
+    slow every op of the scheduler thread (lopa.engine)."""
+    params = model_defaults(bundled_model_dir()).with_overrides(max_new_tokens=8)
+    prompt = held_out(1)[0].prompt
+    bundled_engine.generate(prompt, params)  # the scheduler thread's pool exists from here on
+    parallel_op()
+    with_pool = os_threads()
+    assert bundled_engine.generate(prompt, params).result.tokens > 0
     assert settle(with_pool) < with_pool

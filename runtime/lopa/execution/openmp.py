@@ -11,7 +11,9 @@ loader's pool was released.
 
 `release_thread_pool()` frees the calling thread's pool (OpenMP 5's omp_pause_resource_all, soft:
 the threads exit; the next parallel region of that thread starts a new pool, so it is always safe).
-Call it on the loading thread once the model is built, and on a serving thread when it stops
+Call it on the loading thread once the model is built, on a thread that hands work to the forwards'
+thread and waits (LocalEngine.generate: a caller that ran a torch op of its own made a pool; measured
+1030 -> 1690 tok/s for a lone request after releasing it), and on a serving thread when it stops
 serving. A no-op where torch does not run on OpenMP.
 """
 
