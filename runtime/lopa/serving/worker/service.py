@@ -218,7 +218,6 @@ def serve_worker(config: ServingConfig, rank: int, stop: threading.Event | None 
     element_size = loaded.model.lm_head.weight.element_size()
     check_kv_fits(config, loaded.config, max_length, loaded.model.device, element_size)
     window_model = loaded.window_model(max_length, max_batch=config.limits.max_batch)
-    release_thread_pool()  # steps run on a gRPC thread, not this one (lopa.execution.openmp)
     reserved = window_model.reserved_bytes()
     metrics = WorkerMetrics.start(workers.metrics_port, rank)
     exit_code: list[int] = []
@@ -254,6 +253,7 @@ def serve_worker(config: ServingConfig, rank: int, stop: threading.Event | None 
         if metrics is not None:
             metrics.joined.set(1)
         log.info("rank %d ready (group %s, %d workers)", rank, group.group_id, workers.count)
+        release_thread_pool()  # steps run on a gRPC thread, not this one (lopa.execution.openmp)
         drain = Drain()
         if threading.current_thread() is threading.main_thread():
             # Joined: SIGTERM now drains (until here it stops at once: a join cannot be interrupted).
