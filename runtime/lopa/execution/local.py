@@ -171,7 +171,9 @@ class LocalExecutor:
         groups: dict[tuple, list[int]] = {}
         for index, (part, plan) in enumerate(zip(parts, plans, strict=True)):
             state = self._states.get(part.sequence)
-            if state is None or not state.params.greedy or not plan.n_masked:
+            # One masked position is one row: torch may reduce a lone row across threads (other
+            # bits than the same row among several), so such a part keeps its own reduction.
+            if state is None or not state.params.greedy or plan.n_masked < 2 or self.device.type != "cpu":
                 continue
             p = state.params
             groups.setdefault((p.temperature, p.top_k, p.top_p, p.conf), []).append(index)
@@ -180,10 +182,9 @@ class LocalExecutor:
             try:
                 masked = [self._masked_logits(parts[i], plans[i], logits[i]) for i in members]
                 stats = position_stats(torch.cat(masked), self.state(parts[members[0]].sequence).params)
+                ids, probs, confs = torch.stack([s.double() for s in stats]).cpu().tolist()
             except Exception:
                 continue
-            host = torch.stack([s.double() for s in stats]).cpu()
-            ids, probs, confs = host.tolist()
             begin = 0
             for i, chunk in zip(members, masked, strict=True):
                 end = begin + chunk.shape[0]
@@ -301,8 +302,10 @@ class LocalExecutor:
         lengths = [len(w.tokens) for w in windows]
         width = max(lengths)
         # One tensor per field from padded lists (a tensor per row cost two small ops per row).
-        tokens = torch.tensor([[*w.tokens] + [self.pad_id] * (width - len(w.tokens)) for w in windows])
-        block_ids = torch.tensor([[*w.block_ids] + [0] * (width - len(w.block_ids)) for w in windows])
+        padded_tokens = [[*w.tokens] + [self.pad_id] * (width - len(w.tokens)) for w in windows]
+        padded_ids = [[*w.block_ids] + [0] * (width - len(w.block_ids)) for w in windows]
+        tokens = torch.tensor(padded_tokens, dtype=torch.long)
+        block_ids = torch.tensor(padded_ids, dtype=torch.long)
         state = self._states.get(sequence)
         mode = state.params.attention if state is not None else DecodingParams().attention
         return WindowBatch(
