@@ -168,12 +168,14 @@ class LocalExecutor:
         settings, reduced together with one host copy: per part that was ~10 small ops and a copy.
         Each position's statistics are row-wise (softmax, max over its own logits), so a part's
         values are those it gets alone. A part that fails here is left to _part_stats (its error)."""
+        if self.device.type != "cpu":
+            return {}  # an accelerator has no per-op cost worth this, and a group's temporaries grow
         groups: dict[tuple, list[int]] = {}
         for index, (part, plan) in enumerate(zip(parts, plans, strict=True)):
             state = self._states.get(part.sequence)
             # One masked position is one row: torch may reduce a lone row across threads (other
             # bits than the same row among several), so such a part keeps its own reduction.
-            if state is None or not state.params.greedy or plan.n_masked < 2 or self.device.type != "cpu":
+            if state is None or not state.params.greedy or plan.n_masked < 2:
                 continue
             p = state.params
             groups.setdefault((p.temperature, p.top_k, p.top_p, p.conf), []).append(index)
@@ -182,13 +184,13 @@ class LocalExecutor:
             try:
                 masked = [self._masked_logits(parts[i], plans[i], logits[i]) for i in members]
                 stats = position_stats(torch.cat(masked), self.state(parts[members[0]].sequence).params)
-                ids, probs, confs = torch.stack([s.double() for s in stats]).cpu().tolist()
+                ids, probs, confs = _to_host(*stats)
             except Exception:
                 continue
             begin = 0
             for i, chunk in zip(members, masked, strict=True):
                 end = begin + chunk.shape[0]
-                done[i] = ([int(t) for t in ids[begin:end]], probs[begin:end], confs[begin:end])
+                done[i] = (ids[begin:end], probs[begin:end], confs[begin:end])
                 begin = end
         return done
 
@@ -222,10 +224,7 @@ class LocalExecutor:
             tokens, probs, confs = position_stats(masked, state.params)
         else:
             tokens, probs, confs = self._sample(state, part, masked)
-        # One device-to-host copy per part: the statistics are all the decoder reads.
-        host = torch.stack((tokens.double(), probs.double(), confs.double())).cpu()
-        ids, p, c = host.tolist()
-        return self._split(part.windows, [int(t) for t in ids], p, c)
+        return self._split(part.windows, *_to_host(tokens, probs, confs))
 
     @staticmethod
     def _sample(
@@ -331,6 +330,14 @@ class LocalExecutor:
                 index += 1
             out.append(row)
         return out
+
+
+def _to_host(
+    tokens: torch.Tensor, probs: torch.Tensor, confs: torch.Tensor
+) -> tuple[list[int], list[float], list[float]]:
+    """The statistics the decoder reads, in one device-to-host copy."""
+    ids, p, c = torch.stack((tokens.double(), probs.double(), confs.double())).cpu().tolist()
+    return [int(t) for t in ids], p, c
 
 
 class RowByRowExecutor(LocalExecutor):

@@ -62,9 +62,7 @@ def tiled_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | Non
     return out.view(*x.shape[:-1], n)
 
 
-def granular_linear(
-    x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None, product: Product = F.linear
-) -> torch.Tensor:
+def granular_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
     """x [..., k] @ weight[n, k].T (+ bias) as plain products of GRANULE * j <= MAX_ROWS rows."""
     k, n = x.shape[-1], weight.shape[0]
     flat = x.reshape(-1, k)
@@ -74,9 +72,9 @@ def granular_linear(
         flat = F.pad(flat, (0, 0, 0, padded - rows))
     flat = flat.contiguous()
     if padded <= MAX_ROWS:
-        out = product(flat, weight, bias)
+        out = F.linear(flat, weight, bias)
     else:
-        out = torch.cat([product(chunk, weight, bias) for chunk in flat.split(MAX_ROWS)])
+        out = torch.cat([F.linear(chunk, weight, bias) for chunk in flat.split(MAX_ROWS)])
     return out[:rows].view(*x.shape[:-1], n)
 
 
