@@ -5,11 +5,16 @@ from __future__ import annotations
 
 import random
 
+import torch
+
 from lopa.decoding.executor import BranchWindow
 from lopa.engine import bundled_model_dir
 from lopa.execution.local import LocalExecutor, VerifyPart
+from lopa.model import DreamWindowModel
 from lopa.model.loader import load_model
 from lopa.params import ConfKind, DecodingParams
+from lopa.synthetic import tiny_config
+from lopa.synthetic.checkpoint import random_model
 
 PARAMS = [
     DecodingParams(),
@@ -46,3 +51,27 @@ def test_each_part_gets_the_statistics_it_gets_alone() -> None:
         assert [len(stats) for stats in outcome] == [len(w.masked) for w in part.windows]
     # Parts 0 and 2 share their settings and their windows' statistics differ: no mix-up.
     assert outcomes[0] != outcomes[2]
+
+
+def test_a_lone_masked_position_of_a_large_vocabulary_gets_its_own_bits() -> None:
+    """Torch reduces one row of >= 32768 logits across threads but a row among several within one
+    thread: a part's only masked position then gets another negative entropy beside other parts
+    than alone (about half the rows at 2 threads, vocabulary 40000). Such a part keeps its own
+    reduction: eight of them beside a part of several positions each get their bits alone."""
+    config = tiny_config(vocab_size=40_000, hidden_size=32, intermediate_size=64, num_hidden_layers=1)
+    model = random_model(config, torch.float32, "cpu", seed=3)
+    params = DecodingParams(conf=ConfKind.NEG_ENTROPY)
+    lone = [VerifyPart(s, 0, 0, [BranchWindow([5 + s, 6, 7, 8], [1] * 4, [2])]) for s in range(8)]
+    parts = [*lone, VerifyPart(8, 0, 0, _windows(11, 2))]
+    threads = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        together, alone = (LocalExecutor(DreamWindowModel(model, 64, max_batch=len(parts))) for _ in range(2))
+        for executor in (together, alone):
+            for part in parts:
+                executor.begin(params, 3, part.sequence)
+        outcomes = together.verify_many(parts)
+        for part, outcome in zip(parts, outcomes, strict=True):
+            assert outcome == alone.verify(part.start, part.n_stage, part.windows, part.sequence)
+    finally:
+        torch.set_num_threads(threads)

@@ -45,6 +45,40 @@ def test_the_probe_catches_a_product_that_changes_with_the_row_count() -> None:
     assert invariant.plain_is_invariant(128, 64, False, product=invariant.tiled_linear)
 
 
+def test_the_probe_takes_only_a_product_with_the_tiles_bits() -> None:
+    def wide(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+        # The same bits at every row count, but not the tiles' (accumulated in float64)
+        return F.linear(x.double(), weight.double(), None if bias is None else bias.double()).float()
+
+    assert not invariant.plain_is_invariant(128, 64, False, product=wide)
+
+
+@pytest.mark.parametrize(("k", "n", "bias"), SHAPES)
+def test_every_thread_count_gives_a_row_the_same_bits(k: int, n: int, bias: bool) -> None:
+    # A worker runs (usable cores / workers) threads: 1, 2 and 3 workers must decode alike.
+    x, weight, b = _data(k, n, bias, 200)
+    threads = torch.get_num_threads()
+    results = []
+    try:
+        with torch.no_grad():
+            for count in (1, 2, 3):
+                torch.set_num_threads(count)
+                results.append([invariant.linear(x[:rows], weight, b) for rows in (1, 37, 200)])
+    finally:
+        torch.set_num_threads(threads)
+    for other in results[1:]:
+        assert all(torch.equal(a, o) for a, o in zip(results[0], other, strict=True))
+
+
+def test_a_weight_in_another_layout_keeps_the_tiles(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(invariant, "_verdicts", {})
+    x, weight, b = _data(128, 256, True, 70)
+    transposed = weight.t().contiguous().t()  # the same values, column-major: not what was probed
+    with torch.no_grad():
+        assert torch.equal(invariant.linear(x, transposed, b), invariant.tiled_linear(x, weight, b))
+    assert invariant._verdicts == {}
+
+
 def test_a_weight_too_large_to_probe_keeps_the_tiles(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(invariant, "PROBE_FLOPS", 0)
     monkeypatch.setattr(invariant, "_verdicts", {})

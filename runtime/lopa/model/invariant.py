@@ -10,8 +10,9 @@ Two ways keep a row's bits its own, whatever the batch and wherever the row sits
 - The plain GEMM on a fixed set of shapes, checked on this machine: rows are padded to a multiple
   of GRANULE and a product never has more than MAX_ROWS (more are split), and before a weight
   shape's first product at a thread count, `plain_is_invariant` runs every one of those row counts
-  on random rows at shifting offsets and compares each row's bits with one larger product. When all
-  agree the plain GEMM is used (1.4-1.6x faster than tiles for the bundled model's shapes).
+  on random rows at shifting offsets and compares each row's bits with one larger product and with
+  the tiles'. When all agree the plain GEMM is used (1.4-1.6x faster than tiles for the bundled
+  model's shapes); its bits are then the tiles', whatever the thread count.
 - Otherwise, and for weights too large to probe cheaply: tiles. Rows are padded to tiles of TILE
   and multiplied tile by tile in one bmm, every row through the same [TILE, k] product shape.
 
@@ -82,13 +83,17 @@ def plain_is_invariant(
     k: int, n: int, bias: bool, dtype: torch.dtype = torch.float32, product: Product = F.linear
 ) -> bool:
     """Whether `product` gives every row the same bits at every row count granular_linear uses
-    (rows at offsets 0..GRANULE-1), compared with one product of MAX_ROWS + GRANULE rows."""
+    (rows at offsets 0..GRANULE-1), compared with one product of MAX_ROWS + GRANULE rows, and
+    whether those are the tiles' bits: each row through one [TILE, k] product has no thread count
+    to depend on, so the plain GEMM then gives every thread count (every worker count) one answer."""
     generator = torch.Generator().manual_seed(0)
     x = torch.randn(MAX_ROWS + GRANULE, k, generator=generator).to(dtype)
     weight = (torch.randn(n, k, generator=generator) / k**0.5).to(dtype)
     b = torch.randn(n, generator=generator).to(dtype) if bias else None
     with torch.no_grad():
         reference = product(x, weight, b)
+        if not torch.equal(reference, tiled_linear(x, weight, b)):
+            return False
         for rows in range(GRANULE, MAX_ROWS + 1, GRANULE):
             begin = rows // GRANULE % GRANULE
             rows_alone = product(x[begin : begin + rows], weight, b)
@@ -124,7 +129,8 @@ def plain_is_safe(k: int, n: int, bias: bool, dtype: torch.dtype) -> bool:
 def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
     if not wanted(x):
         return F.linear(x, weight, bias)
-    if plain_is_safe(x.shape[-1], weight.shape[0], bias is not None, x.dtype):
+    # The probe multiplies a contiguous weight: another layout may take another GEMM kernel.
+    if weight.is_contiguous() and plain_is_safe(x.shape[-1], weight.shape[0], bias is not None, x.dtype):
         return granular_linear(x, weight, bias)
     return tiled_linear(x, weight, bias)
 
