@@ -8,6 +8,7 @@ import threading
 import pytest
 
 from lopa.bench.concurrency import Answer, combine, percentile, sweep, with_ratios
+from lopa.bench.rows import markdown_table
 
 
 def test_percentile_interpolates_between_ranks() -> None:
@@ -21,6 +22,18 @@ def test_ratios_are_taken_against_the_first_level() -> None:
     rows.append({"tok_s": 250.0, "p50_s": 1.0, "p99_s": 1.5})
     with_ratios(rows)
     assert rows[0]["speedup"] == 1.0 and rows[1]["speedup"] == 2.5 and rows[1]["p99_x_lone"] == 3.0
+
+
+def test_the_slowdown_compares_each_request_with_itself_alone() -> None:
+    # Request 0 is short and request 1 long: under load both take twice their own lone latency,
+    # though the long one's latency is 8x the short one's alone.
+    rows = with_ratios([{"tok_s": 10.0, "p50_s": 0.1, "p99_s": 0.4, "_latencies": [0.05, 0.4]}])
+    rows.append({"tok_s": 20.0, "p50_s": 0.4, "p99_s": 0.8, "_latencies": [0.1, 0.8]})
+    with_ratios(rows)
+    assert rows[0]["p99_slowdown"] == 1.0 and rows[1]["p99_slowdown"] == 2.0
+    assert rows[1]["p99_x_lone"] == 8.0  # against the lone median: the spread counts too
+    assert all(not key.startswith("_") for key in combine([rows, rows])[1])
+    assert "_latencies" not in markdown_table(rows) and "p99_slowdown" in markdown_table(rows)
 
 
 def _row(level: int, tok_s: float, p99: float, speedup: float) -> dict:

@@ -4,7 +4,8 @@ Closed loop: `concurrency` clients each send their next request as soon as the l
 until every request of the level was sent. Per level: aggregate tokens/s (all tokens over the
 level's wall time), per-request tokens/s (tokens over that request's own latency, averaged), p50 and
 p99 latency (queueing included), TPF and the lookahead branches granted per round. Every row holds
-its ratios to the first level (one request at a time), measured in the same run.
+its ratios to the first level (one request at a time), measured in the same run: speedup,
+p99_x_lone and p99_slowdown (see with_ratios).
 
 Transport-free: a `Send` maps a request index to its Answer, so the local engine (`lopa bench
 concurrency`) and a served group (`lopa bench serving`) share the sweep and its table.
@@ -75,6 +76,7 @@ def run_level(send: Send, requests: int, concurrency: int) -> dict:
         "p99_s": round(percentile(latencies, 99), 3),
         "tpf": round(tokens / forwards, 3) if forwards else 0.0,
         "mean_branches": round(statistics.mean(a.mean_branches for a, _ in answers), 3),
+        "_latencies": latencies,  # by request index: for p99_slowdown (not shown, see lopa.bench.rows)
     }
 
 
@@ -99,7 +101,7 @@ def sweep(
 # Measured quantities a combined row takes the median of (and their rounding digits); the rest (the
 # level, counts) are the same in every pass.
 _MEDIAN_DIGITS = {"wall_s": 3, "tok_s": 1, "per_request_tok_s": 1, "p50_s": 3, "p99_s": 3, "tpf": 3,
-                  "mean_branches": 3, "speedup": 2, "p99_x_lone": 2}
+                  "mean_branches": 3, "speedup": 2, "p99_x_lone": 2, "p99_slowdown": 2}
 
 
 def combine(runs: Sequence[Sequence[dict]]) -> list[dict]:
@@ -112,7 +114,7 @@ def combine(runs: Sequence[Sequence[dict]]) -> list[dict]:
         raise ValueError("every pass must cover the same levels")
     combined = []
     for rows in zip(*runs, strict=True):
-        row = dict(rows[0])
+        row = {key: value for key, value in rows[0].items() if not key.startswith("_")}
         for key, digits in _MEDIAN_DIGITS.items():
             if key in row:
                 row[key] = round(statistics.median(r[key] for r in rows), digits)
@@ -124,11 +126,17 @@ def combine(runs: Sequence[Sequence[dict]]) -> list[dict]:
 
 
 def with_ratios(rows: list[dict]) -> list[dict]:
-    """Adds to the last row speedup (its tok_s over the first row's) and p99_x_lone (its p99 latency
-    over the first row's p50: a lone request's latency when the first level is 1)."""
+    """Adds to the last row speedup (its tok_s over the first row's), p99_x_lone (its p99 latency
+    over the first row's p50: a lone request's latency when the first level is 1) and, when both
+    rows hold their latencies by request, p99_slowdown: the p99 over the requests of each one's
+    latency over its own latency in the first row (how much slower load makes a request, without
+    the spread between short and long requests that p99_x_lone also counts)."""
     first, row = rows[0], rows[-1]
     row["speedup"] = round(row["tok_s"] / first["tok_s"], 2)
     row["p99_x_lone"] = round(row["p99_s"] / first["p50_s"], 2)
+    alone, loaded = first.get("_latencies"), row.get("_latencies")
+    if alone and loaded and len(alone) == len(loaded):
+        row["p99_slowdown"] = round(percentile([t / a for t, a in zip(loaded, alone, strict=True)], 99), 2)
     return rows
 
 

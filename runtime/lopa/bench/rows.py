@@ -7,12 +7,18 @@ from collections.abc import Sequence
 from pathlib import Path
 
 
+def public(row: dict) -> dict:
+    """The row without its working keys (named "_...": kept for ratios, not for the reader)."""
+    return {key: value for key, value in row.items() if not key.startswith("_")}
+
+
 def show_row(row: dict) -> None:
     """Progress: each row as soon as it is measured (a sweep can take minutes)."""
-    print(json.dumps(row), flush=True)
+    print(json.dumps(public(row)), flush=True)
 
 
 def markdown_table(rows: Sequence[dict]) -> str:
+    rows = [public(row) for row in rows]
     header = list(dict.fromkeys(key for row in rows for key in row))  # every key, first-seen order
     lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
     lines += ["| " + " | ".join(str(row.get(h, "")) for h in header) + " |" for row in rows]
@@ -23,4 +29,4 @@ def finish(rows: Sequence[dict], json_path: str | None) -> None:
     """Print the table; write the rows as JSON when asked."""
     print(markdown_table(rows))
     if json_path:
-        Path(json_path).write_text(json.dumps(list(rows), indent=2) + "\n")
+        Path(json_path).write_text(json.dumps([public(row) for row in rows], indent=2) + "\n")
