@@ -84,8 +84,9 @@ def plain_is_invariant(
 ) -> bool:
     """Whether `product` gives every row the same bits at every row count granular_linear uses
     (rows at offsets 0..GRANULE-1), compared with one product of MAX_ROWS + GRANULE rows, and
-    whether those are the tiles' bits: each row through one [TILE, k] product has no thread count
-    to depend on, so the plain GEMM then gives every thread count (every worker count) one answer."""
+    whether those are the tiles' bits: a tile is one [TILE, k] product whatever the thread count
+    (a bmm spreads tiles, not a tile, over threads), so the plain GEMM then gives every thread
+    count, hence every worker count, one answer (tested for 1-3 threads)."""
     generator = torch.Generator().manual_seed(0)
     x = torch.randn(MAX_ROWS + GRANULE, k, generator=generator).to(dtype)
     weight = (torch.randn(n, k, generator=generator) / k**0.5).to(dtype)
