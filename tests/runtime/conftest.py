@@ -1,9 +1,9 @@
 """Shared runtime fixtures: a small random checkpoint in the real on-disk format, the bundled model's
-engine, and one torch thread for the whole session."""
+engine, one torch thread for the whole session and a way to run a test on more."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -33,4 +33,14 @@ def one_torch_thread() -> Iterator[None]:
     previous = torch.get_num_threads()
     torch.set_num_threads(1)
     yield
+    torch.set_num_threads(previous)
+
+
+@pytest.fixture
+def thread_count() -> Iterator[Callable[[int], None]]:
+    """torch.set_num_threads for this test; the session's count comes back after it."""
+    import torch
+
+    previous = torch.get_num_threads()
+    yield torch.set_num_threads
     torch.set_num_threads(previous)

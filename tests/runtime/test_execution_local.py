@@ -53,7 +53,7 @@ def test_each_part_gets_the_statistics_it_gets_alone() -> None:
     assert outcomes[0] != outcomes[2]
 
 
-def test_a_lone_masked_position_of_a_large_vocabulary_gets_its_own_bits() -> None:
+def test_a_lone_masked_position_of_a_large_vocabulary_gets_its_own_bits(thread_count) -> None:
     """Torch reduces one row of >= 32768 logits across threads but a row among several within one
     thread: a part's only masked position then gets another negative entropy beside other parts
     than alone (about half the rows at 2 threads, vocabulary 40000). Such a part keeps its own
@@ -63,15 +63,11 @@ def test_a_lone_masked_position_of_a_large_vocabulary_gets_its_own_bits() -> Non
     params = DecodingParams(conf=ConfKind.NEG_ENTROPY)
     lone = [VerifyPart(s, 0, 0, [BranchWindow([5 + s, 6, 7, 8], [1] * 4, [2])]) for s in range(8)]
     parts = [*lone, VerifyPart(8, 0, 0, _windows(11, 2))]
-    threads = torch.get_num_threads()
-    torch.set_num_threads(2)
-    try:
-        together, alone = (LocalExecutor(DreamWindowModel(model, 64, max_batch=len(parts))) for _ in range(2))
-        for executor in (together, alone):
-            for part in parts:
-                executor.begin(params, 3, part.sequence)
-        outcomes = together.verify_many(parts)
-        for part, outcome in zip(parts, outcomes, strict=True):
-            assert outcome == alone.verify(part.start, part.n_stage, part.windows, part.sequence)
-    finally:
-        torch.set_num_threads(threads)
+    thread_count(2)
+    together, alone = (LocalExecutor(DreamWindowModel(model, 64, max_batch=len(parts))) for _ in range(2))
+    for executor in (together, alone):
+        for part in parts:
+            executor.begin(params, 3, part.sequence)
+    outcomes = together.verify_many(parts)
+    for part, outcome in zip(parts, outcomes, strict=True):
+        assert outcome == alone.verify(part.start, part.n_stage, part.windows, part.sequence)

@@ -54,18 +54,14 @@ def test_the_probe_takes_only_a_product_with_the_tiles_bits() -> None:
 
 
 @pytest.mark.parametrize(("k", "n", "bias"), SHAPES)
-def test_every_thread_count_gives_a_row_the_same_bits(k: int, n: int, bias: bool) -> None:
+def test_every_thread_count_gives_a_row_the_same_bits(k: int, n: int, bias: bool, thread_count) -> None:
     # A worker runs (usable cores / workers) threads: 1, 2 and 3 workers must decode alike.
     x, weight, b = _data(k, n, bias, 200)
-    threads = torch.get_num_threads()
     results = []
-    try:
-        with torch.no_grad():
-            for count in (1, 2, 3):
-                torch.set_num_threads(count)
-                results.append([invariant.linear(x[:rows], weight, b) for rows in (1, 37, 200)])
-    finally:
-        torch.set_num_threads(threads)
+    with torch.no_grad():
+        for count in (1, 2, 3):
+            thread_count(count)
+            results.append([invariant.linear(x[:rows], weight, b) for rows in (1, 37, 200)])
     for other in results[1:]:
         assert all(torch.equal(a, o) for a, o in zip(results[0], other, strict=True))
 
@@ -88,15 +84,12 @@ def test_a_weight_too_large_to_probe_keeps_the_tiles(monkeypatch: pytest.MonkeyP
     assert invariant._verdicts == {(128, 256, True, torch.float32, torch.get_num_threads()): False}
 
 
-def test_each_thread_count_gets_its_own_verdict(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_each_thread_count_gets_its_own_verdict(monkeypatch: pytest.MonkeyPatch, thread_count) -> None:
     monkeypatch.setattr(invariant, "_verdicts", {})
     threads = torch.get_num_threads()
-    try:
-        for count in {1, max(2, threads)}:
-            torch.set_num_threads(count)
-            invariant.plain_is_safe(128, 102, False, torch.float32)
-    finally:
-        torch.set_num_threads(threads)
+    for count in {1, max(2, threads)}:
+        thread_count(count)
+        invariant.plain_is_safe(128, 102, False, torch.float32)
     assert {key[-1] for key in invariant._verdicts} == {1, max(2, threads)}
 
 

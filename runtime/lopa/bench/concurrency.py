@@ -24,6 +24,7 @@ from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
+from lopa.bench.rows import public
 from lopa.params import InvalidParameter
 
 LEVELS = (1, 2, 4, 8, 16)
@@ -107,14 +108,15 @@ _MEDIAN_DIGITS = {"wall_s": 3, "tok_s": 1, "per_request_tok_s": 1, "p50_s": 3, "
 def combine(runs: Sequence[Sequence[dict]]) -> list[dict]:
     """The rows of several passes over the same levels -> one row per level: the median of each
     measured quantity over the passes (ratios: of the per-pass ratios), plus `passes` and the
-    range of the per-pass speedups. One pass comes back as it is."""
+    range of the per-pass speedups. One pass comes back as measured; either way
+    without the working keys (lopa.bench.rows.public)."""
     if len(runs) == 1:
-        return list(runs[0])
+        return [public(row) for row in runs[0]]
     if len({len(rows) for rows in runs}) != 1:
         raise ValueError("every pass must cover the same levels")
     combined = []
     for rows in zip(*runs, strict=True):
-        row = {key: value for key, value in rows[0].items() if not key.startswith("_")}
+        row = public(rows[0])
         for key, digits in _MEDIAN_DIGITS.items():
             if key in row:
                 row[key] = round(statistics.median(r[key] for r in rows), digits)

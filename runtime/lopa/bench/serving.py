@@ -20,7 +20,7 @@ from pathlib import Path
 from prometheus_client.parser import text_string_to_metric_families
 
 from lopa.bench.concurrency import Answer, combine, run_level, sweep_flags, with_ratios
-from lopa.bench.rows import finish, public, show_row
+from lopa.bench.rows import finish, show_row
 from lopa.serving.client import LopaClient
 from lopa.serving.launcher import LocalCluster, free_ports, loopback_config
 from lopa.serving.shared.config import MasterConfig, ServingConfig, parse_config, with_model_defaults
@@ -180,8 +180,7 @@ def run(args: argparse.Namespace) -> int:
     print("concurrency sweep:")
     finish(sweeps, None)
     if args.json:
-        report = {"step_split": splits, "concurrency": [public(row) for row in sweeps]}
-        Path(args.json).write_text(json.dumps(report, indent=2) + "\n")
+        Path(args.json).write_text(json.dumps({"step_split": splits, "concurrency": sweeps}, indent=2) + "\n")
     return 0
 
 
