@@ -69,7 +69,7 @@ def test_sweep_interleaves_its_passes_and_keeps_each_level_in_flight() -> None:
         threading.Event().wait(0.01)
         with lock:
             in_flight[0] -= 1
-        return Answer(tokens=10, forwards=2, mean_branches=1.0)
+        return Answer(tokens=10, forwards=2, mean_branches=1.0, verified_tokens=40)
 
     def show(row: dict) -> None:
         order.append((row["pass"], row["concurrency"]))
@@ -78,4 +78,7 @@ def test_sweep_interleaves_its_passes_and_keeps_each_level_in_flight() -> None:
     assert order == [(1, 1), (1, 4), (2, 1), (2, 4)]  # interleaved: 1, 4, 1, 4
     assert peaks[0] == peaks[2] == 1 and 2 <= peaks[1] <= 4 and 2 <= peaks[3] <= 4  # closed loop
     assert [r["concurrency"] for r in rows] == [1, 4] and all(r["passes"] == 2 for r in rows)
-    assert all(r["tokens"] == 80 and r["tpf"] == 5.0 for r in rows)
+    assert all(r["tokens"] == 80 and r["tpf"] == 5.0 and r["work_per_token"] == 4.0 for r in rows)
+    # 320 verified tokens per level: the wall time per verified token (a median over passes, so it
+    # is checked per level against the median wall time within rounding, not recomputed exactly)
+    assert all(r["us_per_verified"] == pytest.approx(r["wall_s"] * 1e6 / 320, rel=0.05) for r in rows)

@@ -56,6 +56,9 @@ def test_batched_equals_row_by_row_on_a_synthetic_model(k: int, temperature: flo
     # one forward per round batched, one per candidate row by row
     assert len(single_model.lengths) == sum(len(row) for row in batched_model.lengths)
     assert ragged_rounds(batched_model.lengths, params.block_size) > 0
+    # the work the result reports is what the forwards ran: each row's own length, padding not counted
+    assert batched.verified_tokens == single.verified_tokens == sum(map(sum, batched_model.lengths))
+    assert batched.verified_tokens < sum(len(row) * max(row) for row in batched_model.lengths)  # padded
     assert any(w < e.candidates - 1 for w, e in zip(batched.winners, batched_events, strict=True))
     assert MASK not in batched.generated_ids
 

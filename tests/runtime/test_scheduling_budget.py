@@ -63,16 +63,15 @@ def test_the_budget_is_per_executor_with_rows_spread_from_each_slot() -> None:
 def test_defaults_per_device_kind_are_the_documented_ones() -> None:
     cpu, cuda = default_budget("cpu"), default_budget("cuda:3")
     assert default_budget("npu") == cuda and cuda == Budget(cuda.tokens) and cuda.limit(64) == cuda.tokens
-    # A CPU default bounds the round (split over the workers) and grows with the running requests
-    # past 8; an accelerator's is a fixed count per worker.
-    assert cpu.limit(1) == cpu.limit(8) == cpu.tokens
-    assert cpu.limit(16) == 2 * cpu.tokens == 16 * cpu.per_request
+    # A CPU default is a share per running request (split over the workers); an accelerator's is a
+    # fixed count per worker.
+    assert [cpu.limit(n) for n in (1, 2, 8, 16)] == [cpu.per_request * n for n in (1, 2, 8, 16)]
     for workers in (2, 4):
         split = default_budget("cpu", executors=workers)
-        assert (split.tokens, split.per_request) == (cpu.tokens // workers, cpu.per_request // workers)
+        assert split.limit(3) == 3 * (cpu.per_request // workers)
     assert default_budget("cuda", executors=4) == cuda and default_budget("npu:1", executors=2) == cuda
-    stated = (f"cpu max({cpu.tokens}, {cpu.per_request} x running requests) split over the workers, "
-              f"cuda/npu {cuda.tokens}")
+    assert cpu.describe() == f"{cpu.per_request} tokens per running request, per forward per worker"
+    stated = f"cpu {cpu.per_request} x running requests split over the workers, cuda/npu {cuda.tokens}"
     repo = Path(__file__).resolve().parents[2]
     for doc in ("README.md", "docs/lopa.yaml", "runtime/lopa/cli/serve.py"):
         words = (repo / doc).read_text().replace("#", " ").split()  # wrapped comment lines joined

@@ -45,13 +45,15 @@ def run_all(engine: LocalEngine, requests: list[MixedRequest], concurrent: bool)
 
 def same(a: Completion, b: Completion) -> bool:
     ra, rb = a.result, b.result
-    return (a.text, a.finish_reason, ra.output_ids, ra.generated_ids, ra.winners, ra.branches) == (
+    return (a.text, a.finish_reason, ra.output_ids, ra.generated_ids, ra.winners, ra.branches,
+            ra.verified_tokens) == (
         b.text,
         b.finish_reason,
         rb.output_ids,
         rb.generated_ids,
         rb.winners,
         rb.branches,
+        rb.verified_tokens,
     )
 
 

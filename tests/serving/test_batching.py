@@ -60,9 +60,11 @@ def send(client: LopaClient, r: MixedRequest) -> object:
 
 
 def same(reply: object, reference: Completion) -> bool:
-    return (reply.text, list(reply.token_ids), reply.finish_reason, reply.stats.mean_branches) == (
+    stats = reply.stats
+    return (reply.text, list(reply.token_ids), reply.finish_reason, stats.mean_branches,
+            stats.verified_tokens) == (
         reference.text, reference.result.output_ids, reference.finish_reason,
-        pytest.approx(reference.result.mean_branches))
+        pytest.approx(reference.result.mean_branches), reference.result.verified_tokens)
 
 
 def test_sixteen_concurrent_requests_equal_each_alone(served: tuple, alone: list[Completion]) -> None:
@@ -79,6 +81,9 @@ def test_sixteen_concurrent_requests_equal_each_alone(served: tuple, alone: list
     assert samples["lopa_batch_size_sum"] / samples["lopa_batch_size_count"] > 2
     assert samples["lopa_requests_running"] == samples["lopa_kv_slot_usage"] == 0
     assert samples["lopa_queue_depth"] == 0 and samples["lopa_branches_granted_count"] > 0
+    verified = sum(r.stats.verified_tokens for r in replies)  # > tokens: every branch row counts
+    assert verified > sum(r.stats.tokens for r in replies)
+    assert samples["lopa_verified_tokens_total"] >= verified  # earlier tests' requests count too
 
 
 def test_cancelling_one_of_eight_streams_leaves_the_others_unchanged(

@@ -45,6 +45,7 @@ def test_bench_serving_reports_the_step_split_and_the_concurrency_sweep(
     for row in sweep:
         assert row["requests"] == 4 and row["tokens"] > 0 and row["tok_s"] > 0 and row["tpf"] >= 1
         assert 0 < row["p50_s"] <= row["p99_s"] and 0 <= row["mean_branches"] <= 2
+        assert row["work_per_token"] > 1 and row["us_per_verified"] > 0  # prefill rows count too
     assert sweep[0]["speedup"] == sweep[2]["speedup"] == 1.0
     assert sweep[0]["p99_slowdown"] == 1.0 and sweep[1]["p99_slowdown"] > 0
     assert not any(key.startswith("_") for row in sweep for key in row)  # no working keys written
@@ -67,6 +68,7 @@ def test_bench_concurrency_sweeps_the_local_engine(tmp_path: Path) -> None:
         assert row["requests"] == 3 and row["tokens"] > 0 and row["tpf"] >= 1 and row["passes"] == 2
         assert 0 <= row["mean_branches"] <= 1 and 0 < row["p50_s"] <= row["p99_s"]
         assert row["p99_slowdown"] > 0 and "_latencies" not in row
+        assert row["work_per_token"] > 1 and row["us_per_verified"] > 0
     assert rows[0]["p99_slowdown"] == 1.0
     done = run_lopa("bench", "concurrency", "--levels", "x", timeout=60)
     assert done.returncode == 2 and "--levels: not a comma-separated list of integers: 'x'" in done.stderr

@@ -68,6 +68,7 @@ def test_completion_equals_grpc_and_streams_the_same_text(
     assert done.usage.completion_tokens == len(reference.token_ids)
     lopa = done.model_extra["lopa"]
     assert lopa["forwards"] == reference.stats.forwards and lopa["mean_branches"] > 0
+    assert lopa["verified_tokens"] == reference.stats.verified_tokens > lopa["tokens"]
     stream = api.completions.create(model=MODEL, prompt=PROMPTS[0], stream=True, extra_body={"branches": 3})
     pieces = list(stream)
     assert "".join(p.choices[0].text for p in pieces) == reference.text

@@ -3,9 +3,10 @@
 Closed loop: `concurrency` clients each send their next request as soon as the last one answered,
 until every request of the level was sent. Per level: aggregate tokens/s (all tokens over the
 level's wall time), per-request tokens/s (tokens over that request's own latency, averaged), p50 and
-p99 latency (queueing included), TPF and the lookahead branches granted per round. Every row holds
-its ratios to the first level (one request at a time), measured in the same run: speedup,
-p99_x_lone and p99_slowdown (see with_ratios).
+p99 latency (queueing included), TPF, the lookahead branches granted per round, and the two factors
+of any speedup: work_per_token (verified window tokens per generated token) and us_per_verified
+(wall time per verified token). Every row holds its ratios to the first level (one request at a
+time), measured in the same run: speedup, p99_x_lone and p99_slowdown (see with_ratios).
 
 Transport-free: a `Send` maps a request index to its Answer, so the local engine (`lopa bench
 concurrency`) and a served group (`lopa bench serving`) share the sweep and its table.
@@ -35,6 +36,7 @@ class Answer:
     tokens: int
     forwards: int
     mean_branches: float  # lookahead branches granted per round
+    verified_tokens: int  # window tokens its verification forwards ran (GenerationResult)
 
 
 Send = Callable[[int], Answer]
@@ -65,6 +67,7 @@ def run_level(send: Send, requests: int, concurrency: int) -> dict:
     wall = time.perf_counter() - began
     tokens = sum(a.tokens for a, _ in answers)
     forwards = sum(a.forwards for a, _ in answers)
+    verified = sum(a.verified_tokens for a, _ in answers)
     latencies = [s for _, s in answers]
     return {
         "concurrency": concurrency,
@@ -77,6 +80,11 @@ def run_level(send: Send, requests: int, concurrency: int) -> dict:
         "p99_s": round(percentile(latencies, 99), 3),
         "tpf": round(tokens / forwards, 3) if forwards else 0.0,
         "mean_branches": round(statistics.mean(a.mean_branches for a, _ in answers), 3),
+        # The two factors of a speedup: verified tokens per generated token (fewer when the budget
+        # grants fewer branches) and wall time per verified token (lower when a batched forward
+        # costs less per token than a lone one: an accelerator's gain, hardly a CPU's).
+        "work_per_token": round(verified / tokens, 2) if tokens else 0.0,
+        "us_per_verified": round(wall * 1e6 / verified, 2) if verified else 0.0,
         "_latencies": latencies,  # by request index: for p99_slowdown (not shown, see lopa.bench.rows)
     }
 
@@ -102,7 +110,8 @@ def sweep(
 # Measured quantities a combined row takes the median of (and their rounding digits); the rest (the
 # level, counts) are the same in every pass.
 _MEDIAN_DIGITS = {"wall_s": 3, "tok_s": 1, "per_request_tok_s": 1, "p50_s": 3, "p99_s": 3, "tpf": 3,
-                  "mean_branches": 3, "speedup": 2, "p99_x_lone": 2, "p99_slowdown": 2}
+                  "mean_branches": 3, "work_per_token": 2, "us_per_verified": 2, "speedup": 2,
+                  "p99_x_lone": 2, "p99_slowdown": 2}
 
 
 def combine(runs: Sequence[Sequence[dict]]) -> list[dict]:

@@ -72,7 +72,7 @@ def bench_workers(
     def send(index: int) -> Answer:
         stats = client.generate(measured[index % len(measured)], timeout=600, **kw).stats
         decoded.append((stats.tokens, stats.wall_s, stats.forwards))
-        return Answer(stats.tokens, stats.forwards, stats.mean_branches)
+        return Answer(stats.tokens, stats.forwards, stats.mean_branches, stats.verified_tokens)
 
     runs: list[list[dict]] = []
     with tempfile.TemporaryDirectory(prefix="lopa-bench-") as tmp:

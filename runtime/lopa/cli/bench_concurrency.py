@@ -29,7 +29,7 @@ def add_parser(kinds: argparse._SubParsersAction) -> None:
     parser.add_argument("--branches", type=int, default=3, help="lookahead branches k each request asks")
     parser.add_argument("--max-step-tokens", type=int, default=None,
                         help="branch budget, tokens per forward "
-                        "(default: the device's, cpu max(640, 80 x running requests))")
+                        "(default: the device's, cpu 80 x running requests)")
     parser.add_argument("--max-new-tokens", type=int, default=None,
                         help="tokens each request generates (default: the model's default)")
     parser.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's)")
@@ -81,7 +81,7 @@ def run(args: argparse.Namespace) -> int:
 
     def send(index: int) -> Answer:
         result = engine.generate(prompts[index % len(prompts)], params).result
-        return Answer(result.tokens, result.forwards, result.mean_branches)
+        return Answer(result.tokens, result.forwards, result.mean_branches, result.verified_tokens)
 
     try:
         rows = sweep(send, args.requests, levels, show=show_row, passes=args.passes)

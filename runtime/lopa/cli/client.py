@@ -104,9 +104,12 @@ def generate(client: Any, args: argparse.Namespace) -> int:
                           "tokens": stats.tokens, "tpf": round(stats.tpf, 4),
                           "tokens_per_s": round(stats.tokens_per_s, 2), "wall_s": round(stats.wall_s, 4),
                           "ttft_s": round(stats.ttft_s, 4),
-                          "mean_branches": round(stats.mean_branches, 3)}))
+                          "mean_branches": round(stats.mean_branches, 3),
+                          "verified_tokens": stats.verified_tokens}))
     else:
         print(f"-- {stats.tokens} tokens in {stats.forwards} forwards: TPF {stats.tpf:.2f}, "
               f"{stats.tokens_per_s:.1f} tokens/s, {stats.wall_s:.3f} s wall, ttft {stats.ttft_s:.3f} s, "
-              f"{stats.mean_branches:.2f} lookahead branches/round, finish: {reason}", file=sys.stderr)
+              f"{stats.mean_branches:.2f} lookahead branches/round, "
+              f"{stats.verified_tokens / max(1, stats.tokens):.1f} verified tokens/token, finish: {reason}",
+              file=sys.stderr)
     return 0

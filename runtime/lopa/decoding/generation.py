@@ -45,6 +45,10 @@ class GenerationResult:
     winners: list[int] = field(default_factory=list)  # candidate index that won each round
     stopped_early: bool = False
     branches: list[int] = field(default_factory=list)  # lookahead branches granted each round
+    # Window tokens the verification forwards ran: every verified row's length (its branch's tokens
+    # from the window start), summed over the rounds, prefill included, padding not. What a request
+    # cost in compute, whatever executor ran it; verified_tokens / tokens is LoPA's work per token.
+    verified_tokens: int = 0
 
     @property
     def tokens(self) -> int:
@@ -110,6 +114,8 @@ class Generation:
         self._done: list[bool] | None = None  # per candidate, once planned this round
         self._live: list[Branch] = []
         self._granted = 0
+        self.verified_tokens = 0
+        self._round_tokens = 0  # window tokens of the round verify() laid out
 
     # -- one round --------------------------------------------------------------------------------
 
@@ -140,6 +146,7 @@ class Generation:
         anchor = self._live[-1]  # layout (window start, u) comes from the base branch
         start = rules.window_start(anchor)
         n_stage = rules.to_cache_length(anchor)
+        self._round_tokens = sum(len(c.tokens) - start for c in self._live)
         return Verify(start, n_stage, [self._window(c, start) for c in self._live])
 
     def apply(self, stats: Sequence[Sequence[rules.PositionStat]]) -> int:
@@ -157,6 +164,7 @@ class Generation:
         shared_start = min(rules.completed_prefix_end(c) for c in live)
         self._previous, self.base = self.base, base
         self.forwards += 1
+        self.verified_tokens += self._round_tokens
         self.winners.append(winner)
         self.branches.append(self._granted)
         self._candidates = self._spawn(base, stats[winner], shared_start)
@@ -190,6 +198,7 @@ class Generation:
             winners=self.winners,
             stopped_early=self.stopped_early,
             branches=self.branches,
+            verified_tokens=self.verified_tokens,
         )
 
     def contiguous(self) -> list[int]:

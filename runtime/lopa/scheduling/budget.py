@@ -20,13 +20,14 @@ from lopa.decoding.generation import RoundPlan
 # The default budgets (limits.max_step_tokens = 0). Accelerators: a 7B forward stays memory-bound up to
 # ~200-300 query tokens on an H100, so 512 tokens per worker keep a batch near the cost of one
 # request's round. CPU: a forward costs its tokens from the first one (a lone request already keeps
-# the cores busy), so under load tokens per row count most. The bundled model's TPF stops growing at
-# ~1.5 lookaheads (a base row and 1.5 lookaheads are ~80 tokens): 640 tokens per round, or 80 per
-# running request when more than 8 run, the best throughput measured at 8 and at 16 concurrent; the
-# round is split over the workers, as the lookaheads past ~1.5 buy no TPF however many workers run
-# them (runtime/BENCHMARKS.md).
+# the cores busy: a batched forward costs the same per token), so as soon as two requests share a
+# forward only fewer tokens per generated token make it faster. The bundled model's TPF stops growing
+# at ~1.5 lookaheads (a base row and 1.5 lookaheads are ~80 tokens): 80 tokens per running request,
+# split over the workers, as the lookaheads past ~1.5 buy no TPF however many workers run them. A
+# request running alone is never cut (grant), so the budget only binds when requests share a round
+# (runtime/BENCHMARKS.md: at 2 and 4 in flight 1.47x / 1.76x a lone request's throughput against
+# 1.04x / 1.31x with the earlier floor of 640 tokens per round).
 ACCELERATOR_TOKENS = 512
-CPU_ROUND_TOKENS = 640
 CPU_REQUEST_TOKENS = 80
 
 
@@ -43,6 +44,8 @@ class Budget:
     def describe(self) -> str:
         if not self.per_request:
             return f"{self.tokens} tokens per forward per worker"
+        if self.tokens <= self.per_request:
+            return f"{self.per_request} tokens per running request, per forward per worker"
         return (f"{self.tokens} tokens per forward per worker, {self.per_request} per running request "
                 "when that is more")
 
@@ -51,7 +54,8 @@ def default_budget(device: str, executors: int = 1) -> Budget:
     """The documented default of limits.max_step_tokens for a device ("cuda:1" -> cuda's) served by
     `executors` workers."""
     if device.split(":")[0] == "cpu":
-        return Budget(max(1, CPU_ROUND_TOKENS // executors), max(1, CPU_REQUEST_TOKENS // executors))
+        share = max(1, CPU_REQUEST_TOKENS // executors)
+        return Budget(share, share)
     return Budget(ACCELERATOR_TOKENS)
 
 

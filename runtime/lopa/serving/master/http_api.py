@@ -195,7 +195,8 @@ def usage(c: Completion) -> dict[str, int]:
 def lopa_stats(c: Completion) -> dict[str, float]:
     r = c.result
     return {"forwards": r.forwards, "tokens": r.tokens, "tpf": round(r.tpf, 4),
-            "mean_branches": round(r.mean_branches, 4), "tokens_per_s": round(r.tokens_per_s, 2),
+            "mean_branches": round(r.mean_branches, 4), "verified_tokens": r.verified_tokens,
+            "tokens_per_s": round(r.tokens_per_s, 2),
             "wall_s": round(r.wall_s, 4), "ttft_s": round(c.ttft_s, 4), "queue_s": round(c.queue_s, 4)}
 
 

@@ -67,6 +67,7 @@ def stats_of(completion: Completion) -> lopa_pb2.Stats:
         ttft_s=completion.ttft_s,
         queue_s=completion.queue_s,
         mean_branches=result.mean_branches,
+        verified_tokens=result.verified_tokens,
     )
 
 
@@ -97,6 +98,7 @@ class MasterObserver(Observer):
             result = outcome.result
             self.metrics.tokens.inc(result.tokens)
             self.metrics.forwards.inc(result.forwards)
+            self.metrics.verified_tokens.inc(result.verified_tokens)
             if result.forwards:
                 self.metrics.tpf.observe(result.tpf)
 

@@ -19,6 +19,7 @@ class MasterMetrics:
     requests: Counter
     tokens: Counter
     forwards: Counter
+    verified_tokens: Counter  # window tokens the verification forwards ran (every branch row)
     tpf: Histogram
     step_seconds: Histogram  # label phase: forward | coordination | commit
     queue_depth: Gauge
@@ -41,6 +42,10 @@ class MasterMetrics:
             requests=Counter("lopa_requests", "Requests by outcome", ["outcome"], registry=r),
             tokens=Counter("lopa_generated_tokens", "Generated tokens (up to the first EOS)", registry=r),
             forwards=Counter("lopa_forwards", "Verification rounds", registry=r),
+            verified_tokens=Counter(
+                "lopa_verified_tokens", "Window tokens run through verification forwards (every branch row)",
+                registry=r,
+            ),
             tpf=Histogram("lopa_tpf", "Tokens per forward of each request", buckets=_TPF_BUCKETS, registry=r),
             step_seconds=Histogram(
                 "lopa_step_seconds", "Step time by phase", ["phase"], buckets=_STEP_BUCKETS, registry=r
