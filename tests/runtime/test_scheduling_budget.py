@@ -62,17 +62,43 @@ def test_the_budget_is_per_executor_with_rows_spread_from_each_slot() -> None:
 
 def test_defaults_per_device_kind_are_the_documented_ones() -> None:
     cpu, cuda = default_budget("cpu"), default_budget("cuda:3")
-    assert default_budget("npu") == cuda and cuda == Budget(cuda.tokens) and cuda.limit(64) == cuda.tokens
-    # A CPU default is a share per running request (split over the workers); an accelerator's is a
-    # fixed count per worker.
-    assert [cpu.limit(n) for n in (1, 2, 8, 16)] == [cpu.per_request * n for n in (1, 2, 8, 16)]
-    for workers in (2, 4):
-        split = default_budget("cpu", executors=workers)
-        assert split.limit(3) == 3 * (cpu.per_request // workers)
-    assert default_budget("cuda", executors=4) == cuda and default_budget("npu:1", executors=2) == cuda
-    assert cpu.describe() == f"{cpu.per_request} tokens per running request, per forward per worker"
-    stated = f"cpu {cpu.per_request} x running requests split over the workers, cuda/npu {cuda.tokens}"
+    assert default_budget("npu") == cuda and cuda == Budget(cuda.tokens)
+    assert cuda.limit([ask(3)] * 64, executors=4) == cuda.tokens
+    # CPU: the load of every running request running its base row and one lookahead row.
+    asks = [ask(3, width=10), ask(3, width=24), ask(0, width=7)]
+    assert cpu.limit(asks) == 20 + 48 + 7 and grant(asks, cpu.limit(asks)) == [1, 1, 0]
+    assert cpu.describe().startswith("each running request's base row and 1 lookahead row(s)")
+    stated = "cpu a base row and one lookahead row per running request"
     repo = Path(__file__).resolve().parents[2]
-    for doc in ("README.md", "docs/lopa.yaml", "runtime/lopa/cli/serve.py"):
-        words = (repo / doc).read_text().replace("#", " ").split()  # wrapped comment lines joined
-        assert stated in " ".join(words), doc
+    docs = ("README.md", "docs/lopa.yaml", "runtime/lopa/cli/serve.py",
+            "runtime/lopa/cli/bench_concurrency.py", "manifests/crds/lopadeployments.lopa.dev.yaml",
+            "manifests/install.yaml",
+            "charts/lopa-operator/crds/lopadeployments.lopa.dev.yaml")
+    for doc in docs:
+        words = " ".join((repo / doc).read_text().replace("#", " ").replace('"', " ").split())
+        assert stated in words, doc  # wrapped lines and comment marks joined
+
+
+def test_the_cpu_default_shares_rounds_whatever_the_row_width() -> None:
+    """Rows of any width (block size 32: ~96 tokens) share the round, one lookahead each, where a
+    fixed token count would make them wait and take turns."""
+    cpu = default_budget("cpu")
+    for running in (2, 3, 4):
+        asks = [ask(3, width=96, sequence=s) for s in range(running)]
+        assert grant(asks, cpu.limit(asks)) == [1] * running
+        for executors in (2, 3):
+            # The share as placed on the workers: the busiest one's load. A worker that carries less
+            # may take more lookaheads at no cost to the round's time, never fewer than the share.
+            limit = cpu.limit(asks, executors)
+            grants = grant(asks, limit, executors)
+            assert None not in grants and min(grants) >= 1
+            assert executor_tokens(asks, grants, executors) <= limit
+
+
+def test_the_cpu_default_makes_room_for_a_pinned_request() -> None:
+    """A pinned k = 5 beside a k = 3 request: both run every round (the pinned one with all its
+    rows), rather than one of them waiting."""
+    cpu = default_budget("cpu")
+    asks = [ask(3, width=24), ask(5, width=24, pinned=True, sequence=1)]
+    for executors in (1, 2):
+        assert grant(asks, cpu.limit(asks, executors), executors) == [1, 5]

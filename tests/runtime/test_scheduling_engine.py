@@ -45,16 +45,9 @@ def run_all(engine: LocalEngine, requests: list[MixedRequest], concurrent: bool)
 
 def same(a: Completion, b: Completion) -> bool:
     ra, rb = a.result, b.result
-    return (a.text, a.finish_reason, ra.output_ids, ra.generated_ids, ra.winners, ra.branches,
-            ra.verified_tokens) == (
-        b.text,
-        b.finish_reason,
-        rb.output_ids,
-        rb.generated_ids,
-        rb.winners,
-        rb.branches,
-        rb.verified_tokens,
-    )
+    fields = ("output_ids", "generated_ids", "winners", "branches", "verified_tokens")
+    return (a.text, a.finish_reason, *(getattr(ra, f) for f in fields)) == (
+        b.text, b.finish_reason, *(getattr(rb, f) for f in fields))
 
 
 @pytest.fixture(scope="module")

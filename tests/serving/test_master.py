@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import json
 import signal
 import threading
 import time
@@ -13,6 +14,7 @@ from pathlib import Path
 import grpc
 import pytest
 
+from lopa.cli import main
 from lopa.decoding.decoder import Decoder
 from lopa.execution.local import LocalExecutor
 from lopa.model.loader import load_model
@@ -144,6 +146,23 @@ def test_health_and_model_info(client: LopaClient) -> None:
     assert client.health() == "SERVING" and client.health("lopa.v1.Lopa") == "SERVING"
     info = client.model_info()
     assert info.workers == 2 and info.max_branches == 6 and info.defaults.block_size == 8
+
+
+def test_the_client_cli_prints_the_answer_and_its_stats(
+    cluster: LocalCluster, client: LopaClient, capsys: pytest.CaptureFixture[str]
+) -> None:
+    reference = client.generate("12+34=", timeout=60, branches=3)
+    stats = reference.stats
+    assert stats.verified_tokens > stats.tokens > 0  # every branch row's window tokens count
+    command = ["client", "generate", "--address", cluster.address, "--prompt", "12+34=", "--branches", "3"]
+    assert main([*command, "--json"]) == 0
+    answer = json.loads(capsys.readouterr().out)
+    assert (answer["text"], answer["tokens"], answer["verified_tokens"]) == (
+        reference.text, stats.tokens, stats.verified_tokens)
+    assert main(command) == 0
+    out, err = capsys.readouterr()
+    assert out == reference.text + "\n"
+    assert f"{stats.verified_tokens / stats.tokens:.1f} verified tokens/token" in err
 
 
 def test_concurrent_requests_match_sequential_and_queue_is_bounded(

@@ -49,6 +49,7 @@ def stats_of(completion: Completion) -> dict[str, float | int | str]:
         "generated_positions": len(result.generated_ids),
         "tpf": round(result.tpf, 4),
         "padded_tpf": round(result.padded_tpf, 4),
+        "verified_tokens": result.verified_tokens,
         "tokens_per_s": round(result.tokens_per_s, 2),
         "wall_s": round(result.wall_s, 4),
         "finish_reason": completion.finish_reason,

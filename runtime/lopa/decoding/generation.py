@@ -45,9 +45,10 @@ class GenerationResult:
     winners: list[int] = field(default_factory=list)  # candidate index that won each round
     stopped_early: bool = False
     branches: list[int] = field(default_factory=list)  # lookahead branches granted each round
-    # Window tokens the verification forwards ran: every verified row's length (its branch's tokens
-    # from the window start), summed over the rounds, prefill included, padding not. What a request
-    # cost in compute, whatever executor ran it; verified_tokens / tokens is LoPA's work per token.
+    # Window tokens verified: every verified row's length (its branch's tokens from the window
+    # start), summed over the rounds, prefill included. The same whatever executor ran it (an
+    # executor's padding of short rows, and block_causal's cache-only rows on a worker without a
+    # branch, are not counted): verified_tokens / tokens is the work LoPA spent per generated token.
     verified_tokens: int = 0
 
     @property
@@ -108,13 +109,13 @@ class Generation:
         self.forwards = 0
         self.winners: list[int] = []
         self.branches: list[int] = []
+        self.verified_tokens = 0
         self.stopped_early = False
         self.finished = False
         self._candidates = [self.base]
         self._done: list[bool] | None = None  # per candidate, once planned this round
         self._live: list[Branch] = []
         self._granted = 0
-        self.verified_tokens = 0
         self._round_tokens = 0  # window tokens of the round verify() laid out
 
     # -- one round --------------------------------------------------------------------------------

@@ -19,43 +19,51 @@ from lopa.decoding.generation import RoundPlan
 
 # The default budgets (limits.max_step_tokens = 0). Accelerators: a 7B forward stays memory-bound up to
 # ~200-300 query tokens on an H100, so 512 tokens per worker keep a batch near the cost of one
-# request's round. CPU: a forward costs its tokens from the first one (a lone request already keeps
-# the cores busy: a batched forward costs the same per token), so as soon as two requests share a
-# forward only fewer tokens per generated token make it faster. The bundled model's TPF stops growing
-# at ~1.5 lookaheads (a base row and 1.5 lookaheads are ~80 tokens): 80 tokens per running request,
-# split over the workers, as the lookaheads past ~1.5 buy no TPF however many workers run them. A
-# request running alone is never cut (grant), so the budget only binds when requests share a round
-# (runtime/BENCHMARKS.md: at 2 and 4 in flight 1.47x / 1.76x a lone request's throughput against
-# 1.04x / 1.31x with the earlier floor of 640 tokens per round).
+# request's round. CPU: a forward costs its tokens from the first one, batched or not (a lone
+# request's round already keeps the cores busy), so once two requests share a forward only fewer
+# tokens per generated token make it faster, and the bundled model's TPF is the same with 1
+# lookahead as with 3 (4.96 / 4.91). So on a CPU every running request gets its base row and one
+# lookahead row (a pinned request: all its rows), counted in tokens as the rows are placed on the
+# executors: a share that follows the model's window, whatever its block size. A request alone is
+# never cut (grant). runtime/BENCHMARKS.md: local 1.4-1.5x a lone request's throughput at 2 in
+# flight, where a fixed 640 tokens per round fit every branch and gave 1.04x.
 ACCELERATOR_TOKENS = 512
-CPU_REQUEST_TOKENS = 80
+CPU_ROWS_PER_REQUEST = 2
 
 
 @dataclass(frozen=True)
 class Budget:
-    """The branch budget: at most limit(running) tokens in one forward of each executor."""
+    """The branch budget: at most limit(asks) tokens in one forward of each executor; either a fixed
+    count (`tokens`) or, with `rows_per_request`, the load of every running request running that
+    many of its rows (a pinned one: all of them), as placed on the executors."""
 
-    tokens: int
-    per_request: int = 0  # the limit grows to this many tokens per running request (CPU default)
+    tokens: int = 0
+    rows_per_request: int = 0
 
-    def limit(self, running: int) -> int:
-        return max(self.tokens, self.per_request * running)
+    def limit(self, asks: Sequence[Ask], executors: int = 1) -> int:
+        if not self.rows_per_request:
+            return self.tokens
+        shares = [_share(ask, self.rows_per_request) for ask in asks]
+        return max(1, executor_tokens(asks, shares, executors))
 
     def describe(self) -> str:
-        if not self.per_request:
+        if not self.rows_per_request:
             return f"{self.tokens} tokens per forward per worker"
-        if self.tokens <= self.per_request:
-            return f"{self.per_request} tokens per running request, per forward per worker"
-        return (f"{self.tokens} tokens per forward per worker, {self.per_request} per running request "
-                "when that is more")
+        lookaheads = self.rows_per_request - 1
+        return (f"each running request's base row and {lookaheads} lookahead row(s) per forward "
+                "(a pinned request: all its rows)")
 
 
-def default_budget(device: str, executors: int = 1) -> Budget:
-    """The documented default of limits.max_step_tokens for a device ("cuda:1" -> cuda's) served by
-    `executors` workers."""
+def _share(ask: Ask, rows: int) -> int:
+    """Lookaheads of a request's share: rows - 1 of those it asked for, all of them when pinned."""
+    lookaheads = min(ask.wanted, ask.plan.lookaheads)
+    return lookaheads if ask.pinned else min(lookaheads, rows - 1)
+
+
+def default_budget(device: str) -> Budget:
+    """The documented default of limits.max_step_tokens for a device ("cuda:1" -> cuda's)."""
     if device.split(":")[0] == "cpu":
-        share = max(1, CPU_REQUEST_TOKENS // executors)
-        return Budget(share, share)
+        return Budget(rows_per_request=CPU_ROWS_PER_REQUEST)
     return Budget(ACCELERATOR_TOKENS)
 
 

@@ -192,7 +192,8 @@ class Scheduler:
             Ask(plan, run.request.params.branches, run.request.pin_branches, run.waited, run.sequence)
             for run, plan in planned
         ]
-        grants = grant(asks, self.budget.limit(len(asks)), self.executor.executors)
+        executors = self.executor.executors
+        grants = grant(asks, self.budget.limit(asks, executors), executors)
         chosen, parts = [], []
         for (run, _), granted in zip(planned, grants, strict=True):
             if granted is None:

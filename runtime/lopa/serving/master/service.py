@@ -67,7 +67,7 @@ class LopaService(lopa_pb2_grpc.LopaServicer):
         decoder = Decoder(self.executor, self.special.mask, self.special.eos, self.max_length)
         self.budget = (
             Budget(limits.max_step_tokens) if limits.max_step_tokens
-            else default_budget(config.model.device, config.workers.count)
+            else default_budget(config.model.device)
         )
         scheduler = Scheduler(
             decoder, self.executor, self.decode, limits.queue_size, self.budget, MasterObserver(metrics)

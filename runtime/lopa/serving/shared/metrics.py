@@ -19,7 +19,7 @@ class MasterMetrics:
     requests: Counter
     tokens: Counter
     forwards: Counter
-    verified_tokens: Counter  # window tokens the verification forwards ran (every branch row)
+    verified_tokens: Counter  # window tokens verified for completed requests (every branch row)
     tpf: Histogram
     step_seconds: Histogram  # label phase: forward | coordination | commit
     queue_depth: Gauge
@@ -43,7 +43,7 @@ class MasterMetrics:
             tokens=Counter("lopa_generated_tokens", "Generated tokens (up to the first EOS)", registry=r),
             forwards=Counter("lopa_forwards", "Verification rounds", registry=r),
             verified_tokens=Counter(
-                "lopa_verified_tokens", "Window tokens run through verification forwards (every branch row)",
+                "lopa_verified_tokens", "Window tokens verified for completed requests (every branch row)",
                 registry=r,
             ),
             tpf=Histogram("lopa_tpf", "Tokens per forward of each request", buckets=_TPF_BUCKETS, registry=r),
