@@ -25,8 +25,8 @@ from lopa.decoding.generation import RoundPlan
 # lookahead as with 3 (4.96 / 4.91). So on a CPU every running request gets its base row and one
 # lookahead row (a pinned request: all its rows), counted in tokens as the rows are placed on the
 # executors: a share that follows the model's window, whatever its block size. A request alone is
-# never cut (grant). runtime/BENCHMARKS.md: local 1.4-1.5x a lone request's throughput at 2 in
-# flight, where a fixed 640 tokens per round fit every branch and gave 1.04x.
+# never cut (grant). runtime/BENCHMARKS.md, local engine, k = 3: 1.50x / 2.34x a lone request's
+# throughput at 2 / 8 in flight, against 1.04x / 1.97x with a fixed 640 tokens per round.
 ACCELERATOR_TOKENS = 512
 CPU_ROWS_PER_REQUEST = 2
 
