@@ -62,13 +62,22 @@ def test_the_budget_is_per_executor_with_rows_spread_from_each_slot() -> None:
 
 def test_defaults_per_device_kind_are_the_documented_ones() -> None:
     cpu, cuda = default_budget("cpu"), default_budget("cuda:3")
-    assert default_budget("npu") == cuda and cuda == Budget(cuda.tokens)
-    assert cuda.limit([ask(3)] * 64, executors=4) == cuda.tokens
+    assert default_budget("npu") == cuda and cuda.tokens == 512
+    # Accelerators: a fixed count per worker, or every running request's base row when more.
+    assert cuda.limit([ask(3)] * 8, executors=4) == cuda.tokens
+    assert cuda.limit([ask(3, width=128, sequence=s) for s in range(8)]) == 8 * 128
+    assert cuda.limit([ask(3, width=128, sequence=s) for s in range(8)], executors=2) == 4 * 128
+    assert cuda.describe() == ("512 tokens per forward per worker, or each running request's base row "
+                               "(a pinned request: all its rows) when more")
     # CPU: the load of every running request running its base row and one lookahead row.
     asks = [ask(3, width=10), ask(3, width=24), ask(0, width=7)]
     assert cpu.limit(asks) == 20 + 48 + 7 and grant(asks, cpu.limit(asks)) == [1, 1, 0]
-    assert cpu.describe().startswith("each running request's base row and 1 lookahead row(s)")
-    stated = "cpu a base row and one lookahead row per running request"
+    assert cpu.describe() == ("each running request's base row and 1 lookahead row(s) "
+                              "(a pinned request: all its rows) per forward")
+    # A budget the user sets is that count, whatever runs.
+    assert Budget(100).limit([ask(3, width=128)] * 8) == 100
+    stated = ("cpu a base row and one lookahead row per running request",
+              "512 or every running request's base row, whichever is more")
     repo = Path(__file__).resolve().parents[2]
     docs = ("README.md", "docs/lopa.yaml", "runtime/lopa/cli/serve.py",
             "runtime/lopa/cli/bench_concurrency.py", "manifests/crds/lopadeployments.lopa.dev.yaml",
@@ -76,7 +85,7 @@ def test_defaults_per_device_kind_are_the_documented_ones() -> None:
             "charts/lopa-operator/crds/lopadeployments.lopa.dev.yaml")
     for doc in docs:
         words = " ".join((repo / doc).read_text().replace("#", " ").replace('"', " ").split())
-        assert stated in words, doc  # wrapped lines and comment marks joined
+        assert all(phrase in words for phrase in stated), doc  # wrapped lines and comment marks joined
 
 
 def test_the_cpu_default_shares_rounds_whatever_the_row_width() -> None:
@@ -102,3 +111,13 @@ def test_the_cpu_default_makes_room_for_a_pinned_request() -> None:
     asks = [ask(3, width=24), ask(5, width=24, pinned=True, sequence=1)]
     for executors in (1, 2):
         assert grant(asks, cpu.limit(asks, executors), executors) == [1, 5]
+
+
+def test_under_an_accelerator_default_no_request_waits_for_room() -> None:
+    """8 requests whose base rows alone exceed 512 tokens (128-token windows) all run, at 0
+    lookaheads; with room to spare, lookaheads come back."""
+    cuda = default_budget("cuda")
+    asks = [ask(3, width=128, sequence=s) for s in range(8)]
+    assert grant(asks, cuda.limit(asks)) == [0] * 8
+    asks = [ask(3, width=64, sequence=s) for s in range(2)]  # 8 rows of 64 = 512: all fit
+    assert grant(asks, cuda.limit(asks)) == [3, 3]

@@ -7,7 +7,9 @@ branches for batch size. A request that pinned its branch count is never cut: if
 not fit even with every other request at 0 lookaheads, requests wait for the next round (pinned
 ones first, then the lowest priority), and a request's priority rises with every round it waited, so none
 starves. The top-priority request always runs, with all its branches when it runs alone: the
-budget limits batching, it never cuts a request that has the executors to itself.
+budget limits batching, it never cuts a request that has the executors to itself. The default
+budgets grow with the running requests' base rows (and pinned requests' rows), so under them no
+request waits: they only cut lookaheads.
 """
 
 from __future__ import annotations
@@ -17,25 +19,29 @@ from dataclasses import dataclass
 
 from lopa.decoding.generation import RoundPlan
 
-# The default budgets (limits.max_step_tokens = 0). Accelerators: a 7B forward stays memory-bound up to
-# ~200-300 query tokens on an H100, so 512 tokens per worker keep a batch near the cost of one
-# request's round. CPU: a forward costs its tokens from the first one, batched or not (a lone
-# request's round already keeps the cores busy), so once two requests share a forward only fewer
-# tokens per generated token make it faster, and the bundled model's TPF is the same with 1
-# lookahead as with 3 (4.96 / 4.91). So on a CPU every running request gets its base row and one
-# lookahead row (a pinned request: all its rows), counted in tokens as the rows are placed on the
-# executors: a share that follows the model's window, whatever its block size. A request alone is
-# never cut (grant). runtime/BENCHMARKS.md, local engine, k = 3: 1.50x / 2.34x a lone request's
-# throughput at 2 / 8 in flight, against 1.04x / 1.97x with a fixed 640 tokens per round.
+# The default budgets (limits.max_step_tokens = 0) never make a running request wait for room: each
+# grows to every running request's share of rows (its base row, plus lookahead rows on a CPU; a
+# pinned request: all its rows), so they only ever cut lookaheads and max_batch alone bounds the
+# batch. Accelerators: a 7B forward stays memory-bound up to ~200-300 query tokens on an H100, so
+# 512 tokens per worker keep a batch near the cost of one request's round (8 requests whose base
+# rows hold more, e.g. 128-token windows of block size 32, all still run). CPU: a forward costs its
+# tokens from the first one, batched or not (a lone request's round already keeps the cores busy),
+# so once two requests share a forward only fewer tokens per generated token make it faster, and
+# the bundled model's TPF is the same with 1 lookahead as with 3 (4.96 / 4.91). So on a CPU every
+# running request gets its base row and one lookahead row, counted in tokens as the rows are placed
+# on the executors: a share that follows the model's window, whatever its block size. A request
+# alone is never cut (grant). runtime/BENCHMARKS.md, local engine, k = 3: 1.50x / 2.34x a lone
+# request's throughput at 2 / 8 in flight, against 1.04x / 1.97x with a fixed 640 tokens per round.
 ACCELERATOR_TOKENS = 512
-CPU_ROWS_PER_REQUEST = 2
+ACCELERATOR_ROWS_PER_REQUEST = 1  # the base row
+CPU_ROWS_PER_REQUEST = 2  # the base row and one lookahead
 
 
 @dataclass(frozen=True)
 class Budget:
-    """The branch budget: at most limit(asks) tokens in one forward of each executor; either a fixed
-    count (`tokens`) or, with `rows_per_request`, the load of every running request running that
-    many of its rows (a pinned one: all of them), as placed on the executors."""
+    """The branch budget: at most limit(asks) tokens in one forward of each executor: `tokens`, or
+    with `rows_per_request` (the defaults) the load of every running request running that many of
+    its rows (a pinned one: all of them), as placed on the executors, when that is more."""
 
     tokens: int = 0
     rows_per_request: int = 0
@@ -44,14 +50,16 @@ class Budget:
         if not self.rows_per_request:
             return self.tokens
         shares = [_share(ask, self.rows_per_request) for ask in asks]
-        return max(1, executor_tokens(asks, shares, executors))
+        return max(1, self.tokens, executor_tokens(asks, shares, executors))
 
     def describe(self) -> str:
         if not self.rows_per_request:
             return f"{self.tokens} tokens per forward per worker"
         lookaheads = self.rows_per_request - 1
-        return (f"each running request's base row and {lookaheads} lookahead row(s) per forward "
-                "(a pinned request: all its rows)")
+        rows = "base row" + (f" and {lookaheads} lookahead row(s)" if lookaheads else "")
+        share = f"each running request's {rows} (a pinned request: all its rows)"
+        return f"{self.tokens} tokens per forward per worker, or {share} when more" if self.tokens else (
+            f"{share} per forward")
 
 
 def _share(ask: Ask, rows: int) -> int:
@@ -64,7 +72,7 @@ def default_budget(device: str) -> Budget:
     """The documented default of limits.max_step_tokens for a device ("cuda:1" -> cuda's)."""
     if device.split(":")[0] == "cpu":
         return Budget(rows_per_request=CPU_ROWS_PER_REQUEST)
-    return Budget(ACCELERATOR_TOKENS)
+    return Budget(ACCELERATOR_TOKENS, ACCELERATOR_ROWS_PER_REQUEST)
 
 
 @dataclass(frozen=True)
