@@ -118,6 +118,11 @@ class Generation:
         self._granted = 0
         self._round_tokens = 0  # window tokens of the round verify() laid out
 
+    @property
+    def mean_branches(self) -> float:
+        """Lookahead branches granted per round so far."""
+        return sum(self.branches) / len(self.branches) if self.branches else 0.0
+
     # -- one round --------------------------------------------------------------------------------
 
     def plan(self) -> RoundPlan | None:

@@ -2,14 +2,14 @@
 
 Every executor runs at most `budget` tokens per forward. When every request's rows fit, each gets
 the branches it asked for. When they do not, lookaheads are taken away one at a time from the
-request holding the most (ties: the one with the lowest priority), down to 0, so the system trades
-branches for batch size. A request that pinned its branch count is never cut: if the round does
-not fit even with every other request at 0 lookaheads, requests wait for the next round (pinned
-ones first, then the lowest priority), and a request's priority rises with every round it waited, so none
-starves. The top-priority request always runs, with all its branches when it runs alone: the
-budget limits batching, it never cuts a request that has the executors to itself. The default
-budgets grow with the running requests' base rows (and pinned requests' rows), so under them no
-request waits: they only cut lookaheads.
+request holding the most (ties: the one granted the most per round so far, then the one with the
+lowest priority), down to 0, so the system trades branches for batch size. A request that pinned
+its branch count is never cut: if the round does not fit even with every other request at 0
+lookaheads, requests wait for the next round (pinned ones first, then the lowest priority), and a
+request's priority rises with every round it waited, so none starves. The top-priority request
+always runs, with all its branches when it runs alone: the budget limits batching, it never cuts a
+request that has the executors to itself. Under the CPU default no request waits: it grows with
+the running requests' rows.
 """
 
 from __future__ import annotations
@@ -19,51 +19,53 @@ from dataclasses import dataclass
 
 from lopa.decoding.generation import RoundPlan
 
-# The default budgets (limits.max_step_tokens = 0) never make a running request wait for room: each
-# grows to every running request's share of rows (its base row, plus lookahead rows on a CPU; a
-# pinned request: all its rows), so they only ever cut lookaheads and max_batch alone bounds the
-# batch. Accelerators: a 7B forward stays memory-bound up to ~200-300 query tokens on an H100, so
-# 512 tokens per worker keep a batch near the cost of one request's round (8 requests whose base
-# rows hold more, e.g. 128-token windows of block size 32, all still run). CPU: a forward costs its
-# tokens from the first one, batched or not (a lone request's round already keeps the cores busy),
-# so once two requests share a forward only fewer tokens per generated token make it faster, and
-# the bundled model's TPF is the same with 1 lookahead as with 3 (4.96 / 4.91). So on a CPU every
-# running request gets its base row and one lookahead row, counted in tokens as the rows are placed
-# on the executors: a share that follows the model's window, whatever its block size. A request
-# alone is never cut (grant). runtime/BENCHMARKS.md, local engine, k = 3: 1.50x / 2.34x a lone
-# request's throughput at 2 / 8 in flight, against 1.04x / 1.97x with a fixed 640 tokens per round.
+# The default budgets (limits.max_step_tokens = 0). Accelerators: a 7B forward stays memory-bound up to
+# ~200-300 query tokens on an H100, so 512 tokens per worker keep a batch near the cost of one
+# request's round; a fixed count also keeps a burst of long prompts from prefilling in one forward
+# (activation memory is not reserved at start, the KV caches are). CPU: a forward costs its tokens
+# from the first one, batched or not (a lone request's round already keeps the cores busy), so once
+# two requests share a forward only fewer tokens per generated token make it faster, and the bundled
+# model's TPF is the same with 1 lookahead as with 3 (4.96 / 4.91). So on a CPU the limit is the
+# load of every running request running its base row and one lookahead row (a pinned request: all
+# its rows), as placed on the executors: a share that follows the model's window, whatever its block
+# size, under which no request waits. A request alone is never cut (grant). runtime/BENCHMARKS.md,
+# local engine, k = 3: 1.50x / 2.34x a lone request's throughput at 2 / 8 in flight, against 1.04x /
+# 1.97x with a fixed 640 tokens per round.
 ACCELERATOR_TOKENS = 512
-ACCELERATOR_ROWS_PER_REQUEST = 1  # the base row
 CPU_ROWS_PER_REQUEST = 2  # the base row and one lookahead
 
 
 @dataclass(frozen=True)
 class Budget:
-    """The branch budget: at most limit(asks) tokens in one forward of each executor: `tokens`, or
-    with `rows_per_request` (the defaults) the load of every running request running that many of
-    its rows (a pinned one: all of them), as placed on the executors, when that is more."""
+    """The branch budget: at most limit(asks) tokens in one forward of each executor. Either a fixed
+    count (`tokens`, what limits.max_step_tokens sets) or, with `rows_per_request` (the CPU
+    default), the busiest executor's load when every running request runs that many of its rows (a
+    pinned one: all of them)."""
 
     tokens: int = 0
     rows_per_request: int = 0
 
+    def __post_init__(self) -> None:
+        if (self.tokens > 0) == (self.rows_per_request > 0):
+            raise ValueError(f"a budget is tokens > 0 or rows_per_request > 0, got {self}")
+
     def limit(self, asks: Sequence[Ask], executors: int = 1) -> int:
         if not self.rows_per_request:
             return self.tokens
-        shares = [_share(ask, self.rows_per_request) for ask in asks]
-        return max(1, self.tokens, executor_tokens(asks, shares, executors))
+        shares = [_share_lookaheads(ask, self.rows_per_request) for ask in asks]
+        return max(1, executor_tokens(asks, shares, executors))
 
     def describe(self) -> str:
         if not self.rows_per_request:
             return f"{self.tokens} tokens per forward per worker"
         lookaheads = self.rows_per_request - 1
-        rows = "base row" + (f" and {lookaheads} lookahead row(s)" if lookaheads else "")
-        share = f"each running request's {rows} (a pinned request: all its rows)"
-        return f"{self.tokens} tokens per forward per worker, or {share} when more" if self.tokens else (
-            f"{share} per forward")
+        plural = "s" if lookaheads > 1 else ""
+        rows = "base row" + (f" and up to {lookaheads} lookahead row{plural}" if lookaheads else "")
+        return f"each running request's {rows} per forward, on the busiest worker (pinned: all rows)"
 
 
-def _share(ask: Ask, rows: int) -> int:
-    """Lookaheads of a request's share: rows - 1 of those it asked for, all of them when pinned."""
+def _share_lookaheads(ask: Ask, rows: int) -> int:
+    """The lookaheads of a request's share: rows - 1 of those it asked for, all of them when pinned."""
     lookaheads = min(ask.wanted, ask.plan.lookaheads)
     return lookaheads if ask.pinned else min(lookaheads, rows - 1)
 
@@ -72,7 +74,7 @@ def default_budget(device: str) -> Budget:
     """The documented default of limits.max_step_tokens for a device ("cuda:1" -> cuda's)."""
     if device.split(":")[0] == "cpu":
         return Budget(rows_per_request=CPU_ROWS_PER_REQUEST)
-    return Budget(ACCELERATOR_TOKENS, ACCELERATOR_ROWS_PER_REQUEST)
+    return Budget(ACCELERATOR_TOKENS)
 
 
 @dataclass(frozen=True)
@@ -84,16 +86,19 @@ class Ask:
     pinned: bool = False  # never grant fewer: wait instead
     waited: int = 0  # consecutive rounds it waited (priority)
     sequence: int = 0  # its KV slot: where its rows are placed (see executor_tokens)
+    received: float = 0.0  # lookaheads granted per round so far: among equal grants, cut the richest
 
 
 def executor_tokens(asks: Sequence[Ask], grants: Sequence[int | None], executors: int) -> int:
     """Tokens of the busiest executor's forward: a request's candidate rows go round robin over the
-    executors starting at rank (sequence % executors), the base row last (lopa.execution.placement)."""
+    executors starting at rank (sequence % executors), the base row last (lopa.execution.placement).
+    Finished candidates (0 tokens) are not verified, so they take no place in the rotation. Not
+    counted: block_causal's cache-only rows (n_stage tokens on a rank without a row of the request)."""
     load = [0] * executors
     for ask, granted in zip(asks, grants, strict=True):
         if granted is None:
             continue
-        rows = [*ask.plan.row_tokens[:granted], ask.plan.row_tokens[-1]]
+        rows = [t for t in (*ask.plan.row_tokens[:granted], ask.plan.row_tokens[-1]) if t]
         for index, tokens in enumerate(rows):
             load[(index + ask.sequence) % executors] += tokens
     return max(load)
@@ -130,11 +135,14 @@ def _reduce(
     budget: int,
     executors: int,
 ) -> bool:
-    """Take lookaheads away (most first, lowest priority first among equals) until the round fits."""
+    """Take lookaheads away (most first; among equals the one that received most per round, then the
+    lowest priority) until the round fits."""
     while executor_tokens(asks, grants, executors) > budget:
         cuttable = [i for i in running if not asks[i].pinned and (grants[i] or 0) > 0]
         if not cuttable:
             return False
-        victim = max(cuttable, key=lambda i: (grants[i] or 0, rank[i]))
+        # Most lookaheads first; among equals the one that got the most per round so far, so that
+        # over rounds identical requests share the slack alike; then the lowest priority.
+        victim = max(cuttable, key=lambda i: (grants[i] or 0, asks[i].received, rank[i]))
         grants[victim] = (grants[victim] or 0) - 1
     return True

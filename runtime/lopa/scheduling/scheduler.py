@@ -189,7 +189,8 @@ class Scheduler:
         if not planned:
             return
         asks = [
-            Ask(plan, run.request.params.branches, run.request.pin_branches, run.waited, run.sequence)
+            Ask(plan, run.request.params.branches, run.request.pin_branches, run.waited, run.sequence,
+                run.generation.mean_branches)
             for run, plan in planned
         ]
         executors = self.executor.executors
