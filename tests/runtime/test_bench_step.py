@@ -25,7 +25,8 @@ def test_bench_step_reports_forwards_steps_and_products(
     out = tmp_path / "step.json"
     grid = ["--rows", "1,2", "--widths", "8,16", "--caches", "0,24"]
     steps = ["--ks", "0,1,3", "--step-widths", "8", "--step-cache", "16"]
-    args = ["bench", "step", "--preset", "tiny", *SMALL, *grid, *steps, "--gemm", "--json", str(out)]
+    rounds = ["--batches", "1,3,2", "--batch-k", "2"]
+    args = ["bench", "step", "--preset", "tiny", *SMALL, *grid, *steps, *rounds, "--gemm", "--json", str(out)]
     assert main(args) == 0
     report = json.loads(out.read_text())
     setup, rows = report["setup"], report["rows"]
@@ -41,9 +42,18 @@ def test_bench_step_reports_forwards_steps_and_products(
     assert [r["k"] for r in steps] == [0, 1, 3]
     assert steps[0]["x_d2f"] == 1.0 and all(r["rows"] == r["k"] + 1 for r in steps)
     assert all(r["tok_s_at_tpf_10.1"] == pytest.approx(10.1e3 / r["ms"], rel=0.01) for r in steps)
+    rounds = [r for r in rows if r["kind"] == "round"]
+    assert [r["requests"] for r in rounds] == [1, 3, 2]
+    lone_ms = rounds[0]["ms"]
+    for row in rounds:  # each request: k + 1 rows of the first step width over the step cache
+        assert (row["k"], row["window"], row["cache"]) == (2, 8, 16)
+        assert row["rows"] == 3 * row["requests"] and row["tokens"] == row["rows"] * 8
+        assert row["x_lone"] == pytest.approx(row["ms"] / (row["requests"] * lone_ms), rel=0.05)
+        assert row["tok_s_at_tpf_10.1"] == pytest.approx(row["requests"] * 10.1e3 / row["ms"], rel=0.01)
     assert {r["weight"] for r in rows if r["kind"] == "gemm"} == {"qkv", "o", "gate_up", "down", "lm_head"}
     printed = capsys.readouterr().out
     assert "| rows | window |" in printed and "| k | rows |" in printed  # a table per kind
+    assert "| requests | k | rows |" in printed
 
 
 def test_bench_step_refuses_bad_lists(capsys: pytest.CaptureFixture[str]) -> None:
@@ -51,6 +61,14 @@ def test_bench_step_refuses_bad_lists(capsys: pytest.CaptureFixture[str]) -> Non
         main(["bench", "step", "--preset", "tiny", *SMALL, "--rows", "0,2"])
     assert exit_info.value.code == 2
     assert "--rows: each value must be an integer [1, 64], got '0'" in capsys.readouterr().err
+    with pytest.raises(SystemExit) as exit_info:
+        main(["bench", "step", "--preset", "tiny", *SMALL, "--batches", "2,65"])
+    assert exit_info.value.code == 2
+    assert "--batches: each value must be an integer [1, 64], got '65'" in capsys.readouterr().err
+    with pytest.raises(SystemExit) as exit_info:
+        main(["bench", "step", "--preset", "tiny", *SMALL, "--batch-k", "-1"])
+    assert exit_info.value.code == 2
+    assert "--batch-k: must be in [0, " in capsys.readouterr().err
 
 
 def test_write_checkpoint_is_sharded_and_loads_with_its_adapter(tmp_path: Path) -> None:

@@ -7,6 +7,8 @@ is the floor no implementation beats. The benchmark measures, side by side in on
 - the forward grid: rows x window x cache length, replayed from a CUDA graph and eagerly;
 - the D2F step (1 row) and LoPA steps (k + 1 rows): a whole executor round (the forward, the
   statistics of the masked positions copied to the host once, the winner's commit);
+- batched rounds: the steps of several requests (each with its own cache) in one ragged forward,
+  as the scheduler runs them under load, against that many lone steps;
 - optionally the matrix products of one layer alone (what bounds the forward) and a
   torch.profiler table of the steps.
 
@@ -25,7 +27,7 @@ import torch
 import torch.nn.functional as F
 
 from lopa.decoding.executor import BranchWindow
-from lopa.execution.local import LocalExecutor, OutputPlan
+from lopa.execution.local import LocalExecutor, OutputPlan, VerifyPart
 from lopa.model.dream import DreamModel
 from lopa.model.window import DreamWindowModel
 from lopa.params import DecodingParams
@@ -115,27 +117,35 @@ def windows_for(
 
 
 class StepBench:
-    """One window model with its cache filled to a given length; forwards and steps repeatable."""
+    """One window model with its caches (`sequences` requests) filled to a given length; forwards,
+    steps and batched rounds repeatable. Forwards and steps use sequence 0, the one CUDA graphs
+    replay."""
 
-    def __init__(self, model: DreamModel, max_length: int, mask_id: int, repeat: int, graphs: bool) -> None:
+    def __init__(
+        self, model: DreamModel, max_length: int, mask_id: int, repeat: int, graphs: bool, sequences: int = 1
+    ) -> None:
         self.device = model.device
-        self.window = DreamWindowModel(model, max_length, num_slots=1, cuda_graphs=graphs)
+        self.window = DreamWindowModel(
+            model, max_length, num_slots=1, cuda_graphs=graphs, max_batch=sequences
+        )
         self.executor = LocalExecutor(self.window, device=self.device)
-        self.executor.begin(DecodingParams(), 1)
+        for sequence in range(sequences):
+            self.executor.begin(DecodingParams(), 1, sequence)
         self.mask_id, self.repeat = mask_id, repeat
         self.vocab = model.config.vocab_size
 
-    def fill_cache(self, length: int) -> None:
-        """Prefill `length` tokens (one eager forward), so later windows attend to a real cache."""
-        kv = self.window.kv
-        if kv.length > length:
-            kv.truncate(length)
-        while kv.length < length:
-            n = min(1024, length - kv.length)
-            windows = windows_for(1, n, kv.length, n, self.vocab, self.mask_id)
-            windows = [BranchWindow(w.tokens[:n], w.block_ids[:n], []) for w in windows]
-            self.executor.verify(kv.length, n, windows)
-            self.executor.commit(0)
+    def fill_cache(self, length: int, sequences: int = 1) -> None:
+        """Prefill `length` tokens in the first `sequences` sequences (eager forwards), so later
+        windows attend to a real cache."""
+        for sequence, kv in enumerate(self.window.caches[:sequences]):
+            if kv.length > length:
+                kv.truncate(length)
+            while kv.length < length:
+                n = min(1024, length - kv.length)
+                windows = windows_for(1, n, kv.length, n, self.vocab, self.mask_id)
+                windows = [BranchWindow(w.tokens[:n], w.block_ids[:n], []) for w in windows]
+                self.executor.verify(kv.length, n, windows, sequence)
+                self.executor.commit(0, sequence)
 
     def forward_ms(self, rows: int, width: int, n_stage: int) -> float:
         start = self.window.kv.length
@@ -148,6 +158,19 @@ class StepBench:
         windows = windows_for(rows, width, start, n_stage, self.vocab, self.mask_id)
 
         return median_ms(lambda: _one_step(self, rows, width, n_stage, windows), self.device, self.repeat)
+
+    def round_ms(self, requests: int, rows: int, width: int, n_stage: int) -> float:
+        """One scheduler round of `requests` requests (sequences 0..requests-1), `rows` candidate
+        rows each: one ragged forward (a lone request: its step, graphed where it can be), every
+        request's statistics, the winners' commits; the caches are cut back so the round repeats."""
+        if requests > len(self.window.caches):
+            raise ValueError(f"{requests} requests > the bench's {len(self.window.caches)} sequences")
+        parts = []
+        for sequence in range(requests):
+            start = self.window.caches[sequence].length
+            windows = windows_for(rows, width, start, n_stage, self.vocab, self.mask_id)
+            parts.append(VerifyPart(sequence, start, n_stage, windows))
+        return median_ms(lambda: _one_round(self, parts), self.device, self.repeat)
 
 
 def gemm_rows(model: DreamModel, tokens: list[int], repeat: int, autotune: bool = False) -> list[dict]:
@@ -210,6 +233,15 @@ def profile_steps(bench: StepBench, cases: list[tuple[str, int, int, int]], out:
             handle.write(f"== {name}: rows {rows}, window {width}, n_stage {n_stage}, 5 steps\n")
             handle.write(prof.key_averages().table(sort_by=sort, row_limit=30) + "\n\n")
     return path
+
+
+def _one_round(bench: StepBench, parts: list[VerifyPart]) -> None:
+    for outcome in bench.executor.verify_many(parts):
+        if isinstance(outcome, Exception):
+            raise outcome
+    bench.executor.commit_many([(part.sequence, len(part.windows) - 1) for part in parts])
+    for part in parts:
+        bench.window.caches[part.sequence].truncate(part.start)
 
 
 def _one_step(

@@ -46,6 +46,12 @@ def add_parsers(kinds: argparse._SubParsersAction) -> None:
     bench.add_argument("--ks", default="0,1,3,7,15", help="steps: lookahead branches (0 = the D2F step)")
     bench.add_argument("--step-widths", default="32,64", help="steps: window tokens per row (default 32,64)")
     bench.add_argument("--step-cache", type=int, default=512, help="steps: cache length (default 512)")
+    bench.add_argument("--batches", default="1,2,4,8,16",
+                       help="batched rounds: requests per round, each with its own cache "
+                       "(default 1,2,4,8,16)")
+    bench.add_argument("--batch-k", type=int, default=3,
+                       help="batched rounds: lookahead branches per request (default 3; window: the first "
+                       "--step-widths, cache: --step-cache)")
     bench.add_argument("--repeat", type=int, default=20, help="timed repetitions per point (median)")
     bench.add_argument("--no-eager", action="store_true", help="skip the eager (no CUDA graph) comparison")
     bench.add_argument("--gemm", action="store_true", help="also time layer 0's matrix products alone")
@@ -88,6 +94,9 @@ def run(args: argparse.Namespace) -> int:
     caches = _ints(args.caches, "caches", 0)
     ks = _ints(args.ks, "ks", 0, MAX_BRANCHES)
     step_widths = _ints(args.step_widths, "step_widths", 4)
+    batches = _ints(args.batches, "batches", 1, 64)
+    if not 0 <= args.batch_k <= MAX_BRANCHES:
+        raise InvalidParameter("batch_k", f"must be in [0, {MAX_BRANCHES}], got {args.batch_k}")
     if args.repeat < 2:
         raise InvalidParameter("repeat", f"must be >= 2, got {args.repeat}")
     if not args.copy_gb > 0:
@@ -129,8 +138,9 @@ def run(args: argparse.Namespace) -> int:
     out: list[dict] = []
     eager = device.type == "cuda" and not args.no_eager
     max_length = max([*caches, args.step_cache]) + max([*widths, *step_widths]) + 64
-    graphs = step.StepBench(model, max_length, mask_id, args.repeat, graphs=device.type == "cuda")
-    plain = step.StepBench(model, max_length, mask_id, args.repeat, graphs=False) if eager else None
+    sequences = max(batches)
+    graphs = step.StepBench(model, max_length, mask_id, args.repeat, device.type == "cuda", sequences)
+    plain = step.StepBench(model, max_length, mask_id, args.repeat, False, sequences) if eager else None
     benches = [b for b in (graphs, plain) if b is not None]
     for cache in caches:
         for b in benches:
@@ -160,6 +170,9 @@ def run(args: argparse.Namespace) -> int:
             row[f"tok_s_at_tpf_{args.tpf}"] = round(args.tpf * 1e3 / ms, 1)
             show_row(row)
             out.append(row)
+    for row in _round_rows(args, graphs, plain, floor, batches, step_widths[0]):
+        show_row(row)
+        out.append(row)
     if args.gemm:
         for row in step.gemm_rows(model, [64, 256], args.repeat, args.gemm_autotune):
             show_row(row)
@@ -170,7 +183,7 @@ def run(args: argparse.Namespace) -> int:
         cases = [("D2F", 1, width, n_stage), ("LoPA k=3", 4, width, n_stage)]
         path = step.profile_steps(graphs, cases, Path(args.profile))
         print(f"wrote {path}", file=sys.stderr)
-    for kind in ("forward", "step", "gemm"):
+    for kind in ("forward", "step", "round", "gemm"):
         picked = [r for r in out if r["kind"] == kind]
         if picked:
             where = f"floor {floor.ms():.3f} ms at {floor.bandwidth_tbps:.3f} TB/s, {setup['device']}"
@@ -179,6 +192,31 @@ def run(args: argparse.Namespace) -> int:
     if args.json:
         Path(args.json).write_text(json.dumps({"setup": setup, "rows": out}, indent=2) + "\n")
     return 0
+
+
+def _round_rows(
+    args: argparse.Namespace, graphs: step.StepBench, plain: step.StepBench | None, floor: step.Floor,
+    batches: list[int], width: int,
+) -> list[dict]:
+    """Batched rounds against as many lone steps: x_lone = the round's time over `requests` lone
+    rounds (below 1, batching saves time), and the aggregate tokens/s at the TPF."""
+    rows_each, n_stage, cache = args.batch_k + 1, width // 4, args.step_cache
+    for b in (graphs, plain):
+        if b is not None:
+            b.fill_cache(cache, max(batches))
+    lone_ms = graphs.round_ms(1, rows_each, width, n_stage)
+    out = []
+    for requests in batches:
+        ms = lone_ms if requests == 1 else graphs.round_ms(requests, rows_each, width, n_stage)
+        row = {"kind": "round", "requests": requests, "k": args.batch_k, "rows": requests * rows_each,
+               "window": width, "cache": cache, "tokens": requests * rows_each * width, "ms": round(ms, 3)}
+        if plain is not None:
+            row["eager_ms"] = round(plain.round_ms(requests, rows_each, width, n_stage), 3)
+        row["x_floor"] = round(ms / floor.ms(cache), 3)
+        row["x_lone"] = round(ms / (requests * lone_ms), 3)
+        row[f"tok_s_at_tpf_{args.tpf}"] = round(requests * args.tpf * 1e3 / ms, 1)
+        out.append(row)
+    return out
 
 
 def run_write(args: argparse.Namespace) -> int:
