@@ -19,6 +19,7 @@ from collections.abc import Sequence
 
 import torch
 
+from lopa.execution.heap import keep_freed_memory
 from lopa.execution.protocol import WindowBatch
 from lopa.model.dream import DreamModel, Segment
 from lopa.model.kv_cache import KVCache
@@ -83,6 +84,7 @@ class DreamWindowModel:
             self.kv.ensure_staging(max(slots, num_slots), min(tokens, max_length))
             self.graphs = WindowGraphs(model, self.kv)
         if self.device.type == "cpu":
+            keep_freed_memory()  # batched CPU forwards otherwise pay page faults (lopa.execution.heap)
             self._choose_cpu_products()
 
     @property
