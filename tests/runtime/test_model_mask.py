@@ -3,7 +3,7 @@
 import torch
 
 from lopa.model import build_window_mask
-from lopa.model.mask import additive, additive_window_mask, window_mask
+from lopa.model.mask import additive, additive_row_masks, additive_window_mask, row_masks, window_mask
 from lopa.params import AttentionMode
 
 
@@ -129,3 +129,19 @@ def test_memoized_mask_tells_block_ids_apart_in_block_causal_mode() -> None:
         additive_window_mask([3], _ids([1, 1, 2]), 0, "full", torch.float32),
         additive_window_mask([3], _ids([1, 2, 2]), 0, "full", torch.float32),
     )
+
+
+def test_row_masks_are_the_folded_masks_diagonal_blocks() -> None:
+    # Row by row (the CPU layout), each row sees the cache and exactly what the folded mask lets it
+    # see of its own row: the other rows' keys, always masked there, are simply absent.
+    lengths, ids = [4, 2, 3], _ids([1, 1, 2, 2], [1, 2, 9, 9], [2, 1, 1, 9])
+    for mode in AttentionMode:
+        folded = build_window_mask(lengths, ids, cache_length=3, mode=mode)
+        by_row = row_masks(torch.tensor(lengths), ids, 3, mode is AttentionMode.BLOCK_CAUSAL)
+        assert by_row.shape == (3, 1, 4, 3 + 4)
+        assert by_row[..., :3].all()
+        blocks = _row_view(folded, 3, 3)
+        for r in range(3):
+            assert torch.equal(by_row[r, 0, :, 3:], blocks[r, :, r])
+        additive_masks = additive_row_masks(lengths, ids, 3, mode, torch.float32)
+        assert torch.equal(additive_masks, additive(by_row, torch.float32))

@@ -3,7 +3,7 @@
 Three requests of different lengths, branch counts and attention modes run their rounds in one
 `forward_many`; a twin model runs each alone. Logits and the K/V committed into every
 sequence's cache must be bit-identical (lopa.model.invariant makes the linear products
-batch-invariant; attention is per sequence).
+batch-invariant; attention is per sequence, and within one per row).
 """
 
 from __future__ import annotations
@@ -107,3 +107,31 @@ def test_forward_many_refuses_a_sequence_twice_and_bad_sequences(model: DreamMod
         window.forward_many([batch, batch])
     with pytest.raises(ValueError, match=r"sequence 2 outside \[0, max_batch=2\)"):
         window.forward(_batch(0, 1, 6, 0, 2, AttentionMode.FULL, 2, 3))
+
+
+@pytest.mark.parametrize("mode", list(AttentionMode))
+def test_a_rows_bits_do_not_depend_on_the_rows_beside_it(model: DreamModel, mode: AttentionMode) -> None:
+    """A candidate row gives the same logits alone, first or third among others, and padded to a
+    wider row's width: so a request's rows split over 1, 2 or 3 workers, or cut by the branch
+    budget, verify to the same bits (folded into one sequence they differed in the last bits)."""
+    window = DreamWindowModel(model, MAX_LENGTH)
+    window.reset(4)
+    prompt = torch.randint(0, 90, (1, 12), generator=torch.Generator().manual_seed(3))
+    blocks = torch.zeros(1, 12, dtype=torch.long)
+    window.forward(WindowBatch(prompt, [12], blocks, 0, 12, mode))
+    window.commit(0, 12)
+    rows = torch.randint(0, 90, (4, 10), generator=torch.Generator().manual_seed(4))
+    row_blocks = torch.tensor([[1] * 5 + [2] * 5] * 4)
+    lengths = [10, 10, 7, 10]  # row 2 is shorter: padded beside the others
+
+    def logits(order: list[int]) -> list[torch.Tensor]:
+        width = max(lengths[r] for r in order)
+        batch = WindowBatch(rows[order, :width], [lengths[r] for r in order], row_blocks[order, :width],
+                            12, 0, mode)
+        out = window.forward(batch)
+        return [out[i, : lengths[r]] for i, r in enumerate(order)]
+
+    alone = {r: logits([r])[0] for r in range(4)}
+    for order in ([0, 1, 2, 3], [3, 2], [1, 0, 2], [2, 3, 0, 1]):
+        for r, got in zip(order, logits(order), strict=True):
+            assert torch.equal(got, alone[r]), f"row {r} in {order}"

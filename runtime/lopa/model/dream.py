@@ -35,13 +35,18 @@ class KVSource(Protocol):
 @dataclass(frozen=True)
 class Segment:
     """One request's tokens [begin, end) of a ragged forward (several requests folded into one
-    sequence): they attend only to their own cache and to each other, under their own mask."""
+    sequence): they attend only to their own cache and to each other, under their own mask.
+
+    With rows > 1 the tokens are `rows` rows of equal width that attend row by row, each to the
+    cache and to itself only, under masks [rows, 1, width, C + width] (lopa.model.mask.row_masks);
+    with rows == 1, as one sequence under a mask [1, 1, T, C + T]."""
 
     begin: int
     end: int
-    mask: torch.Tensor | None  # [1, 1, end - begin, C + end - begin] over this segment's cache + tokens
+    mask: torch.Tensor | None
     past: KVSource | None
     on_kv: KVCallback | None
+    rows: int = 1
 
 
 @dataclass(frozen=True)
@@ -53,6 +58,7 @@ class LayerSegment:
     mask: torch.Tensor | None
     past: tuple[torch.Tensor, torch.Tensor] | None
     on_kv: Callable[[torch.Tensor, torch.Tensor], None] | None
+    rows: int = 1
 
 
 class RMSNorm(nn.Module):
@@ -168,13 +174,26 @@ class DreamAttention(nn.Module):
         if segments is None:
             out = _attend_with_past(q, k, v, mask, past, on_kv)
         else:  # a ragged forward: each request's tokens see only its own cache and tokens
-            parts = []
-            for s in segments:
-                rows = slice(s.begin, s.end)
-                parts.append(_attend_with_past(q[:, rows], k[:, rows], v[:, rows], s.mask, s.past, s.on_kv))
-            out = parts[0] if len(parts) == 1 else torch.cat(parts, dim=2)
+            out = _attend_segments(q, k, v, segments)
         out = out.transpose(1, 2).reshape(batch, length, self.heads * self.head_dim)
         return invariant.apply(self.o_proj, out)
+
+
+def _attend_segments(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, segments: Sequence[LayerSegment]
+) -> torch.Tensor:
+    """Attention of a folded batch-1 forward, segment by segment (see Segment); [1, heads, T, D]."""
+    parts = []
+    for s in segments:
+        tokens = slice(s.begin, s.end)
+        qs, ks, vs = q[:, tokens], k[:, tokens], v[:, tokens]
+        if s.rows > 1:  # [1, R * W, h, D] -> [R, W, h, D]: one batch element per row
+            qs, ks, vs = (t.reshape(s.rows, -1, *t.shape[2:]) for t in (qs, ks, vs))
+        out = _attend_with_past(qs, ks, vs, s.mask, s.past, s.on_kv)  # [R, heads, W, D]
+        if s.rows > 1:
+            out = out.transpose(0, 1).reshape(1, out.shape[1], -1, out.shape[3])
+        parts.append(out)
+    return parts[0] if len(parts) == 1 else torch.cat(parts, dim=2)
 
 
 def _attend_with_past(
@@ -340,4 +359,4 @@ def _bind(on_kv: KVCallback, index: int) -> Callable[[torch.Tensor, torch.Tensor
 def _bind_segment(segment: Segment, index: int) -> LayerSegment:
     past = segment.past.cached(index) if segment.past is not None else None
     on_kv = None if segment.on_kv is None else _bind(segment.on_kv, index)
-    return LayerSegment(segment.begin, segment.end, segment.mask, past, on_kv)
+    return LayerSegment(segment.begin, segment.end, segment.mask, past, on_kv, segment.rows)

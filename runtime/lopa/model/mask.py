@@ -10,6 +10,11 @@ the W cache positions followed by the R * L window tokens:
   masked) and, in block_causal mode, block_ids[r, k] <= block_ids[r, q];
 - every query sees itself, so padded queries never have an all-masked row: softmax over nothing
   would give NaN, and a NaN value in a padded position poisons the other rows through 0 * NaN.
+
+On CPU the rows attend one by one instead (`row_masks`: R masks over the cache and the row's own
+keys): each row then skips the other rows' keys, all masked anyway, and its bits no longer depend
+on how many rows share its forward or where it sits among them (folded, a row's logits moved in the
+last bits with its position, so one request split over 2 workers could differ from it on one).
 """
 
 from __future__ import annotations
@@ -119,3 +124,64 @@ def _window_part(
     else:
         block_ids, mode = torch.tensor(ids).view(rows, width), AttentionMode.BLOCK_CAUSAL
     return additive(build_window_mask(lengths, block_ids.to(device), 0, mode), dtype)[0, 0]
+
+
+def row_masks(
+    lengths: torch.Tensor, block_ids: torch.Tensor, cache_length: int, block_causal: bool
+) -> torch.Tensor:
+    """Bool masks [R, 1, L, cache_length + L], one per row, for attention computed row by row:
+    query q of row r sees every cached position and its own row's key k iff k < lengths[r] and, in
+    block_causal mode, block_ids[r, k] <= block_ids[r, q]; every query sees itself. The same
+    visibility as window_mask's diagonal blocks, without the other rows' (always masked) keys."""
+    rows, length = block_ids.shape
+    device = block_ids.device
+    valid_key = torch.arange(length, device=device)[None, :] < lengths[:, None]  # [R, L]
+    own = valid_key[:, None, :]
+    if block_causal:
+        own = own & (block_ids[:, None, :] <= block_ids[:, :, None])
+    own = own | torch.eye(length, dtype=torch.bool, device=device)  # [R, query, key]
+    cached = torch.ones((rows, length, cache_length), dtype=torch.bool, device=device)
+    return torch.cat((cached, own), dim=2)[:, None]
+
+
+def additive_row_masks(
+    lengths: Sequence[int],
+    block_ids: torch.Tensor,
+    cache_length: int,
+    mode: AttentionMode | str,
+    dtype: torch.dtype,
+    device: torch.device | str = "cpu",
+) -> torch.Tensor:
+    """additive(row_masks(...)) on `device` (block_ids on the host), the rows' own part memoized
+    as in additive_window_mask."""
+    mode, device = AttentionMode(mode), torch.device(device)
+    rows, width = block_ids.shape
+    if len(lengths) != rows:
+        raise ValueError(f"{len(lengths)} lengths for {rows} rows")
+    causal = mode is AttentionMode.BLOCK_CAUSAL
+    if rows * width > _MEMO_TOKENS:
+        lengths_tensor = torch.as_tensor(list(lengths), device=device)
+        return additive(row_masks(lengths_tensor, block_ids.to(device), cache_length, causal), dtype)
+    ids = tuple(block_ids.flatten().tolist()) if causal else None
+    own = _row_part(rows, width, tuple(lengths), ids, dtype, device)
+    mask = torch.empty((rows, 1, width, cache_length + width), dtype=dtype, device=device)
+    mask[..., :cache_length] = 0
+    mask[..., cache_length:] = own
+    return mask
+
+
+@functools.lru_cache(maxsize=128)
+def _row_part(
+    rows: int,
+    width: int,
+    lengths: tuple[int, ...],
+    ids: tuple[int, ...] | None,
+    dtype: torch.dtype,
+    device: torch.device,
+) -> torch.Tensor:
+    if ids is None:
+        block_ids = torch.zeros(rows, width, dtype=torch.long)
+    else:
+        block_ids = torch.tensor(ids).view(rows, width)
+    own = row_masks(torch.tensor(lengths), block_ids, 0, ids is not None)
+    return additive(own, dtype).to(device)

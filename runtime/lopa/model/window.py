@@ -1,14 +1,16 @@
 """DreamWindowModel: the `WindowModel` protocol over a DreamModel and static KV caches.
 
-A forward folds its rows into one sequence (lopa.model.mask): every row reads the shared cache
-once. On CUDA the forward is replayed from a captured graph (lopa.model.cuda_graphs) whenever the
-caller names the outputs it needs (the executors always do) and it is sequence 0's lone forward;
-otherwise it runs eagerly.
+A forward folds its rows into one token sequence for the linear products. Attention: on an
+accelerator the rows attend as that one sequence (lopa.model.mask), so every row reads the shared
+cache once; on CPU row by row, so a row's bits do not depend on the rows beside it. On CUDA the
+forward is replayed from a captured graph (lopa.model.cuda_graphs) whenever the caller names the
+outputs it needs (the executors always do) and it is sequence 0's lone forward; otherwise it runs
+eagerly.
 
 The model holds `max_batch` sequences (one KV cache each, allocated up front: the memory is known
 at start). `forward_many` runs several sequences' verification forwards as ONE ragged forward: all
 their rows folded into one token sequence, every linear product over all of them at once,
-attention per sequence (its own cache, its own mask).
+attention per sequence (its own cache, its own masks).
 """
 
 from __future__ import annotations
@@ -23,7 +25,7 @@ from lopa.execution.heap import keep_freed_memory
 from lopa.execution.protocol import WindowBatch
 from lopa.model.dream import DreamModel, Segment
 from lopa.model.kv_cache import KVCache
-from lopa.model.mask import additive_window_mask
+from lopa.model.mask import additive_row_masks, additive_window_mask
 from lopa.params import AttentionMode
 
 log = logging.getLogger("lopa.model")
@@ -126,19 +128,16 @@ class DreamWindowModel:
             return [self.forward(batches[0])]
         if len({b.sequence for b in batches}) != len(batches):
             raise ValueError("forward_many: two batches for one sequence")
-        device, dtype = self.device, self.model.dtype
+        device = self.device
         segments, tokens, positions, outputs, counts = [], [], [], [], []
         offset = 0
         for batch in batches:
             self._check(batch)
             if batch.outputs is None:
                 raise ValueError("forward_many: every batch must name its outputs")
-            kv = self._cache(batch.sequence)
             rows, width = batch.rows, batch.width
-            mask = additive_window_mask(batch.lengths, batch.block_ids, kv.length, batch.mode, dtype, device)
-            kv.begin_stage(rows, batch.n_stage, batch.first_slot)
             end = offset + rows * width
-            segments.append(Segment(offset, end, mask, kv, kv.stage))
+            segments.append(self._segment(batch, offset))
             tokens.append(batch.tokens.reshape(-1))
             positions.append(batch.start + torch.arange(width).repeat(rows))
             outputs.append(torch.tensor(batch.outputs, dtype=torch.long) + offset)
@@ -160,24 +159,30 @@ class DreamWindowModel:
             raise ValueError(f"sequence {sequence} outside [0, max_batch={self.max_batch})")
         return self.caches[sequence]
 
+    def _segment(self, batch: WindowBatch, offset: int) -> Segment:
+        """The batch's tokens at `offset` of a folded forward, its staging begun: on CPU its rows
+        attend row by row (a row's bits then do not depend on the rows beside it, see
+        lopa.model.mask), elsewhere as one sequence (the cache is read once for every row)."""
+        kv = self._cache(batch.sequence)
+        rows, dtype, device = batch.rows, self.model.dtype, self.device
+        by_row = device.type == "cpu" and rows > 1
+        masks = additive_row_masks if by_row else additive_window_mask
+        mask = masks(batch.lengths, batch.block_ids, kv.length, batch.mode, dtype, device)
+        kv.begin_stage(rows, batch.n_stage, batch.first_slot)
+        return Segment(offset, offset + rows * batch.width, mask, kv, kv.stage, rows if by_row else 1)
+
     def _eager(self, batch: WindowBatch) -> torch.Tensor:
         device = self.device
-        kv = self._cache(batch.sequence)
         rows, width = batch.rows, batch.width
-        dtype = self.model.dtype
-        mask = additive_window_mask(batch.lengths, batch.block_ids, kv.length, batch.mode, dtype, device)
         positions = batch.start + torch.arange(width, device=device).repeat(rows)
         outputs = None
         if batch.outputs is not None:
             outputs = torch.tensor(batch.outputs, dtype=torch.long, device=device)
-        kv.begin_stage(rows, batch.n_stage, batch.first_slot)
         logits = self.model(
             batch.tokens.to(device).reshape(1, rows * width),
             positions,
-            mask,
-            past=kv,
-            on_kv=kv.stage,
             output_index=outputs,
+            segments=[self._segment(batch, 0)],
         )
         if outputs is None:
             logits = logits.view(rows, width, -1)
