@@ -3,7 +3,7 @@
 import torch
 
 from lopa.model import build_window_mask
-from lopa.model.mask import additive, additive_row_masks, additive_window_mask, row_masks, window_mask
+from lopa.model.mask import additive, additive_window_mask, row_masks, window_mask
 from lopa.params import AttentionMode
 
 
@@ -143,5 +143,5 @@ def test_row_masks_are_the_folded_masks_diagonal_blocks() -> None:
         blocks = _row_view(folded, 3, 3)
         for r in range(3):
             assert torch.equal(by_row[r, 0, :, 3:], blocks[r, :, r])
-        additive_masks = additive_row_masks(lengths, ids, 3, mode, torch.float32)
+        additive_masks = additive_window_mask(lengths, ids, 3, mode, torch.float32, by_row=True)
         assert torch.equal(additive_masks, additive(by_row, torch.float32))

@@ -89,41 +89,27 @@ def additive_window_mask(
     mode: AttentionMode | str,
     dtype: torch.dtype,
     device: torch.device | str = "cpu",
+    by_row: bool = False,
 ) -> torch.Tensor:
-    """additive(build_window_mask(...)) on `device` (block_ids on the host), the window part
-    memoized: a request's rounds repeat a few window shapes while its cache grows, and a batched
-    round builds one mask per request, so rebuilding it (~20 small ops) was a visible share of an
-    eager CPU forward. Same values."""
-    mode, device = AttentionMode(mode), torch.device(device)
+    """additive(build_window_mask(...)), or with by_row additive(row_masks(...)), on `device`
+    (block_ids on the host), the window part memoized: a request's rounds repeat a few window
+    shapes while its cache grows, and a batched round builds one mask per request, so rebuilding
+    it (~20 small ops) was a visible share of an eager CPU forward. Same values."""
+    device = torch.device(device)
     rows, width = block_ids.shape
     if len(lengths) != rows:
         raise ValueError(f"{len(lengths)} lengths for {rows} rows")
-    tokens = rows * width
-    if tokens > _MEMO_TOKENS:
-        return additive(build_window_mask(lengths, block_ids.to(device), cache_length, mode), dtype)
-    # Full attention ignores the block ids: the rows, width and lengths decide the mask.
-    ids = tuple(block_ids.flatten().tolist()) if mode is AttentionMode.BLOCK_CAUSAL else None
-    window = _window_part(rows, width, tuple(lengths), ids, dtype, device)
-    mask = torch.empty((1, 1, tokens, cache_length + tokens), dtype=dtype, device=device)
+    causal = AttentionMode(mode) is AttentionMode.BLOCK_CAUSAL
+    if rows * width > _MEMO_TOKENS:
+        own = additive(_window(tuple(lengths), block_ids.to(device), causal, by_row), dtype)
+    else:  # full attention ignores the block ids: the rows, width and lengths decide the mask
+        ids = tuple(block_ids.flatten().tolist()) if causal else None
+        own = _memo_window(rows, width, tuple(lengths), ids, by_row, dtype, device)
+    queries, keys = own.shape[-2:]
+    mask = torch.empty((own.shape[0], 1, queries, cache_length + keys), dtype=dtype, device=device)
     mask[..., :cache_length] = 0
-    mask[..., cache_length:] = window
+    mask[..., cache_length:] = own
     return mask
-
-
-@functools.lru_cache(maxsize=128)
-def _window_part(
-    rows: int,
-    width: int,
-    lengths: tuple[int, ...],
-    ids: tuple[int, ...] | None,
-    dtype: torch.dtype,
-    device: torch.device,
-) -> torch.Tensor:
-    if ids is None:
-        block_ids, mode = torch.zeros(rows, width, dtype=torch.long), AttentionMode.FULL
-    else:
-        block_ids, mode = torch.tensor(ids).view(rows, width), AttentionMode.BLOCK_CAUSAL
-    return additive(build_window_mask(lengths, block_ids.to(device), 0, mode), dtype)[0, 0]
 
 
 def row_masks(
@@ -144,38 +130,21 @@ def row_masks(
     return torch.cat((cached, own), dim=2)[:, None]
 
 
-def additive_row_masks(
-    lengths: Sequence[int],
-    block_ids: torch.Tensor,
-    cache_length: int,
-    mode: AttentionMode | str,
-    dtype: torch.dtype,
-    device: torch.device | str = "cpu",
-) -> torch.Tensor:
-    """additive(row_masks(...)) on `device` (block_ids on the host), the rows' own part memoized
-    as in additive_window_mask."""
-    mode, device = AttentionMode(mode), torch.device(device)
-    rows, width = block_ids.shape
-    if len(lengths) != rows:
-        raise ValueError(f"{len(lengths)} lengths for {rows} rows")
-    causal = mode is AttentionMode.BLOCK_CAUSAL
-    if rows * width > _MEMO_TOKENS:
-        lengths_tensor = torch.as_tensor(list(lengths), device=device)
-        return additive(row_masks(lengths_tensor, block_ids.to(device), cache_length, causal), dtype)
-    ids = tuple(block_ids.flatten().tolist()) if causal else None
-    own = _row_part(rows, width, tuple(lengths), ids, dtype, device)
-    mask = torch.empty((rows, 1, width, cache_length + width), dtype=dtype, device=device)
-    mask[..., :cache_length] = 0
-    mask[..., cache_length:] = own
-    return mask
+def _window(lengths: tuple[int, ...], block_ids: torch.Tensor, causal: bool, by_row: bool) -> torch.Tensor:
+    """The window part of the bool mask: [1, 1, T, T] folded or [R, 1, L, L] by row."""
+    if by_row:
+        return row_masks(torch.tensor(lengths, device=block_ids.device), block_ids, 0, causal)
+    mode = AttentionMode.BLOCK_CAUSAL if causal else AttentionMode.FULL
+    return build_window_mask(lengths, block_ids, 0, mode)
 
 
 @functools.lru_cache(maxsize=128)
-def _row_part(
+def _memo_window(
     rows: int,
     width: int,
     lengths: tuple[int, ...],
     ids: tuple[int, ...] | None,
+    by_row: bool,
     dtype: torch.dtype,
     device: torch.device,
 ) -> torch.Tensor:
@@ -183,5 +152,4 @@ def _row_part(
         block_ids = torch.zeros(rows, width, dtype=torch.long)
     else:
         block_ids = torch.tensor(ids).view(rows, width)
-    own = row_masks(torch.tensor(lengths), block_ids, 0, ids is not None)
-    return additive(own, dtype).to(device)
+    return additive(_window(lengths, block_ids.to(device), ids is not None, by_row), dtype)

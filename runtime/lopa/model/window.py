@@ -25,7 +25,7 @@ from lopa.execution.heap import keep_freed_memory
 from lopa.execution.protocol import WindowBatch
 from lopa.model.dream import DreamModel, Segment
 from lopa.model.kv_cache import KVCache
-from lopa.model.mask import additive_row_masks, additive_window_mask
+from lopa.model.mask import additive_window_mask
 from lopa.params import AttentionMode
 
 log = logging.getLogger("lopa.model")
@@ -166,8 +166,9 @@ class DreamWindowModel:
         kv = self._cache(batch.sequence)
         rows, dtype, device = batch.rows, self.model.dtype, self.device
         by_row = device.type == "cpu" and rows > 1
-        masks = additive_row_masks if by_row else additive_window_mask
-        mask = masks(batch.lengths, batch.block_ids, kv.length, batch.mode, dtype, device)
+        mask = additive_window_mask(
+            batch.lengths, batch.block_ids, kv.length, batch.mode, dtype, device, by_row=by_row
+        )
         kv.begin_stage(rows, batch.n_stage, batch.first_slot)
         return Segment(offset, offset + rows * batch.width, mask, kv, kv.stage, rows if by_row else 1)
 
