@@ -13,6 +13,7 @@ import torch
 from lopa.bench import step
 from lopa.bench.rows import markdown_table, show_row
 from lopa.cli.preflight import device_problem
+from lopa.model.dream import DreamModel
 from lopa.model.loader import load_model, parse_dtype
 from lopa.params import MAX_BRANCHES, InvalidParameter
 from lopa.synthetic.checkpoint import (
@@ -47,8 +48,9 @@ def add_parsers(kinds: argparse._SubParsersAction) -> None:
     bench.add_argument("--step-widths", default="32,64", help="steps: window tokens per row (default 32,64)")
     bench.add_argument("--step-cache", type=int, default=512, help="steps: cache length (default 512)")
     bench.add_argument("--batches", default="1,2,4,8,16",
-                       help="batched rounds: requests per round, each with its own cache "
-                       "(default 1,2,4,8,16)")
+                       help="batched rounds: requests per round, each with its own cache, against as "
+                       "many lone rounds (default 1,2,4,8,16; on CUDA a lone round replays a graph, a "
+                       "batched one runs eagerly, eager_ms: both eagerly)")
     bench.add_argument("--batch-k", type=int, default=3,
                        help="batched rounds: lookahead branches per request (default 3; window: the first "
                        "--step-widths, cache: --step-cache)")
@@ -138,9 +140,8 @@ def run(args: argparse.Namespace) -> int:
     out: list[dict] = []
     eager = device.type == "cuda" and not args.no_eager
     max_length = max([*caches, args.step_cache]) + max([*widths, *step_widths]) + 64
-    sequences = max(batches)
-    graphs = step.StepBench(model, max_length, mask_id, args.repeat, device.type == "cuda", sequences)
-    plain = step.StepBench(model, max_length, mask_id, args.repeat, False, sequences) if eager else None
+    graphs = step.StepBench(model, max_length, mask_id, args.repeat, graphs=device.type == "cuda")
+    plain = step.StepBench(model, max_length, mask_id, args.repeat, graphs=False) if eager else None
     benches = [b for b in (graphs, plain) if b is not None]
     for cache in caches:
         for b in benches:
@@ -170,7 +171,7 @@ def run(args: argparse.Namespace) -> int:
             row[f"tok_s_at_tpf_{args.tpf}"] = round(args.tpf * 1e3 / ms, 1)
             show_row(row)
             out.append(row)
-    for row in _round_rows(args, graphs, plain, floor, batches, step_widths[0]):
+    for row in _round_rows(args, model, mask_id, eager, floor, batches, step_widths[0]):
         show_row(row)
         out.append(row)
     if args.gemm:
@@ -195,15 +196,20 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _round_rows(
-    args: argparse.Namespace, graphs: step.StepBench, plain: step.StepBench | None, floor: step.Floor,
+    args: argparse.Namespace, model: DreamModel, mask_id: int, eager: bool, floor: step.Floor,
     batches: list[int], width: int,
 ) -> list[dict]:
     """Batched rounds against as many lone steps: x_lone = the round's time over `requests` lone
-    rounds (below 1, batching saves time), and the aggregate tokens/s at the TPF."""
+    rounds (below 1, batching saves time), and the aggregate tokens/s at the TPF. On CUDA the lone
+    round replays a graph while a batched one runs eagerly (graphs cover sequence 0's lone forward
+    only); eager_ms times both eagerly. Their own benches: `max(batches)` caches of the step cache."""
     rows_each, n_stage, cache = args.batch_k + 1, width // 4, args.step_cache
+    max_length, sequences = cache + width + 64, max(batches)
+    graphs = step.StepBench(model, max_length, mask_id, args.repeat, model.device.type == "cuda", sequences)
+    plain = step.StepBench(model, max_length, mask_id, args.repeat, False, sequences) if eager else None
     for b in (graphs, plain):
         if b is not None:
-            b.fill_cache(cache, max(batches))
+            b.fill_cache(cache, sequences)
     lone_ms = graphs.round_ms(1, rows_each, width, n_stage)
     out = []
     for requests in batches:
@@ -212,7 +218,7 @@ def _round_rows(
                "window": width, "cache": cache, "tokens": requests * rows_each * width, "ms": round(ms, 3)}
         if plain is not None:
             row["eager_ms"] = round(plain.round_ms(requests, rows_each, width, n_stage), 3)
-        row["x_floor"] = round(ms / floor.ms(cache), 3)
+        row["x_floor"] = round(ms / floor.ms(requests * cache), 3)  # every request's cache is read
         row["x_lone"] = round(ms / (requests * lone_ms), 3)
         row[f"tok_s_at_tpf_{args.tpf}"] = round(requests * args.tpf * 1e3 / ms, 1)
         out.append(row)

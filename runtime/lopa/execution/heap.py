@@ -13,8 +13,9 @@ stay mapped (mmap threshold) and not be trimmed away (trim threshold).
 `keep_freed_memory()` raises both thresholds with mallopt, which also turns off the dynamic
 adjustment. The process then keeps up to its peak heap mapped (what jemalloc or tcmalloc, which
 torch's CPU tuning guide recommends, do as well). It is a no-op where the C library has no mallopt
-(musl, macOS) and where the user tuned malloc already (MALLOC_*_ environment variables, GLIBC_TUNABLES,
-or another allocator preloaded).
+(musl, macOS) and where the user set these thresholds already (MALLOC_MMAP_THRESHOLD_,
+MALLOC_TRIM_THRESHOLD_, MALLOC_TOP_PAD_, MALLOC_MMAP_MAX_, a glibc.malloc tunable in
+GLIBC_TUNABLES) or preloaded another allocator (jemalloc, tcmalloc, mimalloc).
 """
 
 from __future__ import annotations
@@ -31,7 +32,7 @@ _M_TRIM_THRESHOLD = -1  # mallopt parameters (malloc.h)
 _M_MMAP_THRESHOLD = -3
 MMAP_THRESHOLD = 32 * 1024 * 1024  # glibc's largest (HEAP_MAX_SIZE / 2 on 64-bit)
 TRIM_THRESHOLD = 1024**3
-_USER_TUNING = ("MALLOC_MMAP_THRESHOLD_", "MALLOC_TRIM_THRESHOLD_", "MALLOC_TOP_PAD_", "GLIBC_TUNABLES")
+_USER_TUNING = ("MALLOC_MMAP_THRESHOLD_", "MALLOC_TRIM_THRESHOLD_", "MALLOC_TOP_PAD_", "MALLOC_MMAP_MAX_")
 
 
 def user_tuned(environ: dict[str, str] | os._Environ[str] = os.environ) -> str | None:
@@ -39,6 +40,8 @@ def user_tuned(environ: dict[str, str] | os._Environ[str] = os.environ) -> str |
     for name in _USER_TUNING:
         if environ.get(name):
             return f"{name} is set"
+    if "glibc.malloc." in environ.get("GLIBC_TUNABLES", ""):
+        return "GLIBC_TUNABLES sets glibc.malloc tunables"
     preload = environ.get("LD_PRELOAD", "")
     if any(name in preload for name in ("jemalloc", "tcmalloc", "mimalloc")):
         return f"LD_PRELOAD={preload}"
@@ -59,7 +62,9 @@ def keep_freed_memory() -> bool:
         log.debug("no mallopt in this C library: malloc thresholds left alone")
         return False
     mallopt.argtypes, mallopt.restype = [ctypes.c_int, ctypes.c_int], ctypes.c_int
-    done = mallopt(_M_MMAP_THRESHOLD, MMAP_THRESHOLD) == 1 and mallopt(_M_TRIM_THRESHOLD, TRIM_THRESHOLD) == 1
-    if not done:
-        log.warning("mallopt refused the malloc thresholds: CPU forwards may pay page faults")
-    return done
+    settings = {"M_MMAP_THRESHOLD": (_M_MMAP_THRESHOLD, MMAP_THRESHOLD),
+                "M_TRIM_THRESHOLD": (_M_TRIM_THRESHOLD, TRIM_THRESHOLD)}
+    refused = [name for name, (param, value) in settings.items() if mallopt(param, value) != 1]
+    if refused:
+        log.warning("mallopt refused %s: CPU forwards may pay page faults", ", ".join(refused))
+    return not refused

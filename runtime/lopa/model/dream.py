@@ -210,8 +210,9 @@ def _attend_with_past(
     if on_kv is not None:
         on_kv(k, v)
     if past is not None and past[0].shape[0] > 0:
-        # The cached prefix is shared by every row: broadcast it in front of each row's window
-        # (inference folds every row into one, batch == 1, so nothing is repeated there).
+        # The cached prefix is shared by every row: put in front of each row's window. Folded
+        # (batch == 1) it is copied once; row by row (CPU) once per row, R x C x kv_heads x D
+        # values per layer, small beside the scores, which are ~W x heads / kv_heads times more.
         past_k, past_v = past
         k = torch.cat((past_k.unsqueeze(0).expand(batch, -1, -1, -1), k), dim=1)
         v = torch.cat((past_v.unsqueeze(0).expand(batch, -1, -1, -1), v), dim=1)
