@@ -236,6 +236,8 @@ def profile_steps(bench: StepBench, cases: list[tuple[str, int, int, int]], out:
 
 
 def _one_round(bench: StepBench, parts: list[VerifyPart]) -> None:
+    """verify + commit of every part (each one's anchor row wins), then the caches are cut back so
+    the round repeats."""
     for outcome in bench.executor.verify_many(parts):
         if isinstance(outcome, Exception):
             raise outcome
@@ -247,10 +249,7 @@ def _one_round(bench: StepBench, parts: list[VerifyPart]) -> None:
 def _one_step(
     bench: StepBench, rows: int, width: int, n_stage: int, windows: list[BranchWindow] | None = None
 ) -> None:
-    """verify + commit (the anchor row wins), then the cache is cut back so the step repeats."""
-    kv = bench.window.kv
-    start = kv.length
+    """Sequence 0's round alone (see _one_round)."""
+    start = bench.window.kv.length
     windows = windows or windows_for(rows, width, start, n_stage, bench.vocab, bench.mask_id)
-    bench.executor.verify(start, n_stage, windows)
-    bench.executor.commit(rows - 1)
-    kv.truncate(start)
+    _one_round(bench, [VerifyPart(0, start, n_stage, windows)])
