@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from round_cases import MAX_LENGTH, ROUNDS, round_batch
 
 from lopa.bundled import tasks
 from lopa.bundled.defaults import model_defaults
@@ -144,6 +145,23 @@ def test_graphs_survive_a_staging_reallocation(tiny_checkpoint: Path) -> None:
     after = window.forward(batch).cpu()
     assert not window.graphs.disabled and len(window.graphs.graphs) == 1
     torch.testing.assert_close(after, before)
+
+
+def test_batched_rounds_replay_graphs_and_equal_eager_rounds() -> None:
+    # Rounds of 1-4 requests joining and leaving (tests/runtime/test_model_round_graphs.py runs the
+    # same rounds through the uncaptured body on the CPU): captured and replayed here.
+    loaded = load_model(bundled_model_dir(), dtype="float32", device="cuda")
+    graphed = DreamWindowModel(loaded.model, MAX_LENGTH, max_batch=4)
+    eager = DreamWindowModel(loaded.model, MAX_LENGTH, max_batch=4, cuda_graphs=False)
+    for number, sequences in enumerate(ROUNDS):
+        batches = [round_batch(10 * number + s, s, eager.cache_length(s)) for s in sequences]
+        for got, want in zip(graphed.forward_many(batches), eager.forward_many(batches), strict=True):
+            torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-4)
+        for batch in batches:
+            for window in (eager, graphed):
+                window.commit(batch.rows - 1, batch.n_stage, batch.sequence)
+    assert graphed.graphs is not None and not graphed.graphs.disabled
+    assert {bucket.requests for bucket in graphed.graphs.graphs} == {1, 2, 3, 4}
 
 
 class _BatchSizes(Observer):

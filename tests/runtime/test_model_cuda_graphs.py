@@ -45,3 +45,20 @@ def test_packed_layout_is_contiguous_and_sized_for_every_output() -> None:
     assert (layout.lengths.start, layout.lengths.stop) == (2 * tokens, 2 * tokens + 4)
     assert layout.scalars == 2 * tokens + 4 and layout.outputs == layout.scalars + 3
     assert layout.size - layout.outputs == tokens + 4  # every masked position plus one last logit per row
+
+
+def test_a_round_of_several_requests_pads_to_one_bucket() -> None:
+    # The largest request's rows, window and cache; the token limit counts every request.
+    assert bucket_for(3, 20, 300, max_length=4096, requests=5) == Bucket(4, 32, 2 * CACHE_STEP, 5)
+    assert bucket_for(4, 64, 0, max_length=4096, requests=MAX_TOKENS // 256) is not None
+    assert bucket_for(4, 64, 0, max_length=4096, requests=MAX_TOKENS // 256 + 1) is None
+
+
+def test_packed_layout_of_several_requests() -> None:
+    bucket = Bucket(2, 16, 256, requests=3)
+    layout = PackedInputs(bucket)
+    tokens, rows = 3 * 2 * 16, 3 * 2
+    assert bucket.tokens == tokens and bucket.request_tokens == 32
+    assert (layout.lengths.start, layout.lengths.stop) == (2 * tokens, 2 * tokens + rows)
+    assert layout.outputs == layout.scalars + 3 * 3  # start, cache length, block_causal per request
+    assert layout.size - layout.outputs == tokens + rows

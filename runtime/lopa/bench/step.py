@@ -118,8 +118,8 @@ def windows_for(
 
 class StepBench:
     """One window model with its caches (`sequences` requests) filled to a given length; forwards,
-    steps and batched rounds repeatable. Forwards and steps use sequence 0, the one CUDA graphs
-    replay."""
+    steps and batched rounds repeatable. Forwards and steps use sequence 0; on CUDA every one of
+    them replays a graph when it fits one (lopa.model.cuda_graphs)."""
 
     def __init__(
         self, model: DreamModel, max_length: int, mask_id: int, repeat: int, graphs: bool, sequences: int = 1

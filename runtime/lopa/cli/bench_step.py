@@ -49,8 +49,8 @@ def add_parsers(kinds: argparse._SubParsersAction) -> None:
     bench.add_argument("--step-cache", type=int, default=512, help="steps: cache length (default 512)")
     bench.add_argument("--batches", default="1,2,4,8,16",
                        help="batched rounds: requests per round, each with its own cache, against as "
-                       "many lone rounds (default 1,2,4,8,16; on CUDA a lone round replays a graph, a "
-                       "batched one runs eagerly, eager_ms: both eagerly)")
+                       "many lone rounds (default 1,2,4,8,16; on CUDA both replay graphs up to 2048 "
+                       "tokens a round, eager_ms: both eagerly)")
     bench.add_argument("--batch-k", type=int, default=3,
                        help="batched rounds: lookahead branches per request (default 3; window: the first "
                        "--step-widths, cache: --step-cache)")
@@ -200,9 +200,9 @@ def _round_rows(
     batches: list[int], width: int,
 ) -> list[dict]:
     """Batched rounds against as many lone steps: x_lone = the round's time over `requests` lone
-    rounds (below 1, batching saves time), and the aggregate tokens/s at the TPF. On CUDA the lone
-    round replays a graph while a batched one runs eagerly (graphs cover sequence 0's lone forward
-    only); eager_ms times both eagerly. Their own benches: `max(batches)` caches of the step cache."""
+    rounds (below 1, batching saves time), and the aggregate tokens/s at the TPF. On CUDA both replay
+    a graph of their bucket (lopa.model.cuda_graphs); eager_ms times both eagerly. Their own benches:
+    `max(batches)` caches of the step cache."""
     rows_each, n_stage, cache = args.batch_k + 1, width // 4, args.step_cache
     max_length, sequences = cache + width + 64, max(batches)
     graphs = step.StepBench(model, max_length, mask_id, args.repeat, model.device.type == "cuda", sequences)

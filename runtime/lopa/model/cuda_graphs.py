@@ -1,31 +1,44 @@
-"""Verification forwards replayed as CUDA graphs, one graph per shape bucket.
+"""Verification rounds replayed as CUDA graphs, one graph per shape bucket.
 
 A 7B forward is ~600 kernels; launched one by one from Python they take longer than the GPU needs
 to run them. A graph replays them in one launch. Graphs have static shapes and addresses, so a
-forward is padded up to a bucket (rows to a power of two, the window to a multiple of
-WIDTH_STEP, the cache read to a multiple of CACHE_STEP: the unused tail is masked) and its
-inputs are written into that bucket's static buffer: ONE host-to-device copy per step. The graph
+round is padded up to a bucket (its requests' rows to one power of two, the window to a multiple
+of WIDTH_STEP, the cache read to a multiple of CACHE_STEP: the unused tail is masked) and its
+inputs are written into that bucket's static buffer: ONE host-to-device copy per round. The graph
 covers everything but the lm_head, which runs on the tokens whose logits are needed only.
 
-What a graph captures: the embedding, the mask (built on the device from the packed inputs),
+A round of R requests (one, or several batched by the scheduler) replays the graph of R requests,
+which reads the KV caches of the model's first R physical sequences: the window model moves a
+round's requests there first (DreamWindowModel._place_front; a copy of the committed prefix, only
+when the running set changed). Request i of the bucket is the one in physical sequence i; its
+tokens are the i-th block of rows x width tokens, attending only to its own cache and rows.
+
+What a graph captures: the embedding, the masks (built on the device from the packed inputs),
 every layer, the staging of every row's K/V (all `width` tokens of each row: the caller records
 how many of them are the real TO_CACHE tokens) and the final norm. Graphs share one memory pool;
-the graph captured for a bucket is reused until the staging area is reallocated (then every
-graph is dropped and recaptured on demand, since they hold its address; the pool goes with the
-last graph, so a new one is opened). A capture that fails turns graphs off for the model: the
-failed capture may leave CUDA state behind, and eager forwards are always correct.
+the graph captured for a bucket is reused until a staging area it writes is reallocated (then it
+is dropped and recaptured on demand, since it holds the address; the pool goes with the last
+graph, so a new one is opened). A capture that fails turns graphs off for the model: the failed
+capture may leave CUDA state behind, and eager forwards are always correct.
+
+`graph_body` and `PackedInputs.write` are plain torch and run on any device; WindowGraphs with
+capture=False runs the body on every replay instead of capturing it (how the CPU tests check the
+whole path without a GPU).
 """
 
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import torch
 
-from lopa.model.dream import DreamModel
+from lopa.execution.protocol import WindowBatch
+from lopa.model.dream import DreamModel, Segment
 from lopa.model.kv_cache import KVCache
 from lopa.model.mask import additive, window_mask
+from lopa.params import AttentionMode
 
 log = logging.getLogger("lopa.model")
 
@@ -33,29 +46,36 @@ WIDTH_STEP = 16
 CACHE_STEP = 256
 MAX_ROWS = 64
 MAX_WIDTH = 256  # wider windows (a prefill) gain nothing from a graph: they run eagerly
-MAX_TOKENS = 2048  # rows * width of the largest captured forward; larger ones run eagerly
+MAX_TOKENS = 2048  # tokens of the largest captured round (every request's padded rows); larger run eagerly
 
 
 @dataclass(frozen=True)
 class Bucket:
-    rows: int
+    rows: int  # per request
     width: int
     cache_width: int
+    requests: int = 1
+
+    @property
+    def request_tokens(self) -> int:
+        return self.rows * self.width
 
     @property
     def tokens(self) -> int:
-        return self.rows * self.width
+        return self.requests * self.rows * self.width
 
 
-def bucket_for(rows: int, width: int, cache_length: int, max_length: int) -> Bucket | None:
-    """The bucket a forward is padded to, or None when it is too large to capture."""
+def bucket_for(rows: int, width: int, cache_length: int, max_length: int, requests: int = 1) -> Bucket | None:
+    """The bucket a round is padded to (rows, width, cache_length: the largest of its requests'),
+    or None when it is too large to capture."""
     padded_rows = 1 << max(0, rows - 1).bit_length()
     padded_width = -(-width // WIDTH_STEP) * WIDTH_STEP
     cache_width = min(max_length, -(-cache_length // CACHE_STEP) * CACHE_STEP)
-    too_large = padded_rows > MAX_ROWS or padded_width > MAX_WIDTH or padded_rows * padded_width > MAX_TOKENS
+    tokens = requests * padded_rows * padded_width
+    too_large = padded_rows > MAX_ROWS or padded_width > MAX_WIDTH or tokens > MAX_TOKENS
     if too_large or padded_width > max_length:
         return None
-    return Bucket(padded_rows, padded_width, cache_width)
+    return Bucket(padded_rows, padded_width, cache_width, requests)
 
 
 class _CacheView:
@@ -69,61 +89,132 @@ class _CacheView:
 
 
 class PackedInputs:
-    """The int64 layout of a bucket's inputs: tokens [T], block ids [T], lengths [R], start,
-    cache length, block_causal, then up to T + R output indices (read after the replay)."""
+    """The int64 layout of a bucket's inputs: tokens [T], block ids [T], lengths [R x rows], then
+    per request its start, cache length and block_causal, then up to T + R x rows output indices
+    (read after the replay). T counts every request's padded rows; request i's are the i-th block."""
 
     def __init__(self, bucket: Bucket) -> None:
-        t, r = bucket.tokens, bucket.rows
+        t, r = bucket.tokens, bucket.requests * bucket.rows
         self.bucket = bucket
         self.tokens = slice(0, t)
         self.block_ids = slice(t, 2 * t)
         self.lengths = slice(2 * t, 2 * t + r)
-        self.scalars = 2 * t + r  # start, cache length, block_causal
-        self.outputs = 2 * t + r + 3
+        self.scalars = 2 * t + r  # per request: start, cache length, block_causal
+        self.outputs = self.scalars + 3 * bucket.requests
         self.size = self.outputs + t + r
+
+    def write(
+        self, host: torch.Tensor, batches: Sequence[WindowBatch], cache_lengths: Sequence[int]
+    ) -> list[int]:
+        """Write the round (request i = batches[i], over a cache of cache_lengths[i]) into a zeroed
+        `host`; returns each request's output count (its indices follow the previous request's)."""
+        bucket = self.bucket
+        per = bucket.request_tokens
+        tokens = host[self.tokens].view(bucket.requests, bucket.rows, bucket.width)
+        block_ids = host[self.block_ids].view(bucket.requests, bucket.rows, bucket.width)
+        lengths = host[self.lengths].view(bucket.requests, bucket.rows)
+        lengths.fill_(1)  # padding rows: one token that sees itself
+        scalars = host[self.scalars : self.outputs].view(bucket.requests, 3)
+        counts, at = [], self.outputs
+        for i, (batch, cache_length) in enumerate(zip(batches, cache_lengths, strict=True)):
+            rows, width = batch.rows, batch.width
+            tokens[i, :rows, :width] = batch.tokens
+            block_ids[i, :rows, :width] = batch.block_ids
+            lengths[i, :rows] = torch.tensor(batch.lengths)
+            block_causal = AttentionMode(batch.mode) is AttentionMode.BLOCK_CAUSAL
+            scalars[i] = torch.tensor([batch.start, cache_length, int(block_causal)])
+            # Output indices are flat in the caller's [rows, width] layout: re-base them on the bucket's.
+            assert batch.outputs is not None
+            flat = torch.tensor(batch.outputs, dtype=torch.long)
+            host[at : at + flat.numel()] = i * per + flat // width * bucket.width + flat % width
+            counts.append(int(flat.numel()))
+            at += counts[-1]
+        return counts
+
+
+def graph_body(
+    model: DreamModel, caches: Sequence[KVCache], layout: PackedInputs, ints: torch.Tensor
+) -> torch.Tensor:
+    """The hidden states [T, hidden] of the round packed in `ints` (on the model's device), request i
+    over caches[i]; stages every row's K/V. Only tensor operations: a CUDA graph can capture it."""
+    bucket, device = layout.bucket, model.device
+    per = bucket.request_tokens
+    tokens = ints[layout.tokens].view(1, bucket.tokens)
+    block_ids = ints[layout.block_ids].view(bucket.requests, bucket.rows, bucket.width)
+    lengths = ints[layout.lengths].view(bucket.requests, bucket.rows)
+    scalars = ints[layout.scalars : layout.outputs].view(bucket.requests, 3)
+    steps = torch.arange(bucket.width, device=device).repeat(bucket.rows)
+    positions = (scalars[:, 0:1] + steps).reshape(-1)
+    segments = []
+    for i, kv in enumerate(caches[: bucket.requests]):
+        mask = window_mask(lengths[i], block_ids[i], scalars[i, 1], bucket.cache_width, scalars[i, 2].bool())
+        kv.stage_rows(bucket.rows, bucket.width)
+        view = _CacheView(kv, bucket.cache_width)
+        segments.append(Segment(i * per, (i + 1) * per, additive(mask, model.dtype), view, kv.stage))
+    if len(segments) == 1:  # a lone request: one sequence, as its eager forward runs it
+        only = segments[0]
+        hidden = model.hidden_states(tokens, positions, only.mask, only.past, only.on_kv)
+    else:
+        hidden = model.hidden_states(tokens, positions, segments=segments)
+    return hidden.view(bucket.tokens, -1)
 
 
 class _Captured:
     def __init__(self, bucket: Bucket, device: torch.device) -> None:
         self.layout = PackedInputs(bucket)
         self.inputs = torch.zeros(self.layout.size, dtype=torch.long, device=device)
-        self.host = torch.zeros(self.layout.size, dtype=torch.long, pin_memory=True)
-        self.graph = torch.cuda.CUDAGraph()
+        pinned = device.type == "cuda"
+        self.host = torch.zeros(self.layout.size, dtype=torch.long, pin_memory=pinned)
+        self.graph = torch.cuda.CUDAGraph() if pinned else None
+        self.run: Callable[[], torch.Tensor] | None = None  # the body, when not captured
         self.hidden: torch.Tensor | None = None  # [T, hidden], the graph's static output
-        self.staging_ptr = 0
-        self.copied = torch.cuda.Event()  # the last host-to-device copy of `host` is done
+        self.staging_ptrs: tuple[int, ...] = ()
+        self.copied = torch.cuda.Event() if pinned else None  # the last copy out of `host` is done
 
     def write_inputs(self) -> None:
         """Send `host` to the device (asynchronously: `host` is pinned)."""
         self.inputs.copy_(self.host, non_blocking=True)
-        self.copied.record()
+        if self.copied is not None:
+            self.copied.record()
 
     def host_inputs(self) -> torch.Tensor:
         """`host`, once the previous copy out of it has finished (it is about to be rewritten)."""
-        self.copied.synchronize()
+        if self.copied is not None:
+            self.copied.synchronize()
         return self.host
+
+    def replay(self) -> torch.Tensor:
+        if self.run is not None:
+            self.hidden = self.run()
+        else:
+            assert self.graph is not None
+            self.graph.replay()
+        assert self.hidden is not None
+        return self.hidden
 
 
 class WindowGraphs:
-    """Lazily captured graphs of `model.hidden_states` over `kv`, keyed by bucket."""
+    """Lazily captured graphs of rounds over the model's physical sequences `caches` (the graph of
+    R requests reads caches[:R]), keyed by bucket."""
 
-    def __init__(self, model: DreamModel, kv: KVCache) -> None:
-        self.model, self.kv = model, kv
+    def __init__(self, model: DreamModel, caches: Sequence[KVCache], capture: bool = True) -> None:
+        self.model, self.caches, self.capture = model, list(caches), capture
         self.device = model.device
-        self.pool = torch.cuda.graph_pool_handle()
+        self.pool = torch.cuda.graph_pool_handle() if capture else None
         self.graphs: dict[Bucket, _Captured] = {}
         self.disabled = False
 
     def get(self, bucket: Bucket) -> _Captured | None:
         """The graph of `bucket` (captured now if new), or None when graphs are off."""
-        if self.disabled:
+        if self.disabled or bucket.requests > len(self.caches):
             return None
-        self.kv.ensure_staging(bucket.rows, bucket.width)  # may move the staging area
-        staging = self.kv.staging_ptr()
-        stale = [b for b, c in self.graphs.items() if c.staging_ptr != staging]
+        for kv in self.caches[: bucket.requests]:
+            kv.ensure_staging(bucket.rows, bucket.width)  # may move a staging area
+        staging = tuple(kv.staging_ptr() for kv in self.caches)
+        stale = [b for b, c in self.graphs.items() if c.staging_ptrs != staging[: b.requests]]
         for old in stale:
-            del self.graphs[old]  # it writes to the old staging area
-        if stale and not self.graphs:
+            del self.graphs[old]  # it writes to an old staging area
+        if stale and not self.graphs and self.capture:
             # The pool was released with its last graph; capturing into its handle again is an error.
             self.pool = torch.cuda.graph_pool_handle()
         captured = self.graphs.get(bucket)
@@ -132,38 +223,27 @@ class WindowGraphs:
             if captured is None:
                 self.disabled = True
                 return None
+            captured.staging_ptrs = staging[: bucket.requests]
             self.graphs[bucket] = captured
         return captured
 
     def _body(self, captured: _Captured) -> torch.Tensor:
-        layout, bucket = captured.layout, captured.layout.bucket
-        ints = captured.inputs
-        tokens = ints[layout.tokens].view(1, bucket.tokens)
-        block_ids = ints[layout.block_ids].view(bucket.rows, bucket.width)
-        lengths = ints[layout.lengths]
-        start, cache_length, block_causal = ints[layout.scalars : layout.scalars + 3]
-        positions = start + torch.arange(bucket.width, device=self.device).repeat(bucket.rows)
-        mask = window_mask(lengths, block_ids, cache_length, bucket.cache_width, block_causal.bool())
-        self.kv.stage_rows(bucket.rows, bucket.width)
-        hidden = self.model.hidden_states(
-            tokens,
-            positions,
-            additive(mask, self.model.dtype),
-            _CacheView(self.kv, bucket.cache_width),
-            self.kv.stage,
-        )
-        return hidden.view(bucket.tokens, -1)
+        return graph_body(self.model, self.caches, captured.layout, captured.inputs)
 
     def _capture(self, bucket: Bucket) -> _Captured | None:
         captured = _Captured(bucket, self.device)
         # Valid inputs for the warm-up run: one token per row, nothing cached.
         captured.inputs[captured.layout.lengths] = 1
+        if not self.capture:
+            captured.run = lambda: self._body(captured)
+            return captured
         try:
             side = torch.cuda.Stream(self.device)
             side.wait_stream(torch.cuda.current_stream(self.device))
             with torch.cuda.stream(side), torch.no_grad():
                 self._body(captured)  # warm-up: library handles and workspaces exist before capture
             torch.cuda.current_stream(self.device).wait_stream(side)
+            assert captured.graph is not None
             capture = torch.cuda.graph(captured.graph, pool=self.pool, capture_error_mode="thread_local")
             with torch.no_grad(), capture:
                 captured.hidden = self._body(captured)
@@ -171,6 +251,5 @@ class WindowGraphs:
             log.warning("cannot capture a CUDA graph for %s: %s; CUDA graphs are off for this model",
                         bucket, error)
             return None
-        captured.staging_ptr = self.kv.staging_ptr()
         log.debug("captured a CUDA graph for %s", bucket)
         return captured

@@ -103,6 +103,11 @@ class KVCache:
     def staged_count(self, slot: int) -> int:
         return self._staged[slot]
 
+    @property
+    def has_staged(self) -> bool:
+        """Whether a forward staged K/V that no commit has consumed yet."""
+        return any(self._staged)
+
     # ---- staging during a forward ----------------------------------------------------------
 
     def begin_stage(self, rows: int, n: int, first_slot: int = 0) -> None:
@@ -168,6 +173,19 @@ class KVCache:
         end = self._length + n
         self.cache[:, :, self._length : end] = packed.to(device=self.device, dtype=self.dtype)
         self._advance(end)
+
+    def exchange(self, other: KVCache) -> None:
+        """Swap committed prefixes (and lengths) with `other`, a cache of the same shape; neither may
+        hold staged K/V (a staging area stays where it is: graphs captured its address)."""
+        if self.cache.shape != other.cache.shape or self.dtype != other.dtype:
+            raise ValueError("exchange: caches of different shapes")
+        if self.has_staged or other.has_staged:
+            raise ValueError("exchange: a cache holds staged K/V that is not committed")
+        mine, theirs = self._length, other._length
+        kept = other.cache[:, :, :theirs].clone()
+        other.cache[:, :, :mine] = self.cache[:, :, :mine]
+        self.cache[:, :, :theirs] = kept
+        self._length, other._length = theirs, mine
 
     def truncate(self, length: int) -> None:
         """Forget the committed positions from `length` on (benchmarks repeat one step this way)."""

@@ -2,15 +2,19 @@
 
 A forward folds its rows into one token sequence for the linear products. Attention: on an
 accelerator the rows attend as that one sequence (lopa.model.mask), so every row reads the shared
-cache once; on CPU row by row, so a row's bits do not depend on the rows beside it. On CUDA the
-forward is replayed from a captured graph (lopa.model.cuda_graphs) whenever the caller names the
-outputs it needs (the executors always do) and it is sequence 0's lone forward; otherwise it runs
-eagerly.
+cache once; on CPU row by row, so a row's bits do not depend on the rows beside it.
 
 The model holds `max_batch` sequences (one KV cache each, allocated up front: the memory is known
 at start). `forward_many` runs several sequences' verification forwards as ONE ragged forward: all
 their rows folded into one token sequence, every linear product over all of them at once,
 attention per sequence (its own cache, its own masks).
+
+On CUDA a round (a lone forward or a ragged one) is replayed from a captured graph
+(lopa.model.cuda_graphs) whenever the caller names the outputs it needs (the executors always do);
+otherwise, or when it is too large for a graph, it runs eagerly. The graph of R requests reads the
+first R physical caches, so the round's requests are moved there first (`_place_front`): `caches`
+maps each sequence to the physical cache that holds it, and a move exchanges two caches' committed
+prefixes and their places in that map.
 """
 
 from __future__ import annotations
@@ -23,10 +27,10 @@ import torch
 
 from lopa.execution.heap import keep_freed_memory
 from lopa.execution.protocol import WindowBatch
+from lopa.model.cuda_graphs import WindowGraphs, bucket_for
 from lopa.model.dream import DreamModel, Segment
 from lopa.model.kv_cache import KVCache
 from lopa.model.mask import additive_window_mask
-from lopa.params import AttentionMode
 
 log = logging.getLogger("lopa.model")
 
@@ -65,7 +69,7 @@ class DreamWindowModel:
         if max_batch < 1:
             raise ValueError(f"max_batch must be >= 1, got {max_batch}")
         self.max_batch = max_batch
-        self.caches = [
+        self._physical = [
             KVCache(
                 config.num_hidden_layers,
                 config.num_key_value_heads,
@@ -77,14 +81,14 @@ class DreamWindowModel:
             )
             for _ in range(max_batch)
         ]
-        self.kv = self.caches[0]  # sequence 0: the one CUDA graphs replay
-        self.graphs = None
+        self.caches = list(self._physical)  # by sequence: the physical cache that holds it
+        self.graphs: WindowGraphs | None = None
         if graphs_wanted(self.device, cuda_graphs):
-            from lopa.model.cuda_graphs import WindowGraphs
-
             slots, tokens = _GRAPH_STAGING
-            self.kv.ensure_staging(max(slots, num_slots), min(tokens, max_length))
-            self.graphs = WindowGraphs(model, self.kv)
+            # A lone request's graphs read physical cache 0: its staging is reserved up front, the
+            # others' grow with the batched rounds' buckets.
+            self._physical[0].ensure_staging(max(slots, num_slots), min(tokens, max_length))
+            self.graphs = WindowGraphs(model, self._physical)
         if self.device.type == "cpu":
             keep_freed_memory()  # batched CPU forwards otherwise pay page faults (lopa.execution.heap)
             self._choose_cpu_products()
@@ -92,6 +96,11 @@ class DreamWindowModel:
     @property
     def device(self) -> torch.device:
         return self.model.device
+
+    @property
+    def kv(self) -> KVCache:
+        """Sequence 0's cache (a lone request's, as the benchmarks and tests use it)."""
+        return self.caches[0]
 
     @torch.no_grad()
     def _choose_cpu_products(self) -> None:
@@ -101,7 +110,7 @@ class DreamWindowModel:
 
     def reserved_bytes(self) -> int:
         """Bytes of the KV caches and staging areas allocated so far."""
-        return sum(kv.reserved_bytes() for kv in self.caches)
+        return sum(kv.reserved_bytes() for kv in self._physical)
 
     def reset(self, num_slots: int, sequence: int = 0) -> None:
         self._cache(sequence).reset(num_slots)
@@ -112,29 +121,33 @@ class DreamWindowModel:
     @torch.no_grad()
     def forward(self, batch: WindowBatch) -> torch.Tensor:
         self._check(batch)
-        replayable = batch.outputs is not None and batch.first_slot == 0 and batch.sequence == 0
-        if self.graphs is not None and replayable:
-            logits = self._replay(batch)
+        if self._replayable([batch]):
+            logits = self._replay([batch])
             if logits is not None:
-                return logits
+                return logits[0]
         return self._eager(batch)
 
     @torch.no_grad()
     def forward_many(self, batches: Sequence[WindowBatch]) -> list[torch.Tensor]:
         """Several sequences' forwards (each with its outputs named) as one ragged forward; returns
         each one's [N_i, vocab] logits. On CPU a row's logits are bit-identical to its lone forward
-        (lopa.model.invariant); a lone batch takes forward() (and so a CUDA graph when it can)."""
+        (lopa.model.invariant); a lone batch takes forward()."""
         if len(batches) == 1:
             return [self.forward(batches[0])]
         if len({b.sequence for b in batches}) != len(batches):
             raise ValueError("forward_many: two batches for one sequence")
-        device = self.device
-        segments, tokens, positions, outputs, counts = [], [], [], [], []
-        offset = 0
         for batch in batches:
             self._check(batch)
             if batch.outputs is None:
                 raise ValueError("forward_many: every batch must name its outputs")
+        if self._replayable(batches):
+            replayed = self._replay(batches)
+            if replayed is not None:
+                return replayed
+        device = self.device
+        segments, tokens, positions, outputs, counts = [], [], [], [], []
+        offset = 0
+        for batch in batches:
             rows, width = batch.rows, batch.width
             end = offset + rows * width
             segments.append(self._segment(batch, offset))
@@ -189,38 +202,64 @@ class DreamWindowModel:
             logits = logits.view(rows, width, -1)
         return logits.float()
 
-    def _replay(self, batch: WindowBatch) -> torch.Tensor | None:
-        from lopa.model.cuda_graphs import bucket_for
+    def _replayable(self, batches: Sequence[WindowBatch]) -> bool:
+        return self.graphs is not None and all(b.outputs is not None and b.first_slot == 0 for b in batches)
 
-        assert self.graphs is not None and batch.outputs is not None
-        rows, width = batch.rows, batch.width
-        bucket = bucket_for(rows, width, self.kv.length, self.max_length)
+    def _replay(self, batches: Sequence[WindowBatch]) -> list[torch.Tensor] | None:
+        """The round from its bucket's graph (request i of the bucket is physical sequence i), or
+        None when it has no graph: too large, its requests cannot move, or graphs are off."""
+        assert self.graphs is not None
+        bucket = bucket_for(
+            max(b.rows for b in batches),
+            max(b.width for b in batches),
+            max(self.caches[b.sequence].length for b in batches),
+            self.max_length,
+            len(batches),
+        )
         if bucket is None:
+            return None
+        physical = self._place_front([b.sequence for b in batches])
+        if physical is None:
             return None
         captured = self.graphs.get(bucket)
         if captured is None:
             return None
-        layout, host = captured.layout, captured.host_inputs()
-        host.zero_()
-        tokens = host[layout.tokens].view(bucket.rows, bucket.width)
-        tokens[:rows, :width] = batch.tokens
-        host[layout.block_ids].view(bucket.rows, bucket.width)[:rows, :width] = batch.block_ids
-        lengths = host[layout.lengths]
-        lengths.fill_(1)  # padding rows: one token that sees itself
-        lengths[:rows] = torch.tensor(batch.lengths)
-        host[layout.scalars] = batch.start
-        host[layout.scalars + 1] = self.kv.length
-        host[layout.scalars + 2] = int(AttentionMode(batch.mode) is AttentionMode.BLOCK_CAUSAL)
-        # Output indices are flat in the caller's [rows, width] layout: re-base them on the bucket's.
-        flat = torch.tensor(batch.outputs, dtype=torch.long)
-        n_out = int(flat.numel())
-        host[layout.outputs : layout.outputs + n_out] = flat // width * bucket.width + flat % width
+        order = sorted(range(len(batches)), key=physical.__getitem__)  # bucket request i = physical i
+        ordered = [batches[i] for i in order]
+        kvs = self._physical[: len(batches)]
+        counts = captured.layout.write(captured.host_inputs().zero_(), ordered, [kv.length for kv in kvs])
         captured.write_inputs()
-        captured.graph.replay()
-        self.kv.mark_staged(rows, batch.n_stage)
-        assert captured.hidden is not None
-        index = captured.inputs[layout.outputs : layout.outputs + n_out]
-        return self.model.lm_head(captured.hidden.index_select(0, index)).float()
+        hidden = captured.replay()
+        for batch, kv in zip(ordered, kvs, strict=True):
+            kv.mark_staged(batch.rows, batch.n_stage)
+        begin = captured.layout.outputs
+        index = captured.inputs[begin : begin + sum(counts)]
+        logits = self.model.lm_head(hidden.index_select(0, index)).float().split(counts)
+        out: list[torch.Tensor] = [logits[0]] * len(batches)
+        for position, i in enumerate(order):
+            out[i] = logits[position]
+        return out
+
+    def _place_front(self, sequences: Sequence[int]) -> list[int] | None:
+        """Move these sequences into the first len(sequences) physical caches (what a graph of that
+        many requests reads); returns each one's physical index, or None when a move is needed but a
+        cache involved holds staged K/V (its forward's commit is still to come: nothing is moved)."""
+        count = len(sequences)
+        index = {id(kv): p for p, kv in enumerate(self._physical)}
+        physical = [index[id(self.caches[s])] for s in sequences]
+        outside = [i for i, p in enumerate(physical) if p >= count]
+        if not outside:
+            return physical
+        free = sorted(set(range(count)) - set(physical))
+        pairs = [(sequences[i], self._physical[p]) for i, p in zip(outside, free, strict=True)]
+        if any(self.caches[s].has_staged or target.has_staged for s, target in pairs):
+            return None
+        for sequence, target in pairs:
+            source = self.caches[sequence]
+            holder = self.caches.index(target)  # the sequence (running or not) that target holds
+            source.exchange(target)
+            self.caches[sequence], self.caches[holder] = target, source
+        return [index[id(self.caches[s])] for s in sequences]
 
     def _check(self, batch: WindowBatch) -> None:
         rows, length = batch.tokens.shape

@@ -1,0 +1,92 @@
+"""The CUDA graph path of a round, checked on the CPU: the same packing, placement and body, run
+without capture (WindowGraphs(capture=False) runs the body on every replay). Capture and replay
+themselves run in tests/runtime/test_cuda.py on a GPU.
+
+The body attends as accelerators do (rows folded into one sequence), the CPU's eager forward row
+by row, so the two agree to rounding, not bit for bit.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from round_cases import MAX_LENGTH, ROUNDS, round_batch
+
+from lopa.engine import bundled_model_dir
+from lopa.model import DreamModel, DreamWindowModel
+from lopa.model.cuda_graphs import WindowGraphs
+from lopa.model.loader import load_model
+
+
+@pytest.fixture(scope="module")
+def model() -> DreamModel:
+    return load_model(bundled_model_dir()).model
+
+
+def _graphed(model: DreamModel) -> DreamWindowModel:
+    window = DreamWindowModel(model, MAX_LENGTH, max_batch=4)
+    window.graphs = WindowGraphs(model, window._physical, capture=False)
+    return window
+
+
+def test_rounds_through_the_graph_path_equal_eager_rounds(model: DreamModel) -> None:
+    eager, graphed = DreamWindowModel(model, MAX_LENGTH, max_batch=4), _graphed(model)
+    for number, sequences in enumerate(ROUNDS):
+        batches = [round_batch(10 * number + s, s, eager.cache_length(s)) for s in sequences]
+        want = eager.forward_many(batches)
+        got = graphed.forward_many(batches)
+        for w, g in zip(want, got, strict=True):
+            torch.testing.assert_close(g, w, rtol=1e-4, atol=1e-4)
+        # The round's requests now sit in the first physical caches, in some order.
+        placed = {graphed._physical.index(graphed.caches[s]) for s in sequences}
+        assert placed == set(range(len(sequences)))
+        for batch in batches:  # each commits its last row's TO_CACHE tokens
+            for window in (eager, graphed):
+                window.commit(batch.rows - 1, batch.n_stage, batch.sequence)
+    assert graphed.graphs is not None and {b.requests for b in graphed.graphs.graphs} == {1, 2, 3, 4}
+    for sequence in range(4):
+        mine, theirs = graphed.caches[sequence], eager.caches[sequence]
+        assert mine.length == theirs.length > 0
+        torch.testing.assert_close(mine.cache[:, :, : mine.length], theirs.cache[:, :, : theirs.length],
+                                   rtol=1e-4, atol=1e-4)
+
+
+def test_a_lone_request_moves_to_physical_cache_0(model: DreamModel) -> None:
+    graphed = _graphed(model)
+    batch = round_batch(7, 3, 0)
+    graphed.forward(batch)
+    assert graphed.caches[3] is graphed._physical[0]
+    assert graphed.caches[0] is graphed._physical[3]  # the sequence it displaced took its place
+
+
+def _filled(model: DreamModel) -> tuple[DreamWindowModel, list[torch.Tensor]]:
+    window = DreamWindowModel(model, MAX_LENGTH, max_batch=4)
+    prefixes = []
+    for sequence in range(4):
+        kv = window.caches[sequence]
+        n = 3 + 2 * sequence
+        packed = torch.randn(kv.packed_shape(n), generator=torch.Generator().manual_seed(sequence))
+        kv.append_packed(packed, n)
+        prefixes.append(packed)
+    return window, prefixes
+
+
+def test_placement_moves_every_sequence_with_its_prefix(model: DreamModel) -> None:
+    window, prefixes = _filled(model)
+    physical = window._place_front([3, 1])
+    assert physical is not None and sorted(physical) == [0, 1]
+    assert sorted(map(id, window.caches)) == sorted(map(id, window._physical))  # still one cache each
+    for sequence, prefix in enumerate(prefixes):
+        kv = window.caches[sequence]
+        assert kv.length == prefix.shape[2]
+        assert torch.equal(kv.cache[:, :, : kv.length], prefix)
+
+
+def test_placement_refuses_to_move_staged_kv(model: DreamModel) -> None:
+    window, _ = _filled(model)
+    before = list(window.caches)
+    window.caches[2].begin_stage(1, 2)  # a forward staged K/V that its commit has not consumed yet
+    assert window._place_front([2]) is None
+    assert window.caches == before
+    with pytest.raises(ValueError, match="staged"):
+        window.caches[2].exchange(window.caches[0])
