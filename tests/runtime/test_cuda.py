@@ -153,6 +153,12 @@ def test_batched_rounds_replay_graphs_and_equal_eager_rounds() -> None:
     loaded = load_model(bundled_model_dir(), dtype="float32", device="cuda")
     graphed = DreamWindowModel(loaded.model, MAX_LENGTH, max_batch=4)
     eager = DreamWindowModel(loaded.model, MAX_LENGTH, max_batch=4, cuda_graphs=False)
+
+    def no_eager(*args: object) -> None:
+        raise AssertionError("an eager forward where a graph replay was expected")
+
+    graphed._eager = no_eager  # type: ignore[method-assign]
+    graphed._eager_many = no_eager  # type: ignore[method-assign]
     for number, sequences in enumerate(ROUNDS):
         batches = [round_batch(10 * number + s, s, eager.cache_length(s)) for s in sequences]
         for got, want in zip(graphed.forward_many(batches), eager.forward_many(batches), strict=True):

@@ -26,6 +26,12 @@ def model() -> DreamModel:
 def _graphed(model: DreamModel) -> DreamWindowModel:
     window = DreamWindowModel(model, MAX_LENGTH, max_batch=4)
     window.graphs = WindowGraphs(model, window._physical, capture=False)
+
+    def no_eager(*args: object) -> None:
+        raise AssertionError("an eager forward where the graph path was expected")
+
+    window._eager = no_eager  # type: ignore[method-assign]
+    window._eager_many = no_eager  # type: ignore[method-assign]
     return window
 
 
@@ -59,6 +65,22 @@ def test_a_lone_request_moves_to_physical_cache_0(model: DreamModel) -> None:
     assert graphed.caches[0] is graphed._physical[3]  # the sequence it displaced took its place
 
 
+def test_a_reallocated_staging_area_drops_the_graphs_that_write_it(model: DreamModel) -> None:
+    graphed = _graphed(model)
+    batches = [round_batch(s, s, 0) for s in (0, 1)]
+    before = graphed.forward_many(batches)
+    graphs = graphed.graphs
+    assert graphs is not None and len(graphs.graphs) == 1
+    stale = next(iter(graphs.graphs.values()))
+    graphed._physical[1].ensure_staging(40, 90)  # past what is reserved: the staging area moves
+    for batch in batches:
+        graphed.caches[batch.sequence].truncate(0)
+    after = graphed.forward_many(batches)
+    assert len(graphs.graphs) == 1 and next(iter(graphs.graphs.values())) is not stale
+    for b, a in zip(before, after, strict=True):
+        assert torch.equal(a, b)
+
+
 def _filled(model: DreamModel) -> tuple[DreamWindowModel, list[torch.Tensor]]:
     window = DreamWindowModel(model, MAX_LENGTH, max_batch=4)
     prefixes = []
@@ -82,11 +104,13 @@ def test_placement_moves_every_sequence_with_its_prefix(model: DreamModel) -> No
         assert torch.equal(kv.cache[:, :, : kv.length], prefix)
 
 
-def test_placement_refuses_to_move_staged_kv(model: DreamModel) -> None:
-    window, _ = _filled(model)
-    before = list(window.caches)
-    window.caches[2].begin_stage(1, 2)  # a forward staged K/V that its commit has not consumed yet
-    assert window._place_front([2]) is None
-    assert window.caches == before
-    with pytest.raises(ValueError, match="staged"):
-        window.caches[2].exchange(window.caches[0])
+def test_a_move_discards_staged_kv_so_a_late_commit_fails_loudly(model: DreamModel) -> None:
+    # What is staged when another round starts was never to be committed (a round commits before
+    # the next one runs), e.g. a request that ended after its forward: it must not block a move,
+    # and a commit after the move must not take the other cache's K/V.
+    window, prefixes = _filled(model)
+    window.caches[2].begin_stage(1, 2)
+    assert window._place_front([2]) == [0]
+    assert torch.equal(window.caches[2].cache[:, :, : window.caches[2].length], prefixes[2])
+    with pytest.raises(ValueError, match="staged tokens"):
+        window.commit(0, 2, sequence=2)

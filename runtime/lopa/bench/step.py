@@ -137,14 +137,15 @@ class StepBench:
     def fill_cache(self, length: int, sequences: int = 1) -> None:
         """Prefill `length` tokens in the first `sequences` sequences (eager forwards), so later
         windows attend to a real cache."""
-        for sequence, kv in enumerate(self.window.caches[:sequences]):
-            if kv.length > length:
-                kv.truncate(length)
-            while kv.length < length:
-                n = min(1024, length - kv.length)
-                windows = windows_for(1, n, kv.length, n, self.vocab, self.mask_id)
+        for sequence in range(sequences):
+            if self.window.cache_length(sequence) > length:
+                self.window.caches[sequence].truncate(length)
+            # By sequence, never a cache object held across a forward: a graphed one may move it.
+            while (cached := self.window.cache_length(sequence)) < length:
+                n = min(1024, length - cached)
+                windows = windows_for(1, n, cached, n, self.vocab, self.mask_id)
                 windows = [BranchWindow(w.tokens[:n], w.block_ids[:n], []) for w in windows]
-                self.executor.verify(kv.length, n, windows, sequence)
+                self.executor.verify(cached, n, windows, sequence)
                 self.executor.commit(0, sequence)
 
     def forward_ms(self, rows: int, width: int, n_stage: int) -> float:

@@ -168,7 +168,7 @@ class _Captured:
         self.graph = torch.cuda.CUDAGraph() if pinned else None
         self.run: Callable[[], torch.Tensor] | None = None  # the body, when not captured
         self.hidden: torch.Tensor | None = None  # [T, hidden], the graph's static output
-        self.staging_ptrs: tuple[int, ...] = ()
+        self.staging: tuple[int, ...] = ()  # the generation of each staging area it writes
         self.copied = torch.cuda.Event() if pinned else None  # the last copy out of `host` is done
 
     def write_inputs(self) -> None:
@@ -210,8 +210,8 @@ class WindowGraphs:
             return None
         for kv in self.caches[: bucket.requests]:
             kv.ensure_staging(bucket.rows, bucket.width)  # may move a staging area
-        staging = tuple(kv.staging_ptr() for kv in self.caches)
-        stale = [b for b, c in self.graphs.items() if c.staging_ptrs != staging[: b.requests]]
+        staging = tuple(kv.staging_generation for kv in self.caches)
+        stale = [b for b, c in self.graphs.items() if c.staging != staging[: b.requests]]
         for old in stale:
             del self.graphs[old]  # it writes to an old staging area
         if stale and not self.graphs and self.capture:
@@ -223,7 +223,7 @@ class WindowGraphs:
             if captured is None:
                 self.disabled = True
                 return None
-            captured.staging_ptrs = staging[: bucket.requests]
+            captured.staging = staging[: bucket.requests]
             self.graphs[bucket] = captured
         return captured
 

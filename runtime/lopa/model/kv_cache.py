@@ -16,6 +16,7 @@ from __future__ import annotations
 import torch
 
 _STAGING_ROUND = 64  # staging capacity grows in steps of this many tokens (fewer reallocations)
+_EXCHANGE_CHUNK = 256  # positions swapped at a time by exchange (a bounded temporary)
 
 
 class KVCache:
@@ -44,6 +45,7 @@ class KVCache:
         self._stage_n = 0  # tokens per row that the forward in progress stages
         self._stage_first = 0  # slot of its row 0
         self._stage_rows = 0  # rows of the forward in progress
+        self.staging_generation = 0  # bumped whenever the staging area is reallocated (graphs hold it)
         self.ensure_staging(num_slots, 0)
 
     def _shape(self, length: int) -> tuple[int, ...]:
@@ -85,6 +87,7 @@ class KVCache:
         if old is not None:  # rows forwarded one at a time stage into the slots one by one
             grown[: old.shape[0], :, :, : old.shape[3]] = old
         self._staging = grown
+        self.staging_generation += 1
         self._staged = self._staged + [0] * (grown.shape[0] - len(self._staged))
 
     # ---- reads -------------------------------------------------------------------------------
@@ -103,11 +106,6 @@ class KVCache:
     def staged_count(self, slot: int) -> int:
         return self._staged[slot]
 
-    @property
-    def has_staged(self) -> bool:
-        """Whether a forward staged K/V that no commit has consumed yet."""
-        return any(self._staged)
-
     # ---- staging during a forward ----------------------------------------------------------
 
     def begin_stage(self, rows: int, n: int, first_slot: int = 0) -> None:
@@ -122,10 +120,6 @@ class KVCache:
         """Make `stage` write the first n tokens of rows 0..rows-1 without recording them as staged
         (a CUDA graph stages whole padded rows; mark_staged records the real count afterwards)."""
         self._stage_n, self._stage_first, self._stage_rows = n, 0, rows
-
-    def staging_ptr(self) -> int:
-        """Address of the staging area (captured CUDA graphs write there)."""
-        return int(self._staging.data_ptr())
 
     def mark_staged(self, rows: int, n: int, first_slot: int = 0) -> None:
         """Record that slots first_slot.. hold n staged tokens (after a CUDA graph staged them)."""
@@ -175,17 +169,21 @@ class KVCache:
         self._advance(end)
 
     def exchange(self, other: KVCache) -> None:
-        """Swap committed prefixes (and lengths) with `other`, a cache of the same shape; neither may
-        hold staged K/V (a staging area stays where it is: graphs captured its address)."""
+        """Swap committed prefixes (and lengths) with `other`, a cache of the same shape. The staging
+        areas stay where they are (CUDA graphs hold their addresses) and both caches' staged K/V are
+        discarded: a round's commits come before the next round's forward, so what is still staged
+        then was never to be committed, and a commit after a move raises instead of taking the
+        other cache's K/V."""
         if self.cache.shape != other.cache.shape or self.dtype != other.dtype:
             raise ValueError("exchange: caches of different shapes")
-        if self.has_staged or other.has_staged:
-            raise ValueError("exchange: a cache holds staged K/V that is not committed")
-        mine, theirs = self._length, other._length
-        kept = other.cache[:, :, :theirs].clone()
-        other.cache[:, :, :mine] = self.cache[:, :, :mine]
-        self.cache[:, :, :theirs] = kept
-        self._length, other._length = theirs, mine
+        for begin in range(0, max(self._length, other._length), _EXCHANGE_CHUNK):
+            chunk = slice(begin, begin + _EXCHANGE_CHUNK)
+            kept = other.cache[:, :, chunk].clone()
+            other.cache[:, :, chunk] = self.cache[:, :, chunk]
+            self.cache[:, :, chunk] = kept
+        self._length, other._length = other._length, self._length
+        self._staged = [0] * self.num_slots
+        other._staged = [0] * other.num_slots
 
     def truncate(self, length: int) -> None:
         """Forget the committed positions from `length` on (benchmarks repeat one step this way)."""

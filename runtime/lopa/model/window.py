@@ -36,6 +36,7 @@ log = logging.getLogger("lopa.model")
 
 GRAPHS_ENV = "LOPA_CUDA_GRAPHS"  # "0" turns CUDA graphs off (eager forwards on CUDA)
 _GRAPH_STAGING = (16, 256)  # staging reserved up front when graphs are on: slots x tokens
+_GRAPH_STAGING_BATCHED = (16, 64)  # the same for the other physical caches (batched rounds' rows)
 
 
 def graphs_wanted(device: torch.device, requested: bool | None) -> bool:
@@ -84,10 +85,11 @@ class DreamWindowModel:
         self.caches = list(self._physical)  # by sequence: the physical cache that holds it
         self.graphs: WindowGraphs | None = None
         if graphs_wanted(self.device, cuda_graphs):
-            slots, tokens = _GRAPH_STAGING
-            # A lone request's graphs read physical cache 0: its staging is reserved up front, the
-            # others' grow with the batched rounds' buckets.
-            self._physical[0].ensure_staging(max(slots, num_slots), min(tokens, max_length))
+            # Staging reserved up front (graphs hold its address; growing it means recapturing): a
+            # lone request's rounds use physical cache 0, batched rounds share a token budget.
+            for index, kv in enumerate(self._physical):
+                slots, tokens = _GRAPH_STAGING if index == 0 else _GRAPH_STAGING_BATCHED
+                kv.ensure_staging(max(slots, num_slots), min(tokens, max_length))
             self.graphs = WindowGraphs(model, self._physical)
         if self.device.type == "cpu":
             keep_freed_memory()  # batched CPU forwards otherwise pay page faults (lopa.execution.heap)
@@ -144,25 +146,7 @@ class DreamWindowModel:
             replayed = self._replay(batches)
             if replayed is not None:
                 return replayed
-        device = self.device
-        segments, tokens, positions, outputs, counts = [], [], [], [], []
-        offset = 0
-        for batch in batches:
-            rows, width = batch.rows, batch.width
-            end = offset + rows * width
-            segments.append(self._segment(batch, offset))
-            tokens.append(batch.tokens.reshape(-1))
-            positions.append(batch.start + torch.arange(width).repeat(rows))
-            outputs.append(torch.tensor(batch.outputs, dtype=torch.long) + offset)
-            counts.append(len(batch.outputs))
-            offset = end
-        logits = self.model(
-            torch.cat(tokens).to(device).reshape(1, offset),
-            torch.cat(positions).to(device),
-            output_index=torch.cat(outputs).to(device),
-            segments=segments,
-        )
-        return list(logits.float().split(counts))
+        return self._eager_many(batches)
 
     def commit(self, slot: int, n: int, sequence: int = 0) -> None:
         self._cache(sequence).commit(slot, n)
@@ -185,6 +169,28 @@ class DreamWindowModel:
         kv.begin_stage(rows, batch.n_stage, batch.first_slot)
         return Segment(offset, offset + rows * batch.width, mask, kv, kv.stage, rows if by_row else 1)
 
+    def _eager_many(self, batches: Sequence[WindowBatch]) -> list[torch.Tensor]:
+        device = self.device
+        segments, tokens, positions, outputs, counts = [], [], [], [], []
+        offset = 0
+        for batch in batches:
+            assert batch.outputs is not None
+            rows, width = batch.rows, batch.width
+            end = offset + rows * width
+            segments.append(self._segment(batch, offset))
+            tokens.append(batch.tokens.reshape(-1))
+            positions.append(batch.start + torch.arange(width).repeat(rows))
+            outputs.append(torch.tensor(batch.outputs, dtype=torch.long) + offset)
+            counts.append(len(batch.outputs))
+            offset = end
+        logits = self.model(
+            torch.cat(tokens).to(device).reshape(1, offset),
+            torch.cat(positions).to(device),
+            output_index=torch.cat(outputs).to(device),
+            segments=segments,
+        )
+        return list(logits.float().split(counts))
+
     def _eager(self, batch: WindowBatch) -> torch.Tensor:
         device = self.device
         rows, width = batch.rows, batch.width
@@ -203,11 +209,13 @@ class DreamWindowModel:
         return logits.float()
 
     def _replayable(self, batches: Sequence[WindowBatch]) -> bool:
-        return self.graphs is not None and all(b.outputs is not None and b.first_slot == 0 for b in batches)
+        if self.graphs is None or self.graphs.disabled:
+            return False
+        return all(b.outputs is not None and b.first_slot == 0 for b in batches)
 
     def _replay(self, batches: Sequence[WindowBatch]) -> list[torch.Tensor] | None:
         """The round from its bucket's graph (request i of the bucket is physical sequence i), or
-        None when it has no graph: too large, its requests cannot move, or graphs are off."""
+        None when it has no graph: too large, or its capture failed."""
         assert self.graphs is not None
         bucket = bucket_for(
             max(b.rows for b in batches),
@@ -219,8 +227,6 @@ class DreamWindowModel:
         if bucket is None:
             return None
         physical = self._place_front([b.sequence for b in batches])
-        if physical is None:
-            return None
         captured = self.graphs.get(bucket)
         if captured is None:
             return None
@@ -240,26 +246,23 @@ class DreamWindowModel:
             out[i] = logits[position]
         return out
 
-    def _place_front(self, sequences: Sequence[int]) -> list[int] | None:
+    def _place_front(self, sequences: Sequence[int]) -> list[int]:
         """Move these sequences into the first len(sequences) physical caches (what a graph of that
-        many requests reads); returns each one's physical index, or None when a move is needed but a
-        cache involved holds staged K/V (its forward's commit is still to come: nothing is moved)."""
+        many requests reads); returns each one's physical index. A move exchanges the committed
+        prefixes of two caches (KVCache.exchange) and their places in `caches`."""
         count = len(sequences)
         index = {id(kv): p for p, kv in enumerate(self._physical)}
         physical = [index[id(self.caches[s])] for s in sequences]
         outside = [i for i, p in enumerate(physical) if p >= count]
-        if not outside:
-            return physical
         free = sorted(set(range(count)) - set(physical))
-        pairs = [(sequences[i], self._physical[p]) for i, p in zip(outside, free, strict=True)]
-        if any(self.caches[s].has_staged or target.has_staged for s, target in pairs):
-            return None
-        for sequence, target in pairs:
+        for i, target_index in zip(outside, free, strict=True):
+            sequence, target = sequences[i], self._physical[target_index]
             source = self.caches[sequence]
             holder = self.caches.index(target)  # the sequence (running or not) that target holds
             source.exchange(target)
             self.caches[sequence], self.caches[holder] = target, source
-        return [index[id(self.caches[s])] for s in sequences]
+            physical[i] = target_index
+        return physical
 
     def _check(self, batch: WindowBatch) -> None:
         rows, length = batch.tokens.shape
