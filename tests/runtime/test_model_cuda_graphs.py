@@ -5,6 +5,7 @@ import pytest
 
 from lopa.model.cuda_graphs import (
     CACHE_STEP,
+    MAX_BATCHED_WIDTH,
     MAX_TOKENS,
     MAX_WIDTH,
     WIDTH_STEP,
@@ -52,6 +53,9 @@ def test_a_round_of_several_requests_pads_to_one_bucket() -> None:
     assert bucket_for(3, 20, 300, max_length=4096, requests=5) == Bucket(4, 32, 2 * CACHE_STEP, 5)
     assert bucket_for(4, 64, 0, max_length=4096, requests=MAX_TOKENS // 256) is not None
     assert bucket_for(4, 64, 0, max_length=4096, requests=MAX_TOKENS // 256 + 1) is None
+    # A prompt-sized window beside other requests runs eagerly (its staging would grow every cache's).
+    assert bucket_for(1, MAX_BATCHED_WIDTH + 1, 0, max_length=4096, requests=2) is None
+    assert bucket_for(1, MAX_BATCHED_WIDTH + 1, 0, max_length=4096) is not None
 
 
 def test_packed_layout_of_several_requests() -> None:

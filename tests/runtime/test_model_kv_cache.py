@@ -105,3 +105,43 @@ def test_truncate_forgets_committed_positions() -> None:
     assert cache.cached(0, width=6)[0].shape[0] == 6  # a fixed-width read (masked past the length)
     with pytest.raises(ValueError, match="cannot truncate to 3: the cache holds 2"):
         cache.truncate(3)
+
+
+def test_a_lone_row_longer_than_the_staging_stages_into_the_cache() -> None:
+    # A prompt's first round: one row, more TO_CACHE tokens than a staging slot holds. The staging
+    # area keeps its size (it is slots x capacity); the row's K/V go where its commit puts them.
+    cache, reference = _cache(max_length=200), _cache(max_length=200)
+    cache.reset(4)
+    size = cache._staging.numel()
+    reference.ensure_staging(1, 150)  # the same forward through an ordinary slot
+    keys = _stage(cache, rows=1, length=150, n=150, seed=7)
+    _stage(reference, rows=1, length=150, n=150, seed=7)
+    assert cache._staging.numel() == size and cache.staging_capacity < 150
+    assert cache.length == 0 and cache.staged_count(0) == 150
+    assert torch.equal(cache.staged(0, 2)[0], keys[2][0])
+    assert torch.equal(cache.pack_staged(0, 150), reference.pack_staged(0, 150))
+    cache.commit(0, 120)  # a prefix, as always
+    reference.commit(0, 120)
+    assert cache.length == 120 and torch.equal(cache.cache[:, :, :120], reference.cache[:, :, :120])
+    # The next forwards stage into the slots again, whatever the row count.
+    keys = _stage(cache, rows=2, length=9, n=5, seed=8)
+    cache.commit(0, 5)
+    assert torch.equal(cache.cached(1)[0][120:], keys[1][0, :5])
+
+
+def test_rows_forwarded_one_at_a_time_keep_slot_0_in_the_cache() -> None:
+    # The reference executor forwards row by row (first_slot = row): row 1 must not make slot 0's
+    # K/V, staged in the cache, be read from the staging slot.
+    cache = _cache(max_length=200)
+    generator = torch.Generator().manual_seed(9)
+    staged = []
+    for row in range(2):
+        cache.begin_stage(1, 100, first_slot=row)
+        k = torch.randn(1, 100, HEADS, DIM, generator=generator)
+        for layer in range(LAYERS):
+            cache.stage(layer, k, -k)
+        staged.append(k)
+    assert torch.equal(cache.staged(0, 0)[0], staged[0][0])
+    assert torch.equal(cache.staged(1, 0)[0], staged[1][0])
+    cache.commit(0, 100)
+    assert torch.equal(cache.cached(0)[0], staged[0][0])

@@ -47,6 +47,9 @@ CACHE_STEP = 256
 MAX_ROWS = 64
 MAX_WIDTH = 256  # wider windows (a prefill) gain nothing from a graph: they run eagerly
 MAX_TOKENS = 2048  # tokens of the largest captured round (every request's padded rows); larger run eagerly
+# The widest window of a batched round's graph: each request's staging must hold rows x width, and a
+# prompt-sized window (a request's first round) would grow every cache's staging to that size.
+MAX_BATCHED_WIDTH = 128
 
 
 @dataclass(frozen=True)
@@ -72,7 +75,8 @@ def bucket_for(rows: int, width: int, cache_length: int, max_length: int, reques
     padded_width = -(-width // WIDTH_STEP) * WIDTH_STEP
     cache_width = min(max_length, -(-cache_length // CACHE_STEP) * CACHE_STEP)
     tokens = requests * padded_rows * padded_width
-    too_large = padded_rows > MAX_ROWS or padded_width > MAX_WIDTH or tokens > MAX_TOKENS
+    widest = MAX_WIDTH if requests == 1 else MAX_BATCHED_WIDTH
+    too_large = padded_rows > MAX_ROWS or padded_width > widest or tokens > MAX_TOKENS
     if too_large or padded_width > max_length:
         return None
     return Bucket(padded_rows, padded_width, cache_width, requests)

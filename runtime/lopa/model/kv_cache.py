@@ -9,6 +9,11 @@ of every slot: pack before committing.
 
 A forward folds its rows into one sequence (see lopa.model.mask): `stage` receives the keys of
 all rows as [1, R * L, ...] and splits them per row.
+
+A lone row staging more tokens than the staging area holds (a prompt's first round) stages into
+the cache itself, at the positions its commit would copy them to: the staging area is
+slots x capacity, so growing it to a prompt's length for one row would reserve that length for
+every slot (16 slots of a 2k-token prompt: 1.8 GB for a 7B model, per request's cache).
 """
 
 from __future__ import annotations
@@ -45,6 +50,8 @@ class KVCache:
         self._stage_n = 0  # tokens per row that the forward in progress stages
         self._stage_first = 0  # slot of its row 0
         self._stage_rows = 0  # rows of the forward in progress
+        self._in_tail = False  # slot 0's staged K/V are in the cache (see above)
+        self._stage_in_tail = False  # the forward in progress stages its row into the cache
         self.staging_generation = 0  # bumped whenever the staging area is reallocated (graphs hold it)
         self.ensure_staging(num_slots, 0)
 
@@ -101,6 +108,9 @@ class KVCache:
     def staged(self, slot: int, layer: int) -> tuple[torch.Tensor, torch.Tensor]:
         """Views of the K/V staged in `slot` for `layer`, each [n_staged, kv_heads, head_dim]."""
         n = self._staged[slot]
+        if slot == 0 and self._in_tail:
+            tail = slice(self._length, self._length + n)
+            return self.cache[layer, 0, tail], self.cache[layer, 1, tail]
         return self._staging[slot, layer, 0, :n], self._staging[slot, layer, 1, :n]
 
     def staged_count(self, slot: int) -> int:
@@ -112,17 +122,24 @@ class KVCache:
         """Start a forward that stages the first n tokens of row r into slot first_slot + r."""
         if self._length + n > self.max_length:
             raise ValueError(f"staging {n} tokens after {self._length} exceeds max_length {self.max_length}")
-        self.ensure_staging(first_slot + rows, n)
+        in_tail = rows == 1 and first_slot == 0 and n > self.staging_capacity
+        if not in_tail:
+            self.ensure_staging(first_slot + rows, n)
         self._stage_n, self._stage_first, self._stage_rows = n, first_slot, rows
-        self.mark_staged(rows, n, first_slot)
+        self._stage_in_tail = in_tail
+        self.mark_staged(rows, n, first_slot, in_tail)
 
     def stage_rows(self, rows: int, n: int) -> None:
         """Make `stage` write the first n tokens of rows 0..rows-1 without recording them as staged
         (a CUDA graph stages whole padded rows; mark_staged records the real count afterwards)."""
         self._stage_n, self._stage_first, self._stage_rows = n, 0, rows
+        self._stage_in_tail = False
 
-    def mark_staged(self, rows: int, n: int, first_slot: int = 0) -> None:
-        """Record that slots first_slot.. hold n staged tokens (after a CUDA graph staged them)."""
+    def mark_staged(self, rows: int, n: int, first_slot: int = 0, in_tail: bool = False) -> None:
+        """Record that slots first_slot.. hold n staged tokens (after a CUDA graph staged them);
+        in_tail: slot 0's are in the cache (rows forwarded one at a time leave slot 0 as it was)."""
+        if first_slot == 0:
+            self._in_tail = in_tail
         for slot in range(first_slot, first_slot + rows):
             self._staged[slot] = n
 
@@ -134,6 +151,11 @@ class KVCache:
             return
         keys = keys.reshape(rows, -1, self.kv_heads, self.head_dim)
         values = values.reshape(rows, -1, self.kv_heads, self.head_dim)
+        if self._stage_in_tail:
+            tail = slice(self._length, self._length + n)
+            self.cache[layer, 0, tail] = keys[0, :n]
+            self.cache[layer, 1, tail] = values[0, :n]
+            return
         self._staging[first : first + rows, layer, 0, :n] = keys[:, :n]
         self._staging[first : first + rows, layer, 1, :n] = values[:, :n]
 
@@ -145,7 +167,8 @@ class KVCache:
         if n > self._staged[slot]:
             raise ValueError(f"slot {slot} holds {self._staged[slot]} staged tokens, cannot commit {n}")
         end = self._length + n
-        self.cache[:, :, self._length : end] = self._staging[slot, :, :, :n]
+        if not (slot == 0 and self._in_tail):  # else already in place
+            self.cache[:, :, self._length : end] = self._staging[slot, :, :, :n]
         self._advance(end)
 
     def packed_shape(self, n: int) -> torch.Size:
@@ -156,6 +179,8 @@ class KVCache:
         """All layers' K and V of the first n staged tokens of `slot`, as one contiguous tensor."""
         if n > self._staged[slot]:
             raise ValueError(f"slot {slot} holds {self._staged[slot]} staged tokens, cannot pack {n}")
+        if slot == 0 and self._in_tail:
+            return self.cache[:, :, self._length : self._length + n].contiguous()
         return self._staging[slot, :, :, :n].contiguous()
 
     def append_packed(self, packed: torch.Tensor, n: int) -> None:
@@ -182,8 +207,8 @@ class KVCache:
             other.cache[:, :, chunk] = self.cache[:, :, chunk]
             self.cache[:, :, chunk] = kept
         self._length, other._length = other._length, self._length
-        self._staged = [0] * self.num_slots
-        other._staged = [0] * other.num_slots
+        self._staged, self._in_tail = [0] * self.num_slots, False
+        other._staged, other._in_tail = [0] * other.num_slots, False
 
     def truncate(self, length: int) -> None:
         """Forget the committed positions from `length` on (benchmarks repeat one step this way)."""
@@ -194,7 +219,7 @@ class KVCache:
     def _advance(self, end: int) -> None:
         # Staged K/V belong to the window before this commit: consumed, so none can be committed twice.
         self._length = end
-        self._staged = [0] * self.num_slots
+        self._staged, self._in_tail = [0] * self.num_slots, False
 
     def _check_commit(self, n: int) -> None:
         if n < 0 or self._length + n > self.max_length:
