@@ -13,9 +13,11 @@ import torch
 from round_cases import MAX_LENGTH, ROUNDS, round_batch
 
 from lopa.engine import bundled_model_dir
+from lopa.execution.protocol import WindowBatch
 from lopa.model import DreamModel, DreamWindowModel
 from lopa.model.cuda_graphs import WindowGraphs
 from lopa.model.loader import load_model
+from lopa.params import AttentionMode
 
 
 @pytest.fixture(scope="module")
@@ -79,6 +81,26 @@ def test_a_reallocated_staging_area_drops_the_graphs_that_write_it(model: DreamM
     assert len(graphs.graphs) == 1 and next(iter(graphs.graphs.values())) is not stale
     for b, a in zip(before, after, strict=True):
         assert torch.equal(a, b)
+
+
+def test_a_graph_round_after_a_prompt_staged_in_the_cache(model: DreamModel) -> None:
+    # An eager one-row forward wider than the staging stages into the cache (a prompt's first
+    # round); a graphed round before any commit must stage into the slots and commit from them.
+    graphed, plain = _graphed(model), DreamWindowModel(model, MAX_LENGTH, max_batch=4)
+    plain.caches[0].ensure_staging(2, MAX_LENGTH)  # never stages in the cache: the reference
+    generator = torch.Generator().manual_seed(11)
+    prompt = WindowBatch(torch.randint(0, 90, (1, 70), generator=generator), [70],
+                         torch.zeros(1, 70, dtype=torch.long), 0, 70, AttentionMode.FULL, outputs=(69,))
+    DreamWindowModel._eager(graphed, prompt)  # what the graph path would not run: the eager forward
+    plain._eager(prompt)
+    assert graphed.caches[0].staging_capacity < 70 <= plain.caches[0].staging_capacity
+    rows = WindowBatch(torch.randint(0, 90, (2, 20), generator=generator), [20, 17],
+                       torch.ones(2, 20, dtype=torch.long), 0, 5, AttentionMode.FULL, outputs=(3, 25))
+    torch.testing.assert_close(graphed.forward(rows), plain.forward(rows), rtol=1e-4, atol=1e-4)
+    for window in (graphed, plain):
+        window.commit(0, 5)
+    torch.testing.assert_close(graphed.caches[0].cache[:, :, :5], plain.caches[0].cache[:, :, :5],
+                               rtol=1e-4, atol=1e-4)
 
 
 def _filled(model: DreamModel) -> tuple[DreamWindowModel, list[torch.Tensor]]:

@@ -78,7 +78,7 @@ class KVCache:
         """Empty the cache (no zeroing needed: only [0, length) is ever read); ensure num_slots slots."""
         self._length = 0
         self.ensure_staging(num_slots, 0)
-        self._staged = [0] * self.num_slots
+        self._forget_staged()
 
     def ensure_staging(self, num_slots: int, n: int) -> None:
         """Grow the staging area to at least num_slots slots of n tokens, keeping what is staged."""
@@ -123,8 +123,7 @@ class KVCache:
         if self._length + n > self.max_length:
             raise ValueError(f"staging {n} tokens after {self._length} exceeds max_length {self.max_length}")
         in_tail = rows == 1 and first_slot == 0 and n > self.staging_capacity
-        if not in_tail:
-            self.ensure_staging(first_slot + rows, n)
+        self.ensure_staging(first_slot + rows, 0 if in_tail else n)
         self._stage_n, self._stage_first, self._stage_rows = n, first_slot, rows
         self._stage_in_tail = in_tail
         self.mark_staged(rows, n, first_slot, in_tail)
@@ -207,8 +206,8 @@ class KVCache:
             other.cache[:, :, chunk] = self.cache[:, :, chunk]
             self.cache[:, :, chunk] = kept
         self._length, other._length = other._length, self._length
-        self._staged, self._in_tail = [0] * self.num_slots, False
-        other._staged, other._in_tail = [0] * other.num_slots, False
+        self._forget_staged()
+        other._forget_staged()
 
     def truncate(self, length: int) -> None:
         """Forget the committed positions from `length` on (benchmarks repeat one step this way)."""
@@ -219,7 +218,11 @@ class KVCache:
     def _advance(self, end: int) -> None:
         # Staged K/V belong to the window before this commit: consumed, so none can be committed twice.
         self._length = end
-        self._staged, self._in_tail = [0] * self.num_slots, False
+        self._forget_staged()
+
+    def _forget_staged(self) -> None:
+        self._staged = [0] * self.num_slots
+        self._in_tail = self._stage_in_tail = False
 
     def _check_commit(self, n: int) -> None:
         if n < 0 or self._length + n > self.max_length:
