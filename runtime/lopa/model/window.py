@@ -36,7 +36,23 @@ log = logging.getLogger("lopa.model")
 
 GRAPHS_ENV = "LOPA_CUDA_GRAPHS"  # "0" turns CUDA graphs off (eager forwards on CUDA)
 _GRAPH_STAGING = (16, 256)  # staging reserved up front when graphs are on: slots x tokens
-_GRAPH_STAGING_BATCHED = (16, 64)  # the same for the other physical caches (batched rounds' rows)
+_GRAPH_STAGING_BATCHED = (4, 64)  # the same for the other physical caches (batched rounds' rows)
+
+
+def graph_staging(index: int, num_slots: int, max_length: int) -> tuple[int, int]:
+    """(slots, tokens) of staging reserved at start for physical cache `index` when graphs are on: a
+    lone request's rounds use cache 0; batched rounds share a token budget, and more rows than
+    reserved grow a cache's staging (its graphs are then recaptured)."""
+    slots, tokens = _GRAPH_STAGING if index == 0 else _GRAPH_STAGING_BATCHED
+    return max(slots, num_slots), min(tokens, max_length)
+
+
+def reserved_staging_tokens(max_batch: int, num_slots: int, max_length: int, graphs: bool) -> int:
+    """Staging tokens (slots x capacity, all caches) a window model reserves at start."""
+    if not graphs:
+        return 0
+    reserved = (graph_staging(index, num_slots, max_length) for index in range(max_batch))
+    return sum(slots * tokens for slots, tokens in reserved)
 
 
 def graphs_wanted(device: torch.device, requested: bool | None) -> bool:
@@ -85,11 +101,9 @@ class DreamWindowModel:
         self.caches = list(self._physical)  # by sequence: the physical cache that holds it
         self.graphs: WindowGraphs | None = None
         if graphs_wanted(self.device, cuda_graphs):
-            # Staging reserved up front (graphs hold its address; growing it means recapturing): a
-            # lone request's rounds use physical cache 0, batched rounds share a token budget.
+            # Staging reserved up front: graphs hold its address, growing it means recapturing.
             for index, kv in enumerate(self._physical):
-                slots, tokens = _GRAPH_STAGING if index == 0 else _GRAPH_STAGING_BATCHED
-                kv.ensure_staging(max(slots, num_slots), min(tokens, max_length))
+                kv.ensure_staging(*graph_staging(index, num_slots, max_length))
             self.graphs = WindowGraphs(model, self._physical)
         if self.device.type == "cpu":
             keep_freed_memory()  # batched CPU forwards otherwise pay page faults (lopa.execution.heap)
