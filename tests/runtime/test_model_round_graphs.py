@@ -103,6 +103,20 @@ def test_a_graph_round_after_a_prompt_staged_in_the_cache(model: DreamModel) -> 
                                rtol=1e-4, atol=1e-4)
 
 
+def test_a_failed_batched_capture_keeps_the_lone_graphs(model: DreamModel) -> None:
+    window = DreamWindowModel(model, MAX_LENGTH, max_batch=4)
+    graphs = window.graphs = WindowGraphs(model, window._physical, capture=False)
+    capture = graphs._capture
+    graphs._capture = lambda bucket: None if bucket.requests > 1 else capture(bucket)  # type: ignore[method-assign]
+    batches = [round_batch(s, s, 0) for s in (0, 1)]
+    eager = DreamWindowModel(model, MAX_LENGTH, max_batch=4).forward_many(batches)
+    for got, want in zip(window.forward_many(batches), eager, strict=True):
+        assert torch.equal(got, want)  # the eager ragged forward, bit for bit
+    assert graphs.batched_disabled and not graphs.disabled
+    window.forward(round_batch(5, 2, 0))
+    assert [bucket.requests for bucket in graphs.graphs] == [1]
+
+
 def _filled(model: DreamModel) -> tuple[DreamWindowModel, list[torch.Tensor]]:
     window = DreamWindowModel(model, MAX_LENGTH, max_batch=4)
     prefixes = []

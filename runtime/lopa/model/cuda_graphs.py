@@ -18,8 +18,9 @@ every layer, the staging of every row's K/V (all `width` tokens of each row: the
 how many of them are the real TO_CACHE tokens) and the final norm. Graphs share one memory pool;
 the graph captured for a bucket is reused until a staging area it writes is reallocated (then it
 is dropped and recaptured on demand, since it holds the address; the pool goes with the last
-graph, so a new one is opened). A capture that fails turns graphs off for the model: the failed
-capture may leave CUDA state behind, and eager forwards are always correct.
+graph, so a new one is opened). A capture that fails turns graphs off (for batched rounds only when
+it was one: a lone request keeps its graphs): a failed capture may leave CUDA state behind, and
+eager forwards are always correct.
 
 `graph_body` and `PackedInputs.write` are plain torch and run on any device; WindowGraphs with
 capture=False runs the body on every replay instead of capturing it (how the CPU tests check the
@@ -206,11 +207,12 @@ class WindowGraphs:
         self.device = model.device
         self.pool = torch.cuda.graph_pool_handle() if capture else None
         self.graphs: dict[Bucket, _Captured] = {}
-        self.disabled = False
+        self.disabled = False  # every round runs eagerly
+        self.batched_disabled = False  # rounds of several requests do (lone ones keep their graphs)
 
     def get(self, bucket: Bucket) -> _Captured | None:
         """The graph of `bucket` (captured now if new), or None when graphs are off."""
-        if self.disabled or bucket.requests > len(self.caches):
+        if not self.enabled_for(bucket.requests) or bucket.requests > len(self.caches):
             return None
         for kv in self.caches[: bucket.requests]:
             kv.ensure_staging(bucket.rows, bucket.width)  # may move a staging area
@@ -225,11 +227,19 @@ class WindowGraphs:
         if captured is None:
             captured = self._capture(bucket)
             if captured is None:
-                self.disabled = True
+                # A lone request's graphs were the first proven on a GPU: a failed batched capture
+                # does not take them down.
+                if bucket.requests > 1:
+                    self.batched_disabled = True
+                else:
+                    self.disabled = True
                 return None
             captured.staging = staging[: bucket.requests]
             self.graphs[bucket] = captured
         return captured
+
+    def enabled_for(self, requests: int) -> bool:
+        return not self.disabled and (requests == 1 or not self.batched_disabled)
 
     def _body(self, captured: _Captured) -> torch.Tensor:
         return graph_body(self.model, self.caches, captured.layout, captured.inputs)
@@ -252,8 +262,9 @@ class WindowGraphs:
             with torch.no_grad(), capture:
                 captured.hidden = self._body(captured)
         except RuntimeError as error:
-            log.warning("cannot capture a CUDA graph for %s: %s; CUDA graphs are off for this model",
-                        bucket, error)
+            which = "batched rounds" if bucket.requests > 1 else "this model"
+            log.warning("cannot capture a CUDA graph for %s: %s; CUDA graphs are off for %s",
+                        bucket, error, which)
             return None
         log.debug("captured a CUDA graph for %s", bucket)
         return captured

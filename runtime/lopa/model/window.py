@@ -223,7 +223,7 @@ class DreamWindowModel:
         return logits.float()
 
     def _replayable(self, batches: Sequence[WindowBatch]) -> bool:
-        if self.graphs is None or self.graphs.disabled:
+        if self.graphs is None or not self.graphs.enabled_for(len(batches)):
             return False
         return all(b.outputs is not None and b.first_slot == 0 for b in batches)
 
