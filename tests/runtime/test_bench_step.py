@@ -50,6 +50,7 @@ def test_bench_step_reports_forwards_steps_and_products(
         assert row["rows"] == 3 * row["requests"] and row["tokens"] == row["rows"] * 8
         assert row["x_lone"] == pytest.approx(row["ms"] / (row["requests"] * lone_ms), rel=0.05)
         assert row["tok_s_at_tpf_10.1"] == pytest.approx(row["requests"] * 10.1e3 / row["ms"], rel=0.01)
+        assert row["graphed"] is False  # CPU: no CUDA graphs
     assert {r["weight"] for r in rows if r["kind"] == "gemm"} == {"qkv", "o", "gate_up", "down", "lm_head"}
     printed = capsys.readouterr().out
     assert "| rows | window |" in printed and "| k | rows |" in printed  # a table per kind
@@ -86,3 +87,22 @@ def test_write_checkpoint_is_sharded_and_loads_with_its_adapter(tmp_path: Path) 
     name = "model.layers.0.mlp.down_proj"
     got = merged.model.state_dict()[f"{name}.weight"] - plain.model.state_dict()[f"{name}.weight"]
     torch.testing.assert_close(got, delta[name], rtol=1e-4, atol=1e-5)
+
+
+def test_round_rows_say_whether_the_rounds_replayed_a_graph() -> None:
+    # The uncaptured graph path (WindowGraphs(capture=False)) stands in for CUDA's: the column
+    # tells a GPU run whether its batched rounds replayed or fell back to eager forwards.
+    from lopa.bench.step import StepBench
+    from lopa.cli.bench_step import _replayed
+    from lopa.engine import bundled_model_dir
+    from lopa.model.cuda_graphs import WindowGraphs
+
+    loaded = load_model(bundled_model_dir())
+    bench = StepBench(loaded.model, 64, loaded.special.mask, repeat=1, graphs=False, sequences=2)
+    bench.fill_cache(8, 2)
+    assert not _replayed(bench, 2)  # no graphs at all
+    graphs = bench.window.graphs = WindowGraphs(loaded.model, bench.window._physical, capture=False)
+    bench.round_ms(2, 2, 16, 4)
+    assert _replayed(bench, 2) and not _replayed(bench, 1)
+    graphs.batched_disabled = True
+    assert not _replayed(bench, 2)

@@ -215,7 +215,8 @@ def _round_rows(
     for requests in batches:
         ms = lone_ms if requests == 1 else graphs.round_ms(requests, rows_each, width, n_stage)
         row = {"kind": "round", "requests": requests, "k": args.batch_k, "rows": requests * rows_each,
-               "window": width, "cache": cache, "tokens": requests * rows_each * width, "ms": round(ms, 3)}
+               "window": width, "cache": cache, "tokens": requests * rows_each * width, "ms": round(ms, 3),
+               "graphed": _replayed(graphs, requests)}
         if plain is not None:
             row["eager_ms"] = round(plain.round_ms(requests, rows_each, width, n_stage), 3)
         row["x_floor"] = round(ms / floor.ms(requests * cache), 3)  # every request's cache is read
@@ -245,3 +246,10 @@ def run_write(args: argparse.Namespace) -> int:
                                   targets=targets)
         print(f"adapter: rank {args.lora_rank} over {', '.join(targets)} in {args.adapter_out}", flush=True)
     return 0
+
+
+def _replayed(bench: step.StepBench, requests: int) -> bool:
+    """Whether rounds of `requests` requests replayed a CUDA graph (not an eager fallback)."""
+    graphs = bench.window.graphs
+    captured = graphs is not None and any(b.requests == requests for b in graphs.graphs)
+    return captured and graphs is not None and graphs.enabled_for(requests)
