@@ -71,3 +71,26 @@ def test_a_lone_masked_position_of_a_large_vocabulary_gets_its_own_bits(thread_c
     outcomes = together.verify_many(parts)
     for part, outcome in zip(parts, outcomes, strict=True):
         assert outcome == alone.verify(part.start, part.n_stage, part.windows, part.sequence)
+
+
+def test_a_round_copies_its_parts_statistics_to_the_host_once(monkeypatch) -> None:
+    # Sampled parts (and, on an accelerator, every part) reduce on the device one by one; their
+    # values reach the host in one copy, a synchronisation per round instead of one per request.
+    import lopa.execution.local as local
+
+    loaded = load_model(bundled_model_dir())
+    params = [DecodingParams(temperature=0.8, seed=s) for s in range(4)]
+    together = LocalExecutor(loaded.window_model(64, max_batch=4))
+    alone = LocalExecutor(loaded.window_model(64, max_batch=4))
+    parts = [VerifyPart(s, 0, 0, _windows(20 + s, 1 + s % 3)) for s in range(4)]
+    for executor in (together, alone):
+        for sequence, p in enumerate(params):
+            executor.begin(p, 3, sequence)
+    copies = []
+    real = local._to_host
+    monkeypatch.setattr(local, "_to_host", lambda *stats: copies.append(1) or real(*stats))
+    outcomes = together.verify_many(parts)
+    assert len(copies) == 1
+    for part, outcome in zip(parts, outcomes, strict=True):
+        assert outcome == alone.verify(part.start, part.n_stage, part.windows, part.sequence)
+        assert [len(stats) for stats in outcome] == [len(w.masked) for w in part.windows]

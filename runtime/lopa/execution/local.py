@@ -59,6 +59,7 @@ class VerifyPart:
 
 # Per part: its statistics per candidate, or the error that failed this part alone.
 PartOutcome = list[list[PositionStat]] | Exception
+DeviceStats = tuple[torch.Tensor, torch.Tensor, torch.Tensor]  # (x_hat, P, Conf) of a part's positions
 
 
 def verify_alone(
@@ -153,12 +154,34 @@ class LocalExecutor:
             raise
         greedy = self._greedy_stats(parts, plans, logits)
         outcomes: list[PartOutcome] = []
+        on_device: dict[int, DeviceStats] = {}
         for index, (part, plan, part_logits) in enumerate(zip(parts, plans, logits, strict=True)):
             try:
-                outcomes.append(self._part_stats(part, plan, part_logits, greedy.get(index)))
+                stats = self._part_stats(part, plan, part_logits, greedy.get(index))
             except Exception as error:  # this request's sampling failed: the others are unaffected
                 self.drop_staged(part.sequence)
                 outcomes.append(error)
+                continue
+            if isinstance(stats, tuple):
+                on_device[index] = stats
+            outcomes.append([] if isinstance(stats, tuple) else stats)
+        if on_device:
+            # Every part's statistics in one device-to-host copy: one synchronisation per round,
+            # not one per request (the values are each part's own: only the copy is shared).
+            columns = zip(*on_device.values(), strict=True)
+            try:
+                ids, probs, confs = _to_host(*(torch.cat(column) for column in columns))
+            except Exception as error:  # the device failed under all of them (their kernels ran late)
+                for index in on_device:
+                    self.drop_staged(parts[index].sequence)
+                    outcomes[index] = error
+                return outcomes
+            begin = 0
+            for index, stats in on_device.items():
+                end = begin + stats[0].shape[0]
+                windows = parts[index].windows
+                outcomes[index] = self._split(windows, ids[begin:end], probs[begin:end], confs[begin:end])
+                begin = end
         return outcomes
 
     def _greedy_stats(
@@ -211,7 +234,9 @@ class LocalExecutor:
         plan: OutputPlan,
         logits: torch.Tensor,
         reduced: tuple[list[int], list[float], list[float]] | None = None,
-    ) -> list[list[PositionStat]]:
+    ) -> list[list[PositionStat]] | DeviceStats:
+        """The part's statistics per window, or (x_hat, P, Conf) still on the device (the caller
+        copies every part's to the host at once)."""
         state = self.state(part.sequence)
         state.staged_count = part.n_stage
         state.staged_last = logits[plan.n_masked :] if part.n_stage > 0 else None
@@ -221,10 +246,8 @@ class LocalExecutor:
             return self._split(part.windows, *reduced)
         masked = self._masked_logits(part, plan, logits)
         if state.params.greedy:
-            tokens, probs, confs = position_stats(masked, state.params)
-        else:
-            tokens, probs, confs = self._sample(state, part, masked)
-        return self._split(part.windows, *_to_host(tokens, probs, confs))
+            return position_stats(masked, state.params)
+        return self._sample(state, part, masked)
 
     @staticmethod
     def _sample(
