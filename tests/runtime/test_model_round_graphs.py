@@ -150,3 +150,12 @@ def test_a_move_discards_staged_kv_so_a_late_commit_fails_loudly(model: DreamMod
     assert torch.equal(window.caches[2].cache[:, :, : window.caches[2].length], prefixes[2])
     with pytest.raises(ValueError, match="staged tokens"):
         window.commit(0, 2, sequence=2)
+
+
+def test_forwards_are_counted_by_path(model: DreamModel) -> None:
+    graphed, plain = _graphed(model), DreamWindowModel(model, MAX_LENGTH, max_batch=4)
+    for window in (graphed, plain):
+        window.forward_many([round_batch(s, s, 0) for s in (0, 1)])
+        window.forward(round_batch(5, 2, 0))
+    assert graphed.forwards == {"graph": 2, "eager": 0}
+    assert plain.forwards == {"graph": 0, "eager": 2}

@@ -36,3 +36,4 @@ def test_the_fit_check_counts_the_staging_a_graphed_window_model_reserves() -> N
     assert staging == 16 * 200 + 2 * 4 * 64  # cache 0's capped at the length
     assert window.reserved_bytes() == kv_cache_bytes(model.config, 200, 3, 4, staging)
     assert reserved_staging_tokens(3, 1, 200, graphs=False) == 0
+

@@ -99,6 +99,7 @@ class DreamWindowModel:
             for _ in range(max_batch)
         ]
         self.caches = list(self._physical)  # by sequence: the physical cache that holds it
+        self.forwards = {"graph": 0, "eager": 0}  # forward calls by path (a worker exports them)
         self.graphs: WindowGraphs | None = None
         if graphs_wanted(self.device, cuda_graphs):
             # Staging reserved up front: graphs hold its address, growing it means recapturing.
@@ -140,7 +141,9 @@ class DreamWindowModel:
         if self._replayable([batch]):
             logits = self._replay([batch])
             if logits is not None:
+                self.forwards["graph"] += 1
                 return logits[0]
+        self.forwards["eager"] += 1
         return self._eager(batch)
 
     @torch.no_grad()
@@ -159,7 +162,9 @@ class DreamWindowModel:
         if self._replayable(batches):
             replayed = self._replay(batches)
             if replayed is not None:
+                self.forwards["graph"] += 1
                 return replayed
+        self.forwards["eager"] += 1
         return self._eager_many(batches)
 
     def commit(self, slot: int, n: int, sequence: int = 0) -> None:

@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
+from prometheus_client.core import CounterMetricFamily
+from prometheus_client.registry import Collector
 
 _STEP_BUCKETS = (0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1.0, 2.0, 5.0)
 _TPF_BUCKETS = (1, 1.5, 2, 3, 4, 6, 8, 12, 16, 24, 32)
@@ -128,9 +131,26 @@ class WorkerMetrics:
             start_http_server(port, registry=metrics.registry)
         return metrics
 
+    def watch_forwards(self, counts: Callable[[], Mapping[str, int]]) -> None:
+        """Export the window model's forwards by path (`graph`: replayed from a CUDA graph, `eager`),
+        read at every scrape: a GPU whose graphs fell back to eager forwards shows it here."""
+        self.registry.register(_ForwardsByPath(counts))
+
     def observe_step(self, forward_s: float, commit_s: float, branches: int, requests: int = 1) -> None:
         self.forward_seconds.observe(forward_s)
         self.commit_seconds.observe(commit_s)
         self.branches.inc(branches)
         self.steps.inc()
         self.requests.observe(requests)
+
+
+class _ForwardsByPath(Collector):
+    def __init__(self, counts: Callable[[], Mapping[str, int]]) -> None:
+        self.counts = counts
+
+    def collect(self) -> Iterator[CounterMetricFamily]:
+        help_text = "Verification forwards by path (graph: a CUDA graph replay)"
+        family = CounterMetricFamily("lopa_worker_forwards", help_text, labels=["path"])
+        for path, count in sorted(self.counts().items()):
+            family.add_metric([path], count)
+        yield family

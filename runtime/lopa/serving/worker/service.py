@@ -234,6 +234,7 @@ def serve_worker(config: ServingConfig, rank: int, stop: threading.Event | None 
     server = start_server(service, address, listen_key(config, rank))
     if metrics is not None:
         metrics.reserved_bytes.set(reserved)
+        metrics.watch_forwards(lambda: dict(window_model.forwards))
     log.info(
         "rank %d: model %s loaded; %d KV slots (limits.max_batch) of %d tokens reserved %.1f MiB; "
         "worker API on %s", rank, path, config.limits.max_batch, max_length, reserved / (1 << 20), address,
