@@ -162,33 +162,38 @@ class LocalExecutor:
                 self.drop_staged(part.sequence)
                 outcomes.append(error)
                 continue
-            if isinstance(stats, tuple):
+            if stats is not None:
                 on_device[index] = stats
-            outcomes.append([] if isinstance(stats, tuple) else stats)
+            outcomes.append([[] for _ in part.windows])  # kept when caching only: nothing to decide
         if on_device:
-            # Every part's statistics in one device-to-host copy: one synchronisation per round,
-            # not one per request (the values are each part's own: only the copy is shared).
-            columns = zip(*on_device.values(), strict=True)
-            try:
-                ids, probs, confs = _to_host(*(torch.cat(column) for column in columns))
-            except Exception as error:  # the device failed under all of them (their kernels ran late)
-                for index in on_device:
-                    self.drop_staged(parts[index].sequence)
-                    outcomes[index] = error
-                return outcomes
-            begin = 0
-            for index, stats in on_device.items():
-                end = begin + stats[0].shape[0]
-                windows = parts[index].windows
-                outcomes[index] = self._split(windows, ids[begin:end], probs[begin:end], confs[begin:end])
-                begin = end
+            self._to_outcomes(parts, on_device, outcomes)
         return outcomes
+
+    def _to_outcomes(
+        self, parts: Sequence[VerifyPart], on_device: dict[int, DeviceStats], outcomes: list[PartOutcome]
+    ) -> None:
+        """Every part's statistics in one device-to-host copy: one synchronisation per round, not one
+        per request or group (the values are each part's own: only the copy is shared)."""
+        columns = zip(*on_device.values(), strict=True)
+        try:
+            ids, probs, confs = _to_host(*(torch.cat(column) for column in columns))
+        except Exception as error:  # the device failed under all of them (their kernels ran late)
+            for index in on_device:
+                self.drop_staged(parts[index].sequence)
+                outcomes[index] = error
+            return
+        begin = 0
+        for index, stats in on_device.items():
+            end = begin + stats[0].shape[0]
+            windows = parts[index].windows
+            outcomes[index] = self._split(windows, ids[begin:end], probs[begin:end], confs[begin:end])
+            begin = end
 
     def _greedy_stats(
         self, parts: Sequence[VerifyPart], plans: Sequence[OutputPlan], logits: Sequence[torch.Tensor]
-    ) -> dict[int, tuple[list[int], list[float], list[float]]]:
+    ) -> dict[int, DeviceStats]:
         """(x_hat, P, Conf) of the masked positions of every greedy part with the same distribution
-        settings, reduced together with one host copy: per part that was ~10 small ops and a copy.
+        settings, reduced together: per part that was ~10 small ops.
         Each position's statistics are row-wise (softmax, max over its own logits), so a part's
         values are those it gets alone. A part that fails here is left to _part_stats (its error)."""
         if self.device.type != "cpu":
@@ -202,19 +207,16 @@ class LocalExecutor:
                 continue
             p = state.params
             groups.setdefault((p.temperature, p.top_k, p.top_p, p.conf), []).append(index)
-        done: dict[int, tuple[list[int], list[float], list[float]]] = {}
+        done: dict[int, DeviceStats] = {}
         for members in groups.values():
             try:
                 masked = [self._masked_logits(parts[i], plans[i], logits[i]) for i in members]
                 stats = position_stats(torch.cat(masked), self.state(parts[members[0]].sequence).params)
-                ids, probs, confs = _to_host(*stats)
             except Exception:
                 continue
-            begin = 0
-            for i, chunk in zip(members, masked, strict=True):
-                end = begin + chunk.shape[0]
-                done[i] = (ids[begin:end], probs[begin:end], confs[begin:end])
-                begin = end
+            sizes = [chunk.shape[0] for chunk in masked]
+            for i, ids, probs, confs in zip(members, *(column.split(sizes) for column in stats), strict=True):
+                done[i] = (ids, probs, confs)
         return done
 
     def _masked_logits(self, part: VerifyPart, plan: OutputPlan, logits: torch.Tensor) -> torch.Tensor:
@@ -233,17 +235,17 @@ class LocalExecutor:
         part: VerifyPart,
         plan: OutputPlan,
         logits: torch.Tensor,
-        reduced: tuple[list[int], list[float], list[float]] | None = None,
-    ) -> list[list[PositionStat]] | DeviceStats:
-        """The part's statistics per window, or (x_hat, P, Conf) still on the device (the caller
-        copies every part's to the host at once)."""
+        reduced: DeviceStats | None = None,
+    ) -> DeviceStats | None:
+        """(x_hat, P, Conf) of the part's masked positions, still on the device (the caller copies
+        every part's to the host at once); None when it has none."""
         state = self.state(part.sequence)
         state.staged_count = part.n_stage
         state.staged_last = logits[plan.n_masked :] if part.n_stage > 0 else None
         if not plan.n_masked:
-            return [[] for _ in part.windows]  # a caching-only round: nothing left to decide
+            return None
         if reduced is not None:
-            return self._split(part.windows, *reduced)
+            return reduced
         masked = self._masked_logits(part, plan, logits)
         if state.params.greedy:
             return position_stats(masked, state.params)
