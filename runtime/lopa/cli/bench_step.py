@@ -251,5 +251,6 @@ def run_write(args: argparse.Namespace) -> int:
 def _replayed(bench: step.StepBench, requests: int) -> bool:
     """Whether rounds of `requests` requests replayed a CUDA graph (not an eager fallback)."""
     graphs = bench.window.graphs
-    captured = graphs is not None and any(b.requests == requests for b in graphs.graphs)
-    return captured and graphs is not None and graphs.enabled_for(requests)
+    if graphs is None:
+        return False
+    return graphs.enabled_for(requests) and any(b.requests == requests for b in graphs.graphs)

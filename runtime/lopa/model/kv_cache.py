@@ -108,7 +108,7 @@ class KVCache:
     def staged(self, slot: int, layer: int) -> tuple[torch.Tensor, torch.Tensor]:
         """Views of the K/V staged in `slot` for `layer`, each [n_staged, kv_heads, head_dim]."""
         n = self._staged[slot]
-        if slot == 0 and self._in_tail:
+        if self._staged_in_cache(slot):
             tail = slice(self._length, self._length + n)
             return self.cache[layer, 0, tail], self.cache[layer, 1, tail]
         return self._staging[slot, layer, 0, :n], self._staging[slot, layer, 1, :n]
@@ -166,7 +166,7 @@ class KVCache:
         if n > self._staged[slot]:
             raise ValueError(f"slot {slot} holds {self._staged[slot]} staged tokens, cannot commit {n}")
         end = self._length + n
-        if not (slot == 0 and self._in_tail):  # else already in place
+        if not self._staged_in_cache(slot):  # else already in place
             self.cache[:, :, self._length : end] = self._staging[slot, :, :, :n]
         self._advance(end)
 
@@ -178,7 +178,7 @@ class KVCache:
         """All layers' K and V of the first n staged tokens of `slot`, as one contiguous tensor."""
         if n > self._staged[slot]:
             raise ValueError(f"slot {slot} holds {self._staged[slot]} staged tokens, cannot pack {n}")
-        if slot == 0 and self._in_tail:
+        if self._staged_in_cache(slot):
             return self.cache[:, :, self._length : self._length + n].contiguous()
         return self._staging[slot, :, :, :n].contiguous()
 
@@ -219,6 +219,9 @@ class KVCache:
         # Staged K/V belong to the window before this commit: consumed, so none can be committed twice.
         self._length = end
         self._forget_staged()
+
+    def _staged_in_cache(self, slot: int) -> bool:
+        return slot == 0 and self._in_tail
 
     def _forget_staged(self) -> None:
         self._staged = [0] * self.num_slots
