@@ -101,7 +101,8 @@ def test_round_rows_say_whether_the_rounds_replayed_a_graph() -> None:
     bench = StepBench(loaded.model, 64, loaded.special.mask, repeat=1, graphs=False, sequences=2)
     bench.fill_cache(8, 2)
     assert not _replayed(bench, 2)  # no graphs at all
-    graphs = bench.window.graphs = WindowGraphs(loaded.model, bench.window._physical, capture=False)
+    window = bench.window
+    graphs = window.graphs = WindowGraphs(loaded.model, window._physical, window.kv_storage, capture=False)
     bench.round_ms(2, 2, 16, 4)
     assert _replayed(bench, 2) and not _replayed(bench, 1)
     graphs.batched_disabled = True

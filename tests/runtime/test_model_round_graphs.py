@@ -27,7 +27,7 @@ def model() -> DreamModel:
 
 def _graphed(model: DreamModel) -> DreamWindowModel:
     window = DreamWindowModel(model, MAX_LENGTH, max_batch=4)
-    window.graphs = WindowGraphs(model, window._physical, capture=False)
+    window.graphs = WindowGraphs(model, window._physical, window.kv_storage, capture=False)
 
     def no_eager(*args: object) -> None:
         raise AssertionError("an eager forward where the graph path was expected")
@@ -105,7 +105,7 @@ def test_a_graph_round_after_a_prompt_staged_in_the_cache(model: DreamModel) -> 
 
 def test_a_failed_batched_capture_keeps_the_lone_graphs(model: DreamModel) -> None:
     window = DreamWindowModel(model, MAX_LENGTH, max_batch=4)
-    graphs = window.graphs = WindowGraphs(model, window._physical, capture=False)
+    graphs = window.graphs = WindowGraphs(model, window._physical, window.kv_storage, capture=False)
     capture = graphs._capture
     graphs._capture = lambda bucket: None if bucket.requests > 1 else capture(bucket)  # type: ignore[method-assign]
     batches = [round_batch(s, s, 0) for s in (0, 1)]

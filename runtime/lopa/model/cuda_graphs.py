@@ -36,7 +36,7 @@ from dataclasses import dataclass
 import torch
 
 from lopa.execution.protocol import WindowBatch
-from lopa.model.dream import DreamModel, Segment
+from lopa.model.dream import DreamModel, UniformSegments
 from lopa.model.kv_cache import KVCache
 from lopa.model.mask import additive, window_mask
 from lopa.params import AttentionMode
@@ -138,30 +138,51 @@ class PackedInputs:
 
 
 def graph_body(
-    model: DreamModel, caches: Sequence[KVCache], layout: PackedInputs, ints: torch.Tensor
+    model: DreamModel,
+    caches: Sequence[KVCache],
+    layout: PackedInputs,
+    ints: torch.Tensor,
+    stacked: torch.Tensor,
 ) -> torch.Tensor:
     """The hidden states [T, hidden] of the round packed in `ints` (on the model's device), request i
-    over caches[i]; stages every row's K/V. Only tensor operations: a CUDA graph can capture it."""
+    over caches[i]; stages every row's K/V. Only tensor operations: a CUDA graph can capture it.
+    stacked: the tensor whose slice i is caches[i].cache (DreamWindowModel.kv_storage): several
+    requests attend in one call per layer (UniformSegments), not one call each."""
     bucket, device = layout.bucket, model.device
-    per = bucket.request_tokens
     tokens = ints[layout.tokens].view(1, bucket.tokens)
     block_ids = ints[layout.block_ids].view(bucket.requests, bucket.rows, bucket.width)
     lengths = ints[layout.lengths].view(bucket.requests, bucket.rows)
     scalars = ints[layout.scalars : layout.outputs].view(bucket.requests, 3)
     steps = torch.arange(bucket.width, device=device).repeat(bucket.rows)
     positions = (scalars[:, 0:1] + steps).reshape(-1)
-    segments = []
-    for i, kv in enumerate(caches[: bucket.requests]):
+    kvs = caches[: bucket.requests]
+    masks = []
+    for i, kv in enumerate(kvs):
         mask = window_mask(lengths[i], block_ids[i], scalars[i, 1], bucket.cache_width, scalars[i, 2].bool())
         kv.stage_rows(bucket.rows, bucket.width)
-        view = _CacheView(kv, bucket.cache_width)
-        segments.append(Segment(i * per, (i + 1) * per, additive(mask, model.dtype), view, kv.stage))
-    if len(segments) == 1:  # a lone request: one sequence, as its eager forward runs it
-        only = segments[0]
-        hidden = model.hidden_states(tokens, positions, only.mask, only.past, only.on_kv)
+        masks.append(additive(mask, model.dtype))
+    if len(kvs) == 1:  # a lone request: one sequence, as its eager forward runs it
+        view = _CacheView(kvs[0], bucket.cache_width)
+        hidden = model.hidden_states(tokens, positions, masks[0], view, kvs[0].stage)
     else:
-        hidden = model.hidden_states(tokens, positions, segments=segments)
+        hidden = model.hidden_states(tokens, positions, segments=_uniform(kvs, masks, stacked, bucket))
     return hidden.view(bucket.tokens, -1)
+
+
+def _uniform(
+    kvs: Sequence[KVCache], masks: Sequence[torch.Tensor], stacked: torch.Tensor, bucket: Bucket
+) -> UniformSegments:
+    """The bucket's requests as UniformSegments over the first R slices of `stacked`."""
+    requests, width = bucket.requests, bucket.cache_width
+
+    def past(layer: int) -> tuple[torch.Tensor, torch.Tensor]:
+        return stacked[:requests, layer, 0, :width], stacked[:requests, layer, 1, :width]
+
+    def stage(layer: int, keys: torch.Tensor, values: torch.Tensor) -> None:
+        for i, kv in enumerate(kvs):
+            kv.stage(layer, keys[i], values[i])
+
+    return UniformSegments(requests, torch.cat(masks), past, stage)
 
 
 class _Captured:
@@ -202,8 +223,20 @@ class WindowGraphs:
     """Lazily captured graphs of rounds over the model's physical sequences `caches` (the graph of
     R requests reads caches[:R]), keyed by bucket."""
 
-    def __init__(self, model: DreamModel, caches: Sequence[KVCache], capture: bool = True) -> None:
+    def __init__(
+        self,
+        model: DreamModel,
+        caches: Sequence[KVCache],
+        stacked: torch.Tensor,
+        capture: bool = True,
+    ) -> None:
+        """stacked: the tensor the caches are slices of, in order (DreamWindowModel.kv_storage)."""
         self.model, self.caches, self.capture = model, list(caches), capture
+        if not all(
+            kv.cache.data_ptr() == stacked[i].data_ptr() for i, kv in enumerate(self.caches)
+        ):
+            raise ValueError("WindowGraphs: caches[i] must be slice i of the stacked KV storage")
+        self.stacked = stacked
         self.device = model.device
         self.pool = torch.cuda.graph_pool_handle() if capture else None
         self.graphs: dict[Bucket, _Captured] = {}
@@ -242,7 +275,7 @@ class WindowGraphs:
         return not self.disabled and (requests == 1 or not self.batched_disabled)
 
     def _body(self, captured: _Captured) -> torch.Tensor:
-        return graph_body(self.model, self.caches, captured.layout, captured.inputs)
+        return graph_body(self.model, self.caches, captured.layout, captured.inputs, self.stacked)
 
     def _capture(self, bucket: Bucket) -> _Captured | None:
         captured = _Captured(bucket, self.device)

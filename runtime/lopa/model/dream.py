@@ -50,6 +50,30 @@ class Segment:
 
 
 @dataclass(frozen=True)
+class UniformSegments:
+    """`requests` requests of equal token count folded into one batch-1 sequence (a CUDA-graph
+    bucket pads them so), each attending to its own cache and tokens under its own mask; their
+    caches are slices of one tensor, so each layer attends once with batch = request. Per request
+    and layer that saves a K and a V concatenation and an attention call: measured on an H100 with a
+    7B model, such small kernels were ~9 ms of a 31 ms round of 16 requests."""
+
+    requests: int
+    mask: torch.Tensor  # additive [requests, 1, T / requests, C + T / requests]
+    past: Callable[[int], tuple[torch.Tensor, torch.Tensor]]  # layer -> K, V [requests, C, kv_heads, D]
+    on_kv: KVCallback  # layer, K, V [requests, T / requests, kv_heads, D]: stages each request's
+
+
+@dataclass(frozen=True)
+class LayerUniform:
+    """UniformSegments bound to one layer."""
+
+    requests: int
+    mask: torch.Tensor
+    past: tuple[torch.Tensor, torch.Tensor]
+    on_kv: Callable[[torch.Tensor, torch.Tensor], None]
+
+
+@dataclass(frozen=True)
 class LayerSegment:
     """A Segment bound to one layer: its cached K/V and its staging callback."""
 
@@ -167,12 +191,14 @@ class DreamAttention(nn.Module):
         mask: torch.Tensor | None,
         past: tuple[torch.Tensor, torch.Tensor] | None,
         on_kv: Callable[[torch.Tensor, torch.Tensor], None] | None,
-        segments: Sequence[LayerSegment] | None = None,
+        segments: Sequence[LayerSegment] | LayerUniform | None = None,
     ) -> torch.Tensor:
         batch, length, _ = x.shape
         q, k, v = self._qkv(x, cos, sin_signed)
         if segments is None:
             out = _attend_with_past(q, k, v, mask, past, on_kv)
+        elif isinstance(segments, LayerUniform):
+            out = _attend_uniform(q, k, v, segments)
         else:  # a ragged forward: each request's tokens see only its own cache and tokens
             out = _attend_segments(q, k, v, segments)
         out = out.transpose(1, 2).reshape(batch, length, self.heads * self.head_dim)
@@ -194,6 +220,19 @@ def _attend_segments(
             out = out.transpose(0, 1).reshape(1, out.shape[1], -1, out.shape[3])
         parts.append(out)
     return parts[0] if len(parts) == 1 else torch.cat(parts, dim=2)
+
+
+def _attend_uniform(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, s: LayerUniform) -> torch.Tensor:
+    """Attention of a folded batch-1 forward of equal-sized requests (see UniformSegments), one
+    batch element per request; [1, heads, T, D]."""
+    q, k, v = (t.reshape(s.requests, -1, *t.shape[2:]) for t in (q, k, v))  # [R, T / R, h, D]
+    s.on_kv(k, v)
+    past_k, past_v = s.past
+    if past_k.shape[1] > 0:
+        k = torch.cat((past_k, k), dim=1)
+        v = torch.cat((past_v, v), dim=1)
+    out = attend(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), s.mask)  # [R, heads, T / R, D]
+    return out.transpose(0, 1).reshape(1, out.shape[1], -1, out.shape[3])
 
 
 def _attend_with_past(
@@ -264,7 +303,7 @@ class DreamDecoderLayer(nn.Module):
         mask: torch.Tensor | None,
         past: tuple[torch.Tensor, torch.Tensor] | None,
         on_kv: Callable[[torch.Tensor, torch.Tensor], None] | None,
-        segments: Sequence[LayerSegment] | None = None,
+        segments: Sequence[LayerSegment] | LayerUniform | None = None,
     ) -> torch.Tensor:
         x = x + self.self_attn(self.input_layernorm(x), cos, sin_signed, mask, past, on_kv, segments)
         return x + self.mlp(self.post_attention_layernorm(x))
@@ -312,7 +351,7 @@ class DreamModel(nn.Module):
         past: KVSource | None = None,
         on_kv: KVCallback | None = None,
         output_index: torch.Tensor | None = None,
-        segments: Sequence[Segment] | None = None,
+        segments: Sequence[Segment] | UniformSegments | None = None,
     ) -> torch.Tensor:
         """Raw logits [B, T, vocab] in the model dtype, or [N, vocab] for the N flat token indices
         (into B * T) of `output_index` (the lm_head then runs on those tokens only).
@@ -333,12 +372,13 @@ class DreamModel(nn.Module):
         attn_mask: torch.Tensor | None = None,
         past: KVSource | None = None,
         on_kv: KVCallback | None = None,
-        segments: Sequence[Segment] | None = None,
+        segments: Sequence[Segment] | UniformSegments | None = None,
     ) -> torch.Tensor:
         """The final norm's output [B, T, hidden]: everything but the lm_head (see forward).
 
         With `segments` (batch 1), the tokens are several requests' folded rows: each segment
-        attends under its own mask to its own cache (attn_mask, past and on_kv are then unused).
+        attends under its own mask to its own cache (attn_mask, past and on_kv are then unused);
+        UniformSegments: the same for requests of equal size whose caches share one tensor.
         """
         batch, length = input_ids.shape
         positions = position_ids.expand(batch, length)
@@ -348,13 +388,24 @@ class DreamModel(nn.Module):
         for index, layer in enumerate(self.model.layers):
             layer_past = past.cached(index) if past is not None else None
             layer_kv = None if on_kv is None else _bind(on_kv, index)
-            bound = None if segments is None else [_bind_segment(s, index) for s in segments]
+            bound = _bind_segments(segments, index)
             x = layer(x, cos, sin_signed, attn_mask, layer_past, layer_kv, bound)
         return self.model.norm(x)
 
 
 def _bind(on_kv: KVCallback, index: int) -> Callable[[torch.Tensor, torch.Tensor], None]:
     return lambda k, v: on_kv(index, k, v)
+
+
+def _bind_segments(
+    segments: Sequence[Segment] | UniformSegments | None, index: int
+) -> Sequence[LayerSegment] | LayerUniform | None:
+    if segments is None:
+        return None
+    if isinstance(segments, UniformSegments):
+        on_kv = _bind(segments.on_kv, index)
+        return LayerUniform(segments.requests, segments.mask, segments.past(index), on_kv)
+    return [_bind_segment(s, index) for s in segments]
 
 
 def _bind_segment(segment: Segment, index: int) -> LayerSegment:

@@ -34,7 +34,10 @@ class KVCache:
         dtype: torch.dtype = torch.float32,
         device: torch.device | str = "cpu",
         num_slots: int = 1,
+        storage: torch.Tensor | None = None,
     ) -> None:
+        """storage: the cache tensor to use (a view of several caches stacked in one tensor, so a
+        batched round attends to all of them at once, see lopa.model.cuda_graphs); else allocated."""
         if max_length < 1:
             raise ValueError(f"max_length must be >= 1, got {max_length}")
         self.num_layers = num_layers
@@ -43,7 +46,15 @@ class KVCache:
         self.max_length = max_length
         self.dtype = dtype
         self.device = torch.device(device)
-        self.cache = torch.zeros(self._shape(max_length), dtype=dtype, device=self.device)
+        shape = self._shape(max_length)
+        if storage is None:
+            storage = torch.zeros(shape, dtype=dtype, device=self.device)
+        elif (tuple(storage.shape), storage.dtype, storage.device.type) != (shape, dtype, self.device.type):
+            raise ValueError(
+                f"KV storage is {tuple(storage.shape)} {storage.dtype} on {storage.device}, "
+                f"expected {shape} {dtype} on {self.device}"
+            )
+        self.cache = storage
         self._length = 0
         self._staging = torch.zeros((0, *self._shape(0)), dtype=dtype, device=self.device)
         self._staged: list[int] = []  # tokens staged in each slot by the latest forward

@@ -86,6 +86,10 @@ class DreamWindowModel:
         if max_batch < 1:
             raise ValueError(f"max_batch must be >= 1, got {max_batch}")
         self.max_batch = max_batch
+        # Every physical cache is a view of one tensor: a batched CUDA-graph round attends to the
+        # first R caches in one call per layer (lopa.model.cuda_graphs.graph_body).
+        shape = (config.num_hidden_layers, 2, max_length, config.num_key_value_heads, config.head_dim)
+        self.kv_storage = torch.zeros((max_batch, *shape), dtype=model.dtype, device=model.device)
         self._physical = [
             KVCache(
                 config.num_hidden_layers,
@@ -95,8 +99,9 @@ class DreamWindowModel:
                 dtype=model.dtype,
                 device=model.device,
                 num_slots=num_slots,
+                storage=self.kv_storage[index],
             )
-            for _ in range(max_batch)
+            for index in range(max_batch)
         ]
         self.caches = list(self._physical)  # by sequence: the physical cache that holds it
         self.forwards = {"graph": 0, "eager": 0}  # forward calls by path (a worker exports them)
@@ -105,7 +110,7 @@ class DreamWindowModel:
             # Staging reserved up front: graphs hold its address, growing it means recapturing.
             for index, kv in enumerate(self._physical):
                 kv.ensure_staging(*graph_staging(index, num_slots, max_length))
-            self.graphs = WindowGraphs(model, self._physical)
+            self.graphs = WindowGraphs(model, self._physical, self.kv_storage)
         if self.device.type == "cpu":
             keep_freed_memory()  # batched CPU forwards otherwise pay page faults (lopa.execution.heap)
             self._choose_cpu_products()
