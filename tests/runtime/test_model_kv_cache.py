@@ -145,3 +145,17 @@ def test_rows_forwarded_one_at_a_time_keep_slot_0_in_the_cache() -> None:
     assert torch.equal(cache.staged(1, 0)[0], staged[1][0])
     cache.commit(0, 100)
     assert torch.equal(cache.cached(0)[0], staged[0][0])
+
+
+def test_caches_stored_in_one_tensor_commit_into_their_own_slice() -> None:
+    # How DreamWindowModel stores its caches: a batched CUDA-graph round reads them all at once.
+    stacked = torch.zeros(2, LAYERS, 2, 40, HEADS, DIM)
+    first, second = (
+        KVCache(LAYERS, HEADS, DIM, 40, num_slots=2, storage=stacked[index]) for index in range(2)
+    )
+    keys = _stage(second, rows=2, length=6, n=3, seed=7)
+    second.commit(1, 3)
+    assert torch.equal(stacked[1, :, 0, :3], torch.stack([k[1, :3] for k in keys]))
+    assert first.length == 0 and not stacked[0].any()
+    with pytest.raises(ValueError, match=r"KV storage is \(3, 2, 40, 2, 4\).*expected \(3, 2, 41, 2, 4\)"):
+        KVCache(LAYERS, HEADS, DIM, 41, storage=stacked[0])
