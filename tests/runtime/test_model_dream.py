@@ -5,7 +5,7 @@ import torch
 import torch.nn.functional as F
 
 from lopa.model import DreamModel
-from lopa.model.dream import attend
+from lopa.model.attention import attend
 from lopa.synthetic import tiny_config
 from lopa.synthetic.checkpoint import random_weights
 

@@ -36,7 +36,8 @@ from dataclasses import dataclass
 import torch
 
 from lopa.execution.protocol import WindowBatch
-from lopa.model.dream import DreamModel, UniformSegments
+from lopa.model.attention import UniformSegments
+from lopa.model.dream import DreamModel
 from lopa.model.kv_cache import KVCache
 from lopa.model.mask import additive, window_mask
 from lopa.params import AttentionMode

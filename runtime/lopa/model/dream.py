@@ -13,76 +13,26 @@ instead of 7; on an accelerator every kernel launch saved counts.
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
-from typing import Protocol
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
 from lopa.model import invariant
+from lopa.model.attention import (
+    KVCallback,
+    KVSource,
+    LayerSegment,
+    LayerUniform,
+    Segment,
+    UniformSegments,
+    attend_segments,
+    attend_uniform,
+    attend_with_past,
+    bind,
+    bind_segments,
+)
 from lopa.model.config import DreamConfig
-
-# Called once per layer with that layer's window keys/values [R, L, kv_heads, head_dim] (after RoPE).
-KVCallback = Callable[[int, torch.Tensor, torch.Tensor], None]
-
-
-class KVSource(Protocol):
-    def cached(self, layer: int) -> tuple[torch.Tensor, torch.Tensor]:
-        """Cached keys and values of `layer`, each [C, kv_heads, head_dim], shared by every row."""
-
-
-@dataclass(frozen=True)
-class Segment:
-    """One request's tokens [begin, end) of a ragged forward (several requests folded into one
-    sequence): they attend only to their own cache and to each other, under their own mask.
-
-    With rows > 1 the tokens are `rows` rows of equal width that attend row by row, each to the
-    cache and to itself only, under masks [rows, 1, width, C + width] (lopa.model.mask.row_masks);
-    with rows == 1, as one sequence under a mask [1, 1, T, C + T]."""
-
-    begin: int
-    end: int
-    mask: torch.Tensor | None
-    past: KVSource | None
-    on_kv: KVCallback | None
-    rows: int = 1
-
-
-@dataclass(frozen=True)
-class UniformSegments:
-    """`requests` requests of equal token count folded into one batch-1 sequence (a CUDA-graph
-    bucket pads them so), each attending to its own cache and tokens under its own mask; their
-    caches are slices of one tensor, so each layer attends once with batch = request. Per request
-    and layer that saves a K and a V concatenation and an attention call: measured on an H100 with a
-    7B model, such small kernels were ~9 ms of a 31 ms round of 16 requests."""
-
-    requests: int
-    mask: torch.Tensor  # additive [requests, 1, T / requests, C + T / requests]
-    past: Callable[[int], tuple[torch.Tensor, torch.Tensor]]  # layer -> K, V [requests, C, kv_heads, D]
-    on_kv: KVCallback  # layer, K, V [requests, T / requests, kv_heads, D]: stages each request's
-
-
-@dataclass(frozen=True)
-class LayerUniform:
-    """UniformSegments bound to one layer."""
-
-    requests: int
-    mask: torch.Tensor
-    past: tuple[torch.Tensor, torch.Tensor]
-    on_kv: Callable[[torch.Tensor, torch.Tensor], None]
-
-
-@dataclass(frozen=True)
-class LayerSegment:
-    """A Segment bound to one layer: its cached K/V and its staging callback."""
-
-    begin: int
-    end: int
-    mask: torch.Tensor | None
-    past: tuple[torch.Tensor, torch.Tensor] | None
-    on_kv: Callable[[torch.Tensor, torch.Tensor], None] | None
-    rows: int = 1
 
 
 class RMSNorm(nn.Module):
@@ -196,75 +146,13 @@ class DreamAttention(nn.Module):
         batch, length, _ = x.shape
         q, k, v = self._qkv(x, cos, sin_signed)
         if segments is None:
-            out = _attend_with_past(q, k, v, mask, past, on_kv)
+            out = attend_with_past(q, k, v, mask, past, on_kv)
         elif isinstance(segments, LayerUniform):
-            out = _attend_uniform(q, k, v, segments)
+            out = attend_uniform(q, k, v, segments)
         else:  # a ragged forward: each request's tokens see only its own cache and tokens
-            out = _attend_segments(q, k, v, segments)
+            out = attend_segments(q, k, v, segments)
         out = out.transpose(1, 2).reshape(batch, length, self.heads * self.head_dim)
         return invariant.apply(self.o_proj, out)
-
-
-def _attend_segments(
-    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, segments: Sequence[LayerSegment]
-) -> torch.Tensor:
-    """Attention of a folded batch-1 forward, segment by segment (see Segment); [1, heads, T, D]."""
-    parts = []
-    for s in segments:
-        tokens = slice(s.begin, s.end)
-        qs, ks, vs = q[:, tokens], k[:, tokens], v[:, tokens]
-        if s.rows > 1:  # [1, R * W, h, D] -> [R, W, h, D]: one batch element per row
-            qs, ks, vs = (t.reshape(s.rows, -1, *t.shape[2:]) for t in (qs, ks, vs))
-        out = _attend_with_past(qs, ks, vs, s.mask, s.past, s.on_kv)  # [R, heads, W, D]
-        if s.rows > 1:
-            out = out.transpose(0, 1).reshape(1, out.shape[1], -1, out.shape[3])
-        parts.append(out)
-    return parts[0] if len(parts) == 1 else torch.cat(parts, dim=2)
-
-
-def _attend_uniform(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, s: LayerUniform) -> torch.Tensor:
-    """Attention of a folded batch-1 forward of equal-sized requests (see UniformSegments), one
-    batch element per request; [1, heads, T, D]."""
-    q, k, v = (t.reshape(s.requests, -1, *t.shape[2:]) for t in (q, k, v))  # [R, T / R, h, D]
-    s.on_kv(k, v)
-    past_k, past_v = s.past
-    if past_k.shape[1] > 0:
-        k = torch.cat((past_k, k), dim=1)
-        v = torch.cat((past_v, v), dim=1)
-    out = attend(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), s.mask)  # [R, heads, T / R, D]
-    return out.transpose(0, 1).reshape(1, out.shape[1], -1, out.shape[3])
-
-
-def _attend_with_past(
-    q: torch.Tensor,
-    k: torch.Tensor,
-    v: torch.Tensor,
-    mask: torch.Tensor | None,
-    past: tuple[torch.Tensor, torch.Tensor] | None,
-    on_kv: Callable[[torch.Tensor, torch.Tensor], None] | None,
-) -> torch.Tensor:
-    """Attention of [B, T, heads, D] queries over the cached prefix and the [B, T, kv_heads, D]
-    window keys/values (staged first through on_kv); returns [B, heads, T, D]."""
-    batch = q.shape[0]
-    if on_kv is not None:
-        on_kv(k, v)
-    if past is not None and past[0].shape[0] > 0:
-        # The cached prefix is shared by every row: put in front of each row's window. Folded
-        # (batch == 1) it is copied once; row by row (CPU) once per row, R x C x kv_heads x D
-        # values per layer, small beside the scores, which are ~W x heads / kv_heads times more.
-        past_k, past_v = past
-        k = torch.cat((past_k.unsqueeze(0).expand(batch, -1, -1, -1), k), dim=1)
-        v = torch.cat((past_v.unsqueeze(0).expand(batch, -1, -1, -1), v), dim=1)
-    return attend(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), mask)
-
-
-def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
-    """SDPA over [B, heads, T, D] queries and [B, kv_heads, S, D] keys/values; GQA natively (head h
-    uses KV head h // (heads / kv_heads)), never by materialising repeated KV heads. With a mask,
-    CUDA runs this on the cuDNN kernel (measured on an H100 with torch 2.11: the fastest of cuDNN,
-    memory-efficient with repeated KV, and flex attention for these shapes)."""
-    gqa = q.shape[1] != k.shape[1]
-    return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=gqa)
 
 
 class DreamMLP(nn.Module):
@@ -387,28 +275,7 @@ class DreamModel(nn.Module):
         sin_signed = signed_sin(sin)
         for index, layer in enumerate(self.model.layers):
             layer_past = past.cached(index) if past is not None else None
-            layer_kv = None if on_kv is None else _bind(on_kv, index)
-            bound = _bind_segments(segments, index)
+            layer_kv = None if on_kv is None else bind(on_kv, index)
+            bound = bind_segments(segments, index)
             x = layer(x, cos, sin_signed, attn_mask, layer_past, layer_kv, bound)
         return self.model.norm(x)
-
-
-def _bind(on_kv: KVCallback, index: int) -> Callable[[torch.Tensor, torch.Tensor], None]:
-    return lambda k, v: on_kv(index, k, v)
-
-
-def _bind_segments(
-    segments: Sequence[Segment] | UniformSegments | None, index: int
-) -> Sequence[LayerSegment] | LayerUniform | None:
-    if segments is None:
-        return None
-    if isinstance(segments, UniformSegments):
-        on_kv = _bind(segments.on_kv, index)
-        return LayerUniform(segments.requests, segments.mask, segments.past(index), on_kv)
-    return [_bind_segment(s, index) for s in segments]
-
-
-def _bind_segment(segment: Segment, index: int) -> LayerSegment:
-    past = segment.past.cached(index) if segment.past is not None else None
-    on_kv = None if segment.on_kv is None else _bind(segment.on_kv, index)
-    return LayerSegment(segment.begin, segment.end, segment.mask, past, on_kv, segment.rows)

@@ -27,8 +27,9 @@ import torch
 
 from lopa.execution.heap import keep_freed_memory
 from lopa.execution.protocol import WindowBatch
+from lopa.model.attention import Segment
 from lopa.model.cuda_graphs import WindowGraphs, bucket_for
-from lopa.model.dream import DreamModel, Segment
+from lopa.model.dream import DreamModel
 from lopa.model.kv_cache import KVCache
 from lopa.model.mask import additive_window_mask
 
