@@ -3,7 +3,7 @@
 import torch
 
 from lopa.model import build_window_mask
-from lopa.model.mask import additive, additive_window_mask, row_masks, window_mask
+from lopa.model.mask import additive, additive_window_mask, row_masks, window_mask, window_masks
 from lopa.params import AttentionMode
 
 
@@ -145,3 +145,17 @@ def test_row_masks_are_the_folded_masks_diagonal_blocks() -> None:
             assert torch.equal(by_row[r, 0, :, 3:], blocks[r, :, r])
         additive_masks = additive_window_mask(lengths, ids, 3, mode, torch.float32, by_row=True)
         assert torch.equal(additive_masks, additive(by_row, torch.float32))
+
+
+def test_window_masks_of_several_requests_are_each_requests_window_mask() -> None:
+    # A batched CUDA-graph round builds every request's mask at once (lopa.model.cuda_graphs).
+    generator = torch.Generator().manual_seed(3)
+    lengths = torch.tensor([[4, 2, 3], [1, 4, 4], [3, 3, 1]])
+    block_ids = torch.randint(0, 3, (3, 3, 4), generator=generator).sort(dim=2).values
+    cache_lengths = torch.tensor([0, 5, 2])
+    block_causal = torch.tensor([True, False, True])
+    together = window_masks(lengths, block_ids, cache_lengths, 6, block_causal)
+    assert together.shape == (3, 1, 12, 18)
+    for i in range(3):
+        alone = window_mask(lengths[i], block_ids[i], cache_lengths[i], 6, block_causal[i])
+        assert torch.equal(together[i : i + 1], alone)

@@ -39,7 +39,7 @@ from lopa.execution.protocol import WindowBatch
 from lopa.model.attention import UniformSegments
 from lopa.model.dream import DreamModel
 from lopa.model.kv_cache import KVCache
-from lopa.model.mask import additive, window_mask
+from lopa.model.mask import additive, window_masks
 from lopa.params import AttentionMode
 
 log = logging.getLogger("lopa.model")
@@ -157,21 +157,20 @@ def graph_body(
     steps = torch.arange(bucket.width, device=device).repeat(bucket.rows)
     positions = (scalars[:, 0:1] + steps).reshape(-1)
     kvs = caches[: bucket.requests]
-    masks = []
-    for i, kv in enumerate(kvs):
-        mask = window_mask(lengths[i], block_ids[i], scalars[i, 1], bucket.cache_width, scalars[i, 2].bool())
+    for kv in kvs:
         kv.stage_rows(bucket.rows, bucket.width)
-        masks.append(additive(mask, model.dtype))
+    bool_masks = window_masks(lengths, block_ids, scalars[:, 1], bucket.cache_width, scalars[:, 2].bool())
+    masks = additive(bool_masks, model.dtype)  # [R, 1, rows x width, cache_width + rows x width]
     if len(kvs) == 1:  # a lone request: one sequence, as its eager forward runs it
         view = _CacheView(kvs[0], bucket.cache_width)
-        hidden = model.hidden_states(tokens, positions, masks[0], view, kvs[0].stage)
+        hidden = model.hidden_states(tokens, positions, masks, view, kvs[0].stage)
     else:
         hidden = model.hidden_states(tokens, positions, segments=_uniform(kvs, masks, stacked, bucket))
     return hidden.view(bucket.tokens, -1)
 
 
 def _uniform(
-    kvs: Sequence[KVCache], masks: Sequence[torch.Tensor], stacked: torch.Tensor, bucket: Bucket
+    kvs: Sequence[KVCache], masks: torch.Tensor, stacked: torch.Tensor, bucket: Bucket
 ) -> UniformSegments:
     """The bucket's requests as UniformSegments over the first R slices of `stacked`."""
     requests, width = bucket.requests, bucket.cache_width
@@ -183,7 +182,7 @@ def _uniform(
         for i, kv in enumerate(kvs):
             kv.stage(layer, keys[i], values[i])
 
-    return UniformSegments(requests, torch.cat(masks), past, stage)
+    return UniformSegments(requests, masks, past, stage)
 
 
 class _Captured:

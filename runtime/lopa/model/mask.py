@@ -36,16 +36,33 @@ def window_mask(
 ) -> torch.Tensor:
     """Bool mask [1, 1, R*L, W + R*L] (True = may attend), from tensors only (no host sync, so a CUDA
     graph can capture it): lengths [R], block_ids [R, L], cache_length and block_causal 0-dim."""
-    rows, length = block_ids.shape
+    return window_masks(lengths[None], block_ids[None], cache_length[None], cache_width, block_causal[None])
+
+
+def window_masks(
+    lengths: torch.Tensor,
+    block_ids: torch.Tensor,
+    cache_lengths: torch.Tensor,
+    cache_width: int,
+    block_causal: torch.Tensor,
+) -> torch.Tensor:
+    """window_mask of N requests of equal shape at once, [N, 1, R*L, W + R*L]: lengths [N, R],
+    block_ids [N, R, L], cache_lengths and block_causal [N] (a batched CUDA-graph round builds
+    every request's mask with the same ~15 kernels, not 15 per request)."""
+    requests, rows, length = block_ids.shape
     device = block_ids.device
     index = torch.arange(length, device=device)
-    valid_key = index[None, :] < lengths[:, None]  # [R, L]
-    own = valid_key[:, None, :] & ((block_ids[:, None, :] <= block_ids[:, :, None]) | ~block_causal)
-    own = own | torch.eye(length, dtype=torch.bool, device=device)  # [R, query, key]
+    valid_key = index < lengths[..., None]  # [N, R, L]
+    causal = block_causal[:, None, None, None]
+    later = block_ids[:, :, None, :] <= block_ids[:, :, :, None]  # [N, R, query, key]
+    own = valid_key[:, :, None, :] & (later | ~causal)
+    own = own | torch.eye(length, dtype=torch.bool, device=device)  # [N, R, query, key]
     same_row = torch.eye(rows, dtype=torch.bool, device=device)  # [R, R']
-    window = same_row[:, None, :, None] & own[:, :, None, :]  # [R, query, R', key]
-    cached = (torch.arange(cache_width, device=device) < cache_length).expand(rows * length, cache_width)
-    return torch.cat((cached, window.reshape(rows * length, rows * length)), dim=1)[None, None]
+    window = same_row[None, :, None, :, None] & own[:, :, :, None, :]  # [N, R, query, R', key]
+    tokens = rows * length
+    visible = torch.arange(cache_width, device=device) < cache_lengths[:, None]  # [N, W]
+    cached = visible[:, None, :].expand(requests, tokens, cache_width)
+    return torch.cat((cached, window.reshape(requests, tokens, tokens)), dim=2)[:, None]
 
 
 def build_window_mask(
