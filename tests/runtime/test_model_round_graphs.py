@@ -18,6 +18,7 @@ from lopa.model import DreamModel, DreamWindowModel
 from lopa.model.cuda_graphs import WindowGraphs
 from lopa.model.loader import load_model
 from lopa.params import AttentionMode
+from lopa.synthetic.checkpoint import random_model, tiny_config
 
 
 @pytest.fixture(scope="module")
@@ -25,8 +26,8 @@ def model() -> DreamModel:
     return load_model(bundled_model_dir()).model
 
 
-def _graphed(model: DreamModel) -> DreamWindowModel:
-    window = DreamWindowModel(model, MAX_LENGTH, max_batch=4)
+def _graphed(model: DreamModel, max_length: int = MAX_LENGTH) -> DreamWindowModel:
+    window = DreamWindowModel(model, max_length, max_batch=4)
     window.graphs = WindowGraphs(model, window._physical, window.kv_storage, capture=False)
 
     def no_eager(*args: object) -> None:
@@ -58,6 +59,28 @@ def test_rounds_through_the_graph_path_equal_eager_rounds(model: DreamModel) -> 
         torch.testing.assert_close(mine.cache[:, :, : mine.length], theirs.cache[:, :, : theirs.length],
                                    rtol=1e-4, atol=1e-4)
 
+
+
+def test_graph_rounds_read_a_cache_width_inside_longer_caches() -> None:
+    # The bundled model's caches are shorter than one CACHE_STEP, so the rounds above read widths of
+    # 0 or the whole cache; here the bucket reads 512 of 700 positions of caches holding 5-410
+    # tokens, with garbage past each length (the masks must hide it).
+    model = random_model(tiny_config(max_position_embeddings=1024), torch.float32, "cpu")
+    eager, graphed = DreamWindowModel(model, 700, max_batch=4), _graphed(model, 700)
+    for sequence, length in enumerate([260, 300, 5, 410]):
+        packed = torch.randn(eager.caches[sequence].packed_shape(length),
+                             generator=torch.Generator().manual_seed(sequence))
+        for window in (eager, graphed):
+            window.caches[sequence].append_packed(packed, length)
+        graphed.kv_storage[sequence, :, :, length:] = 1e3
+    for number, sequences in enumerate([[3, 0, 1], [1, 2], [0, 1, 2, 3]]):
+        batches = [round_batch(10 * number + s, s, eager.cache_length(s)) for s in sequences]
+        for want, got in zip(eager.forward_many(batches), graphed.forward_many(batches), strict=True):
+            torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-4)
+        for batch in batches:
+            for window in (eager, graphed):
+                window.commit(batch.rows - 1, batch.n_stage, batch.sequence)
+    assert graphed.graphs is not None and {b.cache_width for b in graphed.graphs.graphs} == {512}
 
 def test_a_lone_request_moves_to_physical_cache_0(model: DreamModel) -> None:
     graphed = _graphed(model)

@@ -50,7 +50,7 @@ class UniformSegments:
     requests: int
     mask: torch.Tensor  # additive [requests, 1, T / requests, C + T / requests]
     past: Callable[[int], tuple[torch.Tensor, torch.Tensor]]  # layer -> K, V [requests, C, kv_heads, D]
-    on_kv: KVCallback  # layer, K, V [requests, T / requests, kv_heads, D]: stages each request's
+    on_kv: KVCallback  # layer, K, V [requests, T / requests, kv_heads, D]: each request's to its cache
 
 
 @dataclass(frozen=True)

@@ -232,8 +232,9 @@ class WindowGraphs:
     ) -> None:
         """stacked: the tensor the caches are slices of, in order (DreamWindowModel.kv_storage)."""
         self.model, self.caches, self.capture = model, list(caches), capture
-        if not all(
-            kv.cache.data_ptr() == stacked[i].data_ptr() for i, kv in enumerate(self.caches)
+        if len(self.caches) > stacked.shape[0] or not all(
+            kv.cache.data_ptr() == stacked[i].data_ptr() and kv.cache.shape == stacked.shape[1:]
+            for i, kv in enumerate(self.caches)
         ):
             raise ValueError("WindowGraphs: caches[i] must be slice i of the stacked KV storage")
         self.stacked = stacked

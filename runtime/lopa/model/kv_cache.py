@@ -49,7 +49,9 @@ class KVCache:
         shape = self._shape(max_length)
         if storage is None:
             storage = torch.zeros(shape, dtype=dtype, device=self.device)
-        elif (tuple(storage.shape), storage.dtype, storage.device.type) != (shape, dtype, self.device.type):
+        elif (tuple(storage.shape), storage.dtype) != (shape, dtype) or not _same_device(
+            storage.device, self.device
+        ):
             raise ValueError(
                 f"KV storage is {tuple(storage.shape)} {storage.dtype} on {storage.device}, "
                 f"expected {shape} {dtype} on {self.device}"
@@ -241,3 +243,8 @@ class KVCache:
     def _check_commit(self, n: int) -> None:
         if n < 0 or self._length + n > self.max_length:
             raise ValueError(f"cannot commit {n} tokens after {self._length}: max_length {self.max_length}")
+
+
+def _same_device(actual: torch.device, wanted: torch.device) -> bool:
+    """`wanted` without an index ("cuda") means the current device of its kind."""
+    return actual.type == wanted.type and (wanted.index is None or actual.index == wanted.index)
