@@ -159,3 +159,19 @@ def test_caches_stored_in_one_tensor_commit_into_their_own_slice() -> None:
     assert first.length == 0 and not stacked[0].any()
     with pytest.raises(ValueError, match=r"KV storage is \(3, 2, 40, 2, 4\).*expected \(3, 2, 41, 2, 4\)"):
         KVCache(LAYERS, HEADS, DIM, 41, storage=stacked[0])
+
+
+def test_stage_pair_stages_what_stage_does() -> None:
+    generator = torch.Generator().manual_seed(11)
+    for rows, n in ((3, 4), (1, 30)):  # 1 x 30: beyond the staging capacity, staged in the tail
+        apart, paired = _cache(), _cache()
+        for cache in (apart, paired):
+            cache.reset(3)
+            cache.begin_stage(rows, n)
+        for layer in range(LAYERS):
+            keys, values = torch.randn(2, rows, n + 2, HEADS, DIM, generator=generator)
+            apart.stage(layer, keys, values)
+            paired.stage_pair(layer, torch.stack((keys, values), dim=1))
+        for cache in (apart, paired):
+            cache.commit(rows - 1, n)
+        assert torch.equal(paired.cache[:, :, :n], apart.cache[:, :, :n]) and apart.cache[:, :, :n].any()

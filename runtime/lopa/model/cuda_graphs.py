@@ -179,8 +179,10 @@ def _uniform(
         return stacked[:requests, layer, 0, :width], stacked[:requests, layer, 1, :width]
 
     def stage(layer: int, keys: torch.Tensor, values: torch.Tensor) -> None:
+        shape = (requests, bucket.rows, bucket.width, *keys.shape[2:])
+        pairs = torch.stack((keys.view(shape), values.view(shape)), dim=2)  # [R, rows, 2, width, ...]
         for i, kv in enumerate(kvs):
-            kv.stage(layer, keys[i], values[i])
+            kv.stage_pair(layer, pairs[i])
 
     return UniformSegments(requests, masks, past, stage)
 

@@ -171,6 +171,17 @@ class KVCache:
         self._staging[first : first + rows, layer, 0, :n] = keys[:, :n]
         self._staging[first : first + rows, layer, 1, :n] = values[:, :n]
 
+    def stage_pair(self, layer: int, pair: torch.Tensor) -> None:
+        """stage() with one layer's keys and values stacked, [rows, 2, L, kv_heads, head_dim]: one
+        copy instead of two (a batched graph round stacks every request's once per layer)."""
+        rows, n, first = self._stage_rows, self._stage_n, self._stage_first
+        if n == 0:
+            return
+        if self._stage_in_tail:
+            self.stage(layer, pair[:, 0], pair[:, 1])
+            return
+        self._staging[first : first + rows, layer, :, :n] = pair[:, :, :n]
+
     # ---- commits -----------------------------------------------------------------------------
 
     def commit(self, slot: int, n: int) -> None:
