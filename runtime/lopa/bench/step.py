@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import statistics
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -254,3 +254,20 @@ def _one_step(
     start = bench.window.kv.length
     windows = windows or windows_for(rows, width, start, n_stage, bench.vocab, bench.mask_id)
     _one_round(bench, [VerifyPart(0, start, n_stage, windows)])
+
+
+# A forward may cost up to this many times the smallest round before the budget stops growing.
+BUDGET_COST_FACTOR = 2.0
+
+
+def suggested_step_tokens(rounds: Sequence[dict], factor: float = BUDGET_COST_FACTOR) -> int | None:
+    """The largest round (`tokens`) whose time is at most `factor` x the smallest round's: a branch
+    budget (limits.max_step_tokens) under which a batch costs no more than that over a lone round.
+    On an H100 with the 7B shape it gives 512 (rounds of 128/256/512/1024 tokens: 9.4/11.5/17.9/33.4
+    ms), the default, which beat 2048 in the concurrency sweep; a small model's forwards stay flat
+    far longer. None without rounds."""
+    if not rounds:
+        return None
+    smallest = min(rounds, key=lambda row: row["tokens"])
+    fitting = [row["tokens"] for row in rounds if row["ms"] <= factor * smallest["ms"]]
+    return max(fitting)

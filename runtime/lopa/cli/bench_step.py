@@ -190,6 +190,11 @@ def run(args: argparse.Namespace) -> int:
             where = f"floor {floor.ms():.3f} ms at {floor.bandwidth_tbps:.3f} TB/s, {setup['device']}"
             print(f"\n{kind} ({where})")
             print(markdown_table([{k: v for k, v in r.items() if k != "kind"} for r in picked]))
+    suggested = step.suggested_step_tokens([r for r in out if r["kind"] == "round"])
+    if suggested is not None:
+        setup["suggested_max_step_tokens"] = suggested
+        print(f"\nsuggested limits.max_step_tokens: {suggested} (the largest round costing at most "
+              f"{step.BUDGET_COST_FACTOR:g}x the smallest)")
     if args.json:
         Path(args.json).write_text(json.dumps({"setup": setup, "rows": out}, indent=2) + "\n")
     return 0
