@@ -10,6 +10,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from lopa.decoding.decoder import Decoder, StepEvent
+from lopa.execution.calibration import measured_tokens
 from lopa.execution.local import LocalExecutor
 from lopa.execution.openmp import release_thread_pool
 from lopa.model.loader import LoadedModel, load_model
@@ -52,8 +53,11 @@ class LocalEngine:
         self.decoder = Decoder(
             self.executor, mask_id=loaded.special.mask, eos_ids=loaded.special.eos, max_length=self.max_length
         )
-        # 0 or None: the device's default, as limits.max_step_tokens = 0 is for a served group
-        budget = Budget(max_step_tokens) if max_step_tokens else default_budget(str(device))
+        # 0 or None: the device's default, as limits.max_step_tokens = 0 is for a served group (on an
+        # accelerator measured on this model now, lopa.execution.calibration)
+        measured = None if max_step_tokens else measured_tokens(self.window_model, str(device))
+        tokens = max_step_tokens or measured
+        budget = Budget(tokens) if tokens else default_budget(str(device))
         self.scheduler = Scheduler(
             self.decoder, self.executor, self.decode, DEFAULT_QUEUE_SIZE, budget, observer
         )

@@ -27,6 +27,7 @@ import torch
 import torch.nn.functional as F
 
 from lopa.decoding.executor import BranchWindow
+from lopa.execution.calibration import COST_FACTOR, largest_within
 from lopa.execution.local import LocalExecutor, OutputPlan, VerifyPart
 from lopa.model.dream import DreamModel
 from lopa.model.window import DreamWindowModel
@@ -256,18 +257,11 @@ def _one_step(
     _one_round(bench, [VerifyPart(0, start, n_stage, windows)])
 
 
-# A forward may cost up to this many times the smallest round before the budget stops growing.
-BUDGET_COST_FACTOR = 2.0
 
-
-def suggested_step_tokens(rounds: Sequence[dict], factor: float = BUDGET_COST_FACTOR) -> int | None:
-    """The largest round (`tokens`) whose time is at most `factor` x the smallest round's: a branch
-    budget (limits.max_step_tokens) under which a batch costs no more than that over a lone round.
-    On an H100 with the 7B shape it gives 512 (rounds of 128/256/512/1024 tokens: 9.4/11.5/17.9/33.4
-    ms), the default, which beat 2048 in the concurrency sweep; a small model's forwards stay flat
-    far longer. None without rounds."""
+def suggested_step_tokens(rounds: Sequence[dict], factor: float = COST_FACTOR) -> int | None:
+    """The branch budget (limits.max_step_tokens) the batched rounds measured here suggest, by the
+    rule a worker applies at start on an accelerator (lopa.execution.calibration): the largest
+    round whose time is at most `factor` x the smallest round's. None without rounds."""
     if not rounds:
         return None
-    smallest = min(rounds, key=lambda row: row["tokens"])
-    fitting = [row["tokens"] for row in rounds if row["ms"] <= factor * smallest["ms"]]
-    return max(fitting)
+    return largest_within({row["tokens"]: row["ms"] for row in rounds}, factor)

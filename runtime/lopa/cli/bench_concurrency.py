@@ -29,7 +29,7 @@ def add_parser(kinds: argparse._SubParsersAction) -> None:
     parser.add_argument("--branches", type=int, default=3, help="lookahead branches k each request asks")
     parser.add_argument("--max-step-tokens", type=int, default=None,
                         help="branch budget, tokens per forward (default: the device's, cpu a base row "
-                        "and one lookahead row per running request, cuda/npu 512)")
+                        "and one lookahead row per running request, cuda/npu measured at start)")
     parser.add_argument("--max-new-tokens", type=int, default=None,
                         help="tokens each request generates (default: the model's default)")
     parser.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's)")

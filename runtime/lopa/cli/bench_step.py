@@ -13,6 +13,7 @@ import torch
 from lopa.bench import step
 from lopa.bench.rows import markdown_table, show_row
 from lopa.cli.preflight import device_problem
+from lopa.execution.calibration import COST_FACTOR
 from lopa.model.dream import DreamModel
 from lopa.model.loader import load_model, parse_dtype
 from lopa.params import MAX_BRANCHES, InvalidParameter
@@ -194,7 +195,7 @@ def run(args: argparse.Namespace) -> int:
     if suggested is not None:
         setup["suggested_max_step_tokens"] = suggested
         print(f"\nsuggested limits.max_step_tokens: {suggested} (the largest round costing at most "
-              f"{step.BUDGET_COST_FACTOR:g}x the smallest)")
+              f"{COST_FACTOR:g}x the smallest)")
     if args.json:
         Path(args.json).write_text(json.dumps({"setup": setup, "rows": out}, indent=2) + "\n")
     return 0

@@ -55,7 +55,8 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--max-step-tokens", type=int, default=None,
                         help="branch budget: tokens of one forward per worker (default: the config's "
                         "limits.max_step_tokens, else the device's: "
-                        "cpu a base row and one lookahead row per running request, cuda/npu 512)")
+                        "cpu a base row and one lookahead row per running request, "
+                        "cuda/npu measured at start)")
     parser.add_argument("--start-timeout", type=float, default=600.0, help="seconds to wait for SERVING")
     parser.add_argument(
         "--prompt", default=None, help="one-shot: send this prompt, print the answer and its stats, stop"

@@ -19,10 +19,11 @@ from dataclasses import dataclass
 
 from lopa.decoding.generation import RoundPlan
 
-# The default budgets (limits.max_step_tokens = 0). Accelerators: a 7B forward stays memory-bound up to
-# ~200-300 query tokens on an H100, so 512 tokens per worker keep a batch near the cost of one
-# request's round; a fixed count also keeps a burst of long prompts from prefilling in one forward
-# (activation memory is not reserved at start, the KV caches are). CPU: a forward costs its tokens
+# The default budgets (limits.max_step_tokens = 0). Accelerators: measured per model at start
+# (lopa.execution.calibration: 512 for a 7B forward on an H100, which stays memory-bound up to
+# ~256 query tokens); ACCELERATOR_TOKENS until the workers report it, or when measuring fails. A
+# fixed count also keeps a burst of long prompts from prefilling in one forward (activation
+# memory is not reserved at start, the KV caches are). CPU: a forward costs its tokens
 # from the first one, batched or not (a lone request's round already keeps the cores busy), so once
 # two requests share a forward only fewer tokens per generated token make it faster, and the bundled
 # model's TPF is the same with 1 lookahead as with 3 (4.96 / 4.91). So on a CPU the limit is the

@@ -145,6 +145,7 @@ class WorkerGroup:
         self.listeners: list = []  # callables(attached: bool)
         # (vocab_size, max_length, max_batch) the master decodes with
         self.expected: tuple[int, int, int] | None = None
+        self.step_tokens: list[int] = []  # the branch budget each worker measured (0: none)
 
     @property
     def size(self) -> int:
@@ -216,6 +217,7 @@ class WorkerGroup:
         with self._lock:
             self.group_id = infos[0].group_id
             self.vocab_size, self.max_length = infos[0].vocab_size, infos[0].max_length
+            self.step_tokens = [info.step_tokens for info in infos]
             for link in self.links:
                 link.open(self)
             self._attached.set()

@@ -10,7 +10,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
 from enum import Enum
 from pathlib import Path
 from typing import Any
@@ -74,6 +74,14 @@ class LopaService(lopa_pb2_grpc.LopaServicer):
         )
         self.runner = JobRunner(scheduler, self.decode, self.special.mask)
         self.draining = False  # SIGTERM: no new request; the queued and running ones finish
+
+    def adopt_budget(self, measured: Sequence[int]) -> None:
+        """Run the budget the workers measured at start (see measured_budget), once they joined."""
+        budget = measured_budget(self.config.limits.max_step_tokens, measured)
+        if budget is not None and budget != self.budget:
+            self.budget = self.runner.scheduler.budget = budget
+            log.info("branch budget: %s (measured by the workers at start: %s tokens)", budget.describe(),
+                     ", ".join(map(str, measured)))
 
     def busy(self) -> bool:
         """Requests queued or decoding (what a drain waits for)."""
@@ -272,6 +280,16 @@ def served_model_name(config: ServingConfig, path: Path) -> str:
     return "lopa-bundled" if path.resolve() == bundled_model_dir().resolve() else path.name
 
 
+def measured_budget(configured: int, measured: Sequence[int]) -> Budget | None:
+    """With limits.max_step_tokens = 0 on an accelerator every worker measures its forwards at start
+    (lopa.execution.calibration) and the group runs the smallest budget (each worker runs its share
+    of a round's rows, so the slowest sets it); None when the limit is configured or a worker did
+    not measure (a CPU, or a failed measurement: the fixed default stays)."""
+    if configured or not measured or min(measured) == 0:
+        return None
+    return Budget(min(measured))
+
+
 async def serve_master(
     config: ServingConfig, started: asyncio.Event | None = None, drain: asyncio.Event | None = None
 ) -> None:
@@ -285,6 +303,8 @@ async def serve_master(
     loop = asyncio.get_running_loop()
 
     def on_group(attached: bool) -> None:
+        if attached:
+            service.adopt_budget(group.step_tokens)
         serving = health_pb2.HealthCheckResponse
         status = serving.SERVING if attached and not service.draining else serving.NOT_SERVING
         metrics.workers_joined.set(group.size if attached else 0)
@@ -326,7 +346,10 @@ async def serve_master(
     log.info("master listening on %s (%s), %d workers: %s", listen, "TLS" if credentials else "plaintext",
              group.size, ", ".join(config.workers.addresses))
     limits = config.limits
-    source = "limits.max_step_tokens" if limits.max_step_tokens else f"the {config.model.device} default"
+    device = config.model.device
+    source = "limits.max_step_tokens" if limits.max_step_tokens else f"the {device} default"
+    if not limits.max_step_tokens and device.split(":")[0] != "cpu":
+        source += ", until the workers report the budget they measure at start"
     log.info("batching: %d requests at once (limits.max_batch), branch budget %s (%s)", limits.max_batch,
              service.budget.describe(), source)
     if started is not None:

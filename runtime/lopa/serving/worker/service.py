@@ -19,6 +19,7 @@ import grpc
 import torch
 
 from lopa.decoding.executor import BranchWindow
+from lopa.execution.calibration import measured_tokens
 from lopa.execution.local import VerifyPart
 from lopa.execution.openmp import release_thread_pool
 from lopa.execution.shard import CommitOrder, ShardExecutor
@@ -73,9 +74,11 @@ class WorkerService(worker_pb2_grpc.WorkerServicer):
         on_fatal: Callable[[int], None],
         metrics: WorkerMetrics | None = None,
         max_batch: int = 1,
+        step_tokens: int = 0,
     ) -> None:
         self.rank, self.world_size = rank, world_size
         self.vocab_size, self.max_length, self.max_batch = vocab_size, max_length, max_batch
+        self.step_tokens = step_tokens  # its measured branch budget (0: none, see WorkerInfo)
         self.group: collective.Group | None = None
         self.shard: ShardExecutor | None = None
         self.on_fatal = on_fatal
@@ -99,6 +102,7 @@ class WorkerService(worker_pb2_grpc.WorkerServicer):
             vocab_size=self.vocab_size,
             max_length=self.max_length,
             max_batch=self.max_batch,
+            step_tokens=self.step_tokens,
         )
 
     def Leave(self, request: worker_pb2.LeaveRequest, context: grpc.ServicerContext) -> worker_pb2.WorkerInfo:
@@ -219,6 +223,8 @@ def serve_worker(config: ServingConfig, rank: int, stop: threading.Event | None 
     check_kv_fits(config, loaded.config, max_length, loaded.model.device, element_size)
     window_model = loaded.window_model(max_length, max_batch=config.limits.max_batch)
     reserved = window_model.reserved_bytes()
+    # limits.max_step_tokens = 0 on an accelerator: measured here, run by the master (the smallest)
+    measured = 0 if config.limits.max_step_tokens else measured_tokens(window_model, model_cfg.device)
     metrics = WorkerMetrics.start(workers.metrics_port, rank)
     exit_code: list[int] = []
     stop = stop or threading.Event()
@@ -228,7 +234,8 @@ def serve_worker(config: ServingConfig, rank: int, stop: threading.Event | None 
         stop.set()
 
     service = WorkerService(
-        rank, workers.count, loaded.config.vocab_size, max_length, fatal, metrics, config.limits.max_batch
+        rank, workers.count, loaded.config.vocab_size, max_length, fatal, metrics, config.limits.max_batch,
+        measured or 0,
     )
     address = listen_address(config, rank)
     server = start_server(service, address, listen_key(config, rank))

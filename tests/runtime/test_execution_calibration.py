@@ -1,0 +1,58 @@
+"""The measured branch budget of an accelerator (lopa.execution.calibration), run on the CPU: the
+rule, the measurement over a real window model, and what a group runs (the smallest of its workers')."""
+
+from __future__ import annotations
+
+import logging
+
+import pytest
+
+from lopa.engine import bundled_model_dir
+from lopa.execution.calibration import TOKENS, largest_within, measure_step_tokens, measured_tokens
+from lopa.model.loader import load_model
+from lopa.scheduling.budget import Budget
+from lopa.serving.master.service import measured_budget
+
+# Rounds of a 7B-shaped model on an H100 (runtime/BENCHMARKS.md): compute-bound from ~256 tokens.
+H100_7B = {128: 9.42, 256: 11.54, 512: 17.92, 1024: 33.42, 2048: 65.76}
+
+
+def test_the_budget_is_the_largest_forward_within_twice_the_smallest() -> None:
+    assert largest_within(H100_7B) == 512  # the fixed default, which beat 2048 in the sweep
+    assert largest_within(H100_7B, factor=4.0) == 1024
+    assert largest_within({tokens: 3.0 + tokens / 1e4 for tokens in TOKENS}) == 2048  # launch-bound
+    with pytest.raises(ValueError, match="no forward times"):
+        largest_within({})
+
+
+def test_measuring_times_every_size_and_leaves_the_cache_empty(caplog: pytest.LogCaptureFixture) -> None:
+    window = load_model(bundled_model_dir()).window_model(96, max_batch=2)  # rows of 96, not 128
+    tokens, times = measure_step_tokens(window)
+    assert sorted(times) == list(TOKENS) and all(ms > 0 for ms in times.values())
+    assert tokens == largest_within(times) and window.cache_length(0) == 0
+    assert measured_tokens(window, "cpu") is None  # a CPU's default is a share of the rows
+    with caplog.at_level(logging.INFO, logger="lopa.execution"):
+        # The accelerator path, timed on this CPU: the value and its times are logged.
+        measured = measured_tokens(window, "cuda")
+    assert measured in TOKENS and f"branch budget on cuda: {measured} tokens per forward" in caplog.text
+
+
+def test_a_failed_measurement_keeps_the_fixed_default(
+    caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    window = load_model(bundled_model_dir()).window_model(96)
+
+    def out_of_memory(*args: object) -> None:
+        raise RuntimeError("CUDA out of memory. Tried to allocate 2.00 GiB")
+
+    monkeypatch.setattr(window, "forward", out_of_memory)
+    with caplog.at_level(logging.WARNING, logger="lopa.execution"):
+        assert measured_tokens(window, "cuda:0") is None
+    assert "could not measure the branch budget on cuda:0 (CUDA out of memory" in caplog.text
+
+
+def test_a_group_runs_the_smallest_budget_its_workers_measured() -> None:
+    assert measured_budget(0, [1024, 512]) == Budget(512)
+    assert measured_budget(640, [1024, 512]) is None  # limits.max_step_tokens set: it stands
+    assert measured_budget(0, [1024, 0]) is None  # one did not measure: the fixed default stays
+    assert measured_budget(0, []) is None
