@@ -3,9 +3,11 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable, Sequence
+
 import torch
 
-from lopa.execution.protocol import WindowBatch
+from lopa.execution.protocol import WindowBatch, WindowModel
 from lopa.params import AttentionMode
 
 MAX_LENGTH = 96
@@ -25,3 +27,22 @@ def round_batch(seed: int, sequence: int, start: int) -> WindowBatch:
     mode = (AttentionMode.FULL, AttentionMode.BLOCK_CAUSAL)[seed % 2]
     outputs = tuple(r * width + c for r in range(rows) for c in range(lengths[r]) if c % 2 == 0)
     return WindowBatch(tokens, lengths, blocks, start, n_stage, mode, outputs=outputs, sequence=sequence)
+
+
+def play_rounds(
+    eager: WindowModel,
+    graphed: WindowModel,
+    rounds: Sequence[Sequence[int]] = ROUNDS,
+    after_forward: Callable[[Sequence[int]], None] = lambda sequences: None,
+) -> None:
+    """Each round through both window models, its logits compared (the graph body folds rows as an
+    accelerator does, the CPU's eager path attends row by row: equal to rounding), then every
+    request commits its last row's TO_CACHE tokens in both."""
+    for number, sequences in enumerate(rounds):
+        batches = [round_batch(10 * number + s, s, eager.cache_length(s)) for s in sequences]
+        for want, got in zip(eager.forward_many(batches), graphed.forward_many(batches), strict=True):
+            torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-4)
+        after_forward(sequences)
+        for batch in batches:
+            for window in (eager, graphed):
+                window.commit(batch.rows - 1, batch.n_stage, batch.sequence)

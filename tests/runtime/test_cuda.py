@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from round_cases import MAX_LENGTH, ROUNDS, round_batch
+from round_cases import MAX_LENGTH, ROUNDS, play_rounds
 
 from lopa.bundled import tasks
 from lopa.bundled.defaults import model_defaults
@@ -159,13 +159,7 @@ def test_batched_rounds_replay_graphs_and_equal_eager_rounds() -> None:
 
     graphed._eager = no_eager  # type: ignore[method-assign]
     graphed._eager_many = no_eager  # type: ignore[method-assign]
-    for number, sequences in enumerate(ROUNDS):
-        batches = [round_batch(10 * number + s, s, eager.cache_length(s)) for s in sequences]
-        for got, want in zip(graphed.forward_many(batches), eager.forward_many(batches), strict=True):
-            torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-4)
-        for batch in batches:
-            for window in (eager, graphed):
-                window.commit(batch.rows - 1, batch.n_stage, batch.sequence)
+    play_rounds(eager, graphed, ROUNDS)
     assert graphed.graphs is not None and not graphed.graphs.disabled
     assert {bucket.requests for bucket in graphed.graphs.graphs} == {1, 2, 3, 4}
 

@@ -8,9 +8,11 @@ by row, so the two agree to rounding, not bit for bit.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import pytest
 import torch
-from round_cases import MAX_LENGTH, ROUNDS, round_batch
+from round_cases import MAX_LENGTH, ROUNDS, play_rounds, round_batch
 
 from lopa.engine import bundled_model_dir
 from lopa.execution.protocol import WindowBatch
@@ -40,18 +42,13 @@ def _graphed(model: DreamModel, max_length: int = MAX_LENGTH) -> DreamWindowMode
 
 def test_rounds_through_the_graph_path_equal_eager_rounds(model: DreamModel) -> None:
     eager, graphed = DreamWindowModel(model, MAX_LENGTH, max_batch=4), _graphed(model)
-    for number, sequences in enumerate(ROUNDS):
-        batches = [round_batch(10 * number + s, s, eager.cache_length(s)) for s in sequences]
-        want = eager.forward_many(batches)
-        got = graphed.forward_many(batches)
-        for w, g in zip(want, got, strict=True):
-            torch.testing.assert_close(g, w, rtol=1e-4, atol=1e-4)
+
+    def placed_in_front(sequences: Sequence[int]) -> None:
         # The round's requests now sit in the first physical caches, in some order.
         placed = {graphed._physical.index(graphed.caches[s]) for s in sequences}
         assert placed == set(range(len(sequences)))
-        for batch in batches:  # each commits its last row's TO_CACHE tokens
-            for window in (eager, graphed):
-                window.commit(batch.rows - 1, batch.n_stage, batch.sequence)
+
+    play_rounds(eager, graphed, ROUNDS, placed_in_front)
     assert graphed.graphs is not None and {b.requests for b in graphed.graphs.graphs} == {1, 2, 3, 4}
     for sequence in range(4):
         mine, theirs = graphed.caches[sequence], eager.caches[sequence]
@@ -73,13 +70,7 @@ def test_graph_rounds_read_a_cache_width_inside_longer_caches() -> None:
         for window in (eager, graphed):
             window.caches[sequence].append_packed(packed, length)
         graphed.kv_storage[sequence, :, :, length:] = 1e3
-    for number, sequences in enumerate([[3, 0, 1], [1, 2], [0, 1, 2, 3]]):
-        batches = [round_batch(10 * number + s, s, eager.cache_length(s)) for s in sequences]
-        for want, got in zip(eager.forward_many(batches), graphed.forward_many(batches), strict=True):
-            torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-4)
-        for batch in batches:
-            for window in (eager, graphed):
-                window.commit(batch.rows - 1, batch.n_stage, batch.sequence)
+    play_rounds(eager, graphed, [[3, 0, 1], [1, 2], [0, 1, 2, 3]])
     assert graphed.graphs is not None and {b.cache_width for b in graphed.graphs.graphs} == {512}
 
 def test_a_lone_request_moves_to_physical_cache_0(model: DreamModel) -> None:
