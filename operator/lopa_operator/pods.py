@@ -153,8 +153,9 @@ def worker_template(name: str, spec: dict[str, Any], config_hash: str, index: in
             *model_mounts,
             *wiring.mounts,
         ],
-        # The worker API listens once the model is loaded (workers serve no grpc.health); that the
-        # group joined is what the master's health reports (CollectiveReady).
+        # The worker API listens once the model is loaded and, on an accelerator, its branch budget
+        # measured (seconds; workers serve no grpc.health); that the group joined is what the
+        # master's health reports (CollectiveReady).
         "readinessProbe": {"tcpSocket": {"port": "grpc"}, "periodSeconds": 5, "failureThreshold": 3},
     }
     pod = _common_pod_spec(spec, wiring.tolerations)

@@ -55,7 +55,9 @@ class LocalEngine:
         )
         # 0 or None: the device's default, as limits.max_step_tokens = 0 is for a served group (on an
         # accelerator measured on this model now, lopa.execution.calibration)
-        measured = None if max_step_tokens else measured_tokens(self.window_model, str(device))
+        # (one request at a time is never cut: nothing to measure for)
+        wanted = not max_step_tokens and max_batch > 1
+        measured = measured_tokens(self.window_model, str(device)) if wanted else None
         tokens = max_step_tokens or measured
         budget = Budget(tokens) if tokens else default_budget(str(device))
         self.scheduler = Scheduler(

@@ -1,6 +1,9 @@
 """CPU forwards keep their freed memory mapped (lopa.execution.heap): a warm batched round of the
 bundled model does not page-fault (8 requests x 4 rows on the 2-core VM: ~2,600 minor faults a
-round with glibc's defaults, ~16,000 with its dynamic threshold off, 7 with freed memory kept)."""
+round with glibc's defaults, ~16,000 with its dynamic threshold off, 7 with freed memory kept when
+this was written; 10-70 by 2026-11-25, in two modes from run to run, 61 at most before the KV caches
+became one tensor and 71 after, so the bound keeps a margin over that noise and stays far below
+the thousands it guards against)."""
 
 from __future__ import annotations
 
@@ -57,7 +60,7 @@ def test_a_warm_batched_cpu_round_does_not_page_fault() -> None:
     report = json.loads(done.stdout.strip().splitlines()[-1])
     if not report["kept"]:
         pytest.skip("this C library has no mallopt (not glibc)")
-    assert report["faults_per_round"] < 64, report
+    assert report["faults_per_round"] < 256, report
 
 
 def test_the_users_own_malloc_settings_take_precedence() -> None:

@@ -27,7 +27,7 @@ import torch
 import torch.nn.functional as F
 
 from lopa.decoding.executor import BranchWindow
-from lopa.execution.calibration import COST_FACTOR, largest_within
+from lopa.execution.calibration import COST_FACTOR, TOKENS, largest_within
 from lopa.execution.local import LocalExecutor, OutputPlan, VerifyPart
 from lopa.model.dream import DreamModel
 from lopa.model.window import DreamWindowModel
@@ -261,7 +261,7 @@ def _one_step(
 def suggested_step_tokens(rounds: Sequence[dict], factor: float = COST_FACTOR) -> int | None:
     """The branch budget (limits.max_step_tokens) the batched rounds measured here suggest, by the
     rule a worker applies at start on an accelerator (lopa.execution.calibration): the largest
-    round whose time is at most `factor` x the smallest round's. None without rounds."""
-    if not rounds:
-        return None
-    return largest_within({row["tokens"]: row["ms"] for row in rounds}, factor)
+    round of at most TOKENS[-1] tokens whose time is at most `factor` x the smallest round's. None
+    without such rounds."""
+    times = {row["tokens"]: row["ms"] for row in rounds if row["tokens"] <= TOKENS[-1]}
+    return largest_within(times, factor) if times else None

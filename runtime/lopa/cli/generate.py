@@ -62,7 +62,10 @@ def run(args: argparse.Namespace) -> int:
         raise InvalidParameter("device", problem)
     # The decoding settings before the (slow) load: a bad flag or lopa_defaults.json fails at once.
     params = params_from_args(args, model_defaults(args.model or bundled_model_dir()))
-    engine = LocalEngine.from_dirs(args.model, args.adapter, args.dtype, args.device, args.max_length)
+    # One prompt: one KV cache (not DEFAULT_MAX_BATCH of them), and no branch budget to measure.
+    engine = LocalEngine.from_dirs(
+        args.model, args.adapter, args.dtype, args.device, args.max_length, max_batch=1
+    )
 
     def show_step(event: StepEvent) -> None:
         fills = ", ".join(f"{p}:{engine.decode([t])!r}" for p, t in event.fills)

@@ -76,12 +76,14 @@ class LopaService(lopa_pb2_grpc.LopaServicer):
         self.draining = False  # SIGTERM: no new request; the queued and running ones finish
 
     def adopt_budget(self, measured: Sequence[int]) -> None:
-        """Run the budget the workers measured at start (see measured_budget), once they joined."""
-        budget = measured_budget(self.config.limits.max_step_tokens, measured)
-        if budget is not None and budget != self.budget:
-            self.budget = self.runner.scheduler.budget = budget
-            log.info("branch budget: %s (measured by the workers at start: %s tokens)", budget.describe(),
-                     ", ".join(map(str, measured)))
+        """Run the budget the joined workers measured at start (see measured_budget)."""
+        budget = measured_budget(self.config.limits.max_step_tokens, measured, self.config.model.device)
+        if budget is None:
+            return
+        self.budget = self.runner.scheduler.budget = budget
+        how = (f"measured by the workers at start: {', '.join(map(str, measured))} tokens"
+               if min(measured, default=0) > 0 else "a worker did not measure it: the fixed default")
+        log.info("branch budget: %s (%s)", budget.describe(), how)
 
     def busy(self) -> bool:
         """Requests queued or decoding (what a drain waits for)."""
@@ -280,14 +282,18 @@ def served_model_name(config: ServingConfig, path: Path) -> str:
     return "lopa-bundled" if path.resolve() == bundled_model_dir().resolve() else path.name
 
 
-def measured_budget(configured: int, measured: Sequence[int]) -> Budget | None:
-    """With limits.max_step_tokens = 0 on an accelerator every worker measures its forwards at start
-    (lopa.execution.calibration) and the group runs the smallest budget (each worker runs its share
-    of a round's rows, so the slowest sets it); None when the limit is configured or a worker did
-    not measure (a CPU, or a failed measurement: the fixed default stays)."""
-    if configured or not measured or min(measured) == 0:
+def measured_budget(configured: int, measured: Sequence[int], device: str) -> Budget | None:
+    """The budget a group runs once its workers joined, None to keep the current one. With
+    limits.max_step_tokens = 0 on an accelerator every worker measures its forwards at start
+    (lopa.execution.calibration) and the group runs the smallest (each worker runs its share of a
+    round's rows, so the slowest sets it); when one could not measure, the device's fixed default
+    (a re-attached group never keeps a budget that its new workers did not measure). CPU workers
+    measure nothing: their default stays."""
+    if configured:
         return None
-    return Budget(min(measured))
+    if measured and min(measured) > 0:
+        return Budget(min(measured))
+    return None if device.split(":")[0] == "cpu" else default_budget(device)
 
 
 async def serve_master(

@@ -16,10 +16,10 @@ from collections.abc import Callable, Iterator
 from concurrent import futures
 
 import grpc
-import torch
 
 from lopa.decoding.executor import BranchWindow
 from lopa.execution.calibration import measured_tokens
+from lopa.execution.faults import is_device_fault
 from lopa.execution.local import VerifyPart
 from lopa.execution.openmp import release_thread_pool
 from lopa.execution.shard import CommitOrder, ShardExecutor
@@ -198,15 +198,6 @@ class WorkerService(worker_pb2_grpc.WorkerServicer):
             raise error  # the device is unusable: leave the group
         log.warning("rank %d: a request's step failed (the group is intact): %r", self.rank, error)
         return f"{type(error).__name__}: {error}"
-
-
-def is_device_fault(error: BaseException) -> bool:
-    """An accelerator error (a device-side assert, an illegal access) poisons the process's device
-    context: unlike an out-of-memory error or a numerical one, nothing after it can be trusted."""
-    accelerator_error = getattr(torch, "AcceleratorError", None)
-    if accelerator_error is not None and isinstance(error, accelerator_error):
-        return True
-    return any(marker in str(error) for marker in ("CUDA error", "device-side assert", "NPU error"))
 
 
 def serve_worker(config: ServingConfig, rank: int, stop: threading.Event | None = None) -> int:
