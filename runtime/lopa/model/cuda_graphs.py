@@ -11,7 +11,10 @@ A round of R requests (one, or several batched by the scheduler) replays the gra
 which reads the KV caches of the model's first R physical sequences: the window model moves a
 round's requests there first (DreamWindowModel._place_front; a copy of the committed prefix, only
 when the running set changed). Request i of the bucket is the one in physical sequence i; its
-tokens are the i-th block of rows x width tokens, attending only to its own cache and rows.
+tokens are the i-th block of rows x width tokens, attending only to its own cache and rows. The
+physical caches are slices of one tensor and every request of a bucket has the same shape, so a
+layer attends for all of them in one call (batch = request), builds their masks together and
+stages their K/V with one copy each.
 
 What a graph captures: the embedding, the masks (built on the device from the packed inputs),
 every layer, the staging of every row's K/V (all `width` tokens of each row: the caller records
