@@ -53,13 +53,12 @@ class LocalEngine:
         self.decoder = Decoder(
             self.executor, mask_id=loaded.special.mask, eos_ids=loaded.special.eos, max_length=self.max_length
         )
-        # 0 or None: the device's default, as limits.max_step_tokens = 0 is for a served group (on an
-        # accelerator measured on this model now, lopa.execution.calibration)
-        # (one request at a time is never cut: nothing to measure for)
-        wanted = not max_step_tokens and max_batch > 1
-        measured = measured_tokens(self.window_model, str(device)) if wanted else None
-        tokens = max_step_tokens or measured
-        budget = Budget(tokens) if tokens else default_budget(str(device))
+        # 0 or None: the device's default, as limits.max_step_tokens = 0 is for a served group: on an
+        # accelerator measured on this model now (lopa.execution.calibration), unless one request at
+        # a time runs (a lone request is never cut: nothing to measure for)
+        if not max_step_tokens and max_batch > 1:
+            max_step_tokens = measured_tokens(self.window_model, str(device))
+        budget = Budget(max_step_tokens) if max_step_tokens else default_budget(str(device))
         self.scheduler = Scheduler(
             self.decoder, self.executor, self.decode, DEFAULT_QUEUE_SIZE, budget, observer
         )

@@ -257,7 +257,6 @@ def _one_step(
     _one_round(bench, [VerifyPart(0, start, n_stage, windows)])
 
 
-
 def suggested_step_tokens(rounds: Sequence[dict], factor: float = COST_FACTOR) -> int | None:
     """The branch budget (limits.max_step_tokens) the batched rounds measured here suggest, by the
     rule a worker applies at start on an accelerator (lopa.execution.calibration): the largest

@@ -27,6 +27,7 @@ import torch
 from lopa.execution.faults import is_device_fault
 from lopa.execution.protocol import WindowBatch, WindowModel
 from lopa.params import AttentionMode
+from lopa.scheduling.budget import measured_on
 
 log = logging.getLogger("lopa.execution")
 
@@ -73,9 +74,9 @@ def measure_step_tokens(window: WindowModel, sizes: Sequence[int] = TOKENS) -> t
     width = min(ROW_WIDTH, window.max_length)
     shapes = {size // width * width: size // width for size in sizes if 1 <= size // width <= MAX_ROWS}
     counts = getattr(window, "forwards", None)
-    before = dict(counts) if counts is not None else None
+    before = dict(counts or {})
     times = {tokens: forward_ms(window, rows, width) for tokens, rows in shapes.items()}
-    if counts is not None and before is not None:
+    if counts is not None:
         counts.update(before)  # the worker's forward counters are its requests'
     return largest_within(times), times
 
@@ -91,7 +92,7 @@ def measured_tokens(window: WindowModel, device: str) -> int | None:
     times); None on a CPU, whose default is a share of the running requests' rows rather than a
     count (lopa.scheduling.budget), or when measuring failed (logged: the fixed default applies).
     A device fault is raised: nothing after it can be trusted."""
-    if device.split(":")[0] == "cpu":
+    if not measured_on(device):
         return None
     graphs = getattr(window, "graphs", None)
     try:

@@ -71,9 +71,16 @@ def _share_lookaheads(ask: Ask, rows: int) -> int:
     return lookaheads if ask.pinned else min(lookaheads, rows - 1)
 
 
+def measured_on(device: str) -> bool:
+    """Whether the device's default budget is measured at start (an accelerator's, see
+    lopa.execution.calibration) rather than a share of the running requests' rows (a CPU's)."""
+    return device.split(":")[0] != "cpu"
+
+
 def default_budget(device: str) -> Budget:
-    """The documented default of limits.max_step_tokens for a device ("cuda:1" -> cuda's)."""
-    if device.split(":")[0] == "cpu":
+    """The documented default of limits.max_step_tokens for a device ("cuda:1" -> cuda's), before
+    (or without) a measurement."""
+    if not measured_on(device):
         return Budget(rows_per_request=CPU_ROWS_PER_REQUEST)
     return Budget(ACCELERATOR_TOKENS)
 

@@ -25,7 +25,7 @@ from lopa.model.loader import resolve_special_ids
 from lopa.model.tokenizer import chat_prompt_ids, load_tokenizer
 from lopa.params import DecodingParams, InvalidParameter
 from lopa.proto import lopa_pb2, lopa_pb2_grpc
-from lopa.scheduling.budget import Budget, default_budget
+from lopa.scheduling.budget import Budget, default_budget, measured_on
 from lopa.scheduling.request import Completion, QueueFull, RequestAborted
 from lopa.scheduling.scheduler import Scheduler
 from lopa.serving.master.distributed import DistributedExecutor, StepTiming
@@ -293,7 +293,7 @@ def measured_budget(configured: int, measured: Sequence[int], device: str) -> Bu
         return None
     if measured and min(measured) > 0:
         return Budget(min(measured))
-    return None if device.split(":")[0] == "cpu" else default_budget(device)
+    return default_budget(device) if measured_on(device) else None
 
 
 async def serve_master(
@@ -354,7 +354,7 @@ async def serve_master(
     limits = config.limits
     device = config.model.device
     source = "limits.max_step_tokens" if limits.max_step_tokens else f"the {device} default"
-    if not limits.max_step_tokens and device.split(":")[0] != "cpu":
+    if not limits.max_step_tokens and measured_on(device):
         source += ", until the workers report the budget they measure at start"
     log.info("batching: %d requests at once (limits.max_batch), branch budget %s (%s)", limits.max_batch,
              service.budget.describe(), source)

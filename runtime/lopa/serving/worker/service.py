@@ -215,7 +215,7 @@ def serve_worker(config: ServingConfig, rank: int, stop: threading.Event | None 
     window_model = loaded.window_model(max_length, max_batch=config.limits.max_batch)
     reserved = window_model.reserved_bytes()
     # limits.max_step_tokens = 0 on an accelerator: measured here, run by the master (the smallest)
-    measured = 0 if config.limits.max_step_tokens else measured_tokens(window_model, model_cfg.device)
+    measured = None if config.limits.max_step_tokens else measured_tokens(window_model, model_cfg.device)
     metrics = WorkerMetrics.start(workers.metrics_port, rank)
     exit_code: list[int] = []
     stop = stop or threading.Event()
