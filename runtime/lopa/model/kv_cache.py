@@ -24,6 +24,11 @@ _STAGING_ROUND = 64  # staging capacity grows in steps of this many tokens (fewe
 _EXCHANGE_CHUNK = 256  # positions swapped at a time by exchange (a bounded temporary)
 
 
+def cache_shape(num_layers: int, kv_heads: int, head_dim: int, length: int) -> tuple[int, ...]:
+    """A cache's layout (and of K/V packed for a commit): [layers, 2 (K/V), length, kv_heads, head_dim]."""
+    return (num_layers, 2, length, kv_heads, head_dim)
+
+
 class KVCache:
     def __init__(
         self,
@@ -69,7 +74,7 @@ class KVCache:
         self.ensure_staging(num_slots, 0)
 
     def _shape(self, length: int) -> tuple[int, ...]:
-        return (self.num_layers, 2, length, self.kv_heads, self.head_dim)
+        return cache_shape(self.num_layers, self.kv_heads, self.head_dim, length)
 
     @property
     def length(self) -> int:

@@ -30,7 +30,7 @@ from lopa.execution.protocol import WindowBatch
 from lopa.model.attention import Segment
 from lopa.model.cuda_graphs import WindowGraphs, bucket_for
 from lopa.model.dream import DreamModel
-from lopa.model.kv_cache import KVCache
+from lopa.model.kv_cache import KVCache, cache_shape
 from lopa.model.mask import additive_window_mask
 
 log = logging.getLogger("lopa.model")
@@ -89,7 +89,7 @@ class DreamWindowModel:
         self.max_batch = max_batch
         # Every physical cache is a view of one tensor: a batched CUDA-graph round attends to the
         # first R caches in one call per layer (lopa.model.cuda_graphs.graph_body).
-        shape = (config.num_hidden_layers, 2, max_length, config.num_key_value_heads, config.head_dim)
+        shape = cache_shape(config.num_hidden_layers, config.num_key_value_heads, config.head_dim, max_length)
         self.kv_storage = torch.zeros((max_batch, *shape), dtype=model.dtype, device=model.device)
         self._physical = [
             KVCache(
