@@ -120,5 +120,6 @@ class LocalEngine:
         return waiter.wait()
 
     def close(self) -> None:
-        """Stop the scheduler thread (requests still running fail)."""
+        """Stop the scheduler thread: requests still running or queued fail, and later ones are
+        refused (SchedulerStopped)."""
         self.scheduler.stop()

@@ -26,6 +26,11 @@ def stop_check(decode: Decode, stop: Sequence[str]) -> StopCheck | None:
     return should_stop
 
 
+def first_stop(text: str, stop: Sequence[str]) -> int | None:
+    """Where the earliest stop string in `text` begins (whichever is listed first), or None."""
+    return min((text.index(s) for s in stop if s in text), default=None)
+
+
 def cut_at_stop(
     result: GenerationResult, decode: Decode, stop: Sequence[str]
 ) -> tuple[str, GenerationResult] | None:
@@ -35,7 +40,7 @@ def cut_at_stop(
     the stop string is kept when part of it precedes the stop."""
     ids = list(result.output_ids)
     text = decode(ids)
-    cut = min((text.index(s) for s in stop if s in text), default=None)
+    cut = first_stop(text, stop)
     if cut is None:
         return None
     count = next(n for n in range(len(ids) + 1) if len(decode(ids[:n])) >= cut)

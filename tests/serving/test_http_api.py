@@ -23,7 +23,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from lopa.bundled import tasks
 from lopa.engine import bundled_model_dir
-from lopa.scheduling.request import RequestAborted
+from lopa.scheduling.request import RequestAborted, SchedulerStopped
 from lopa.serving.client import LopaClient
 from lopa.serving.launcher import LocalCluster, free_ports, loopback_config
 from lopa.serving.master.http_api import failure
@@ -181,6 +181,7 @@ def test_a_client_that_disconnects_cancels_its_request(served: tuple[LocalCluste
     ("error", "status", "kind"),
     [
         (WorkerLost("worker rank 1 lost"), 503, "service_unavailable"),
+        (SchedulerStopped("the server is stopping"), 503, "service_unavailable"),
         (RequestAborted("deadline passed", deadline=True), 504, "timeout"),
         (RuntimeError("bug"), 500, "server_error"),
     ],

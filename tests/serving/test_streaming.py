@@ -2,6 +2,15 @@
 
 from __future__ import annotations
 
+import asyncio
+
+import pytest
+
+from lopa.bundled.defaults import model_defaults
+from lopa.engine import LocalEngine, bundled_model_dir
+from lopa.serving.master import jobs
+from lopa.serving.master.jobs import Job, JobRunner
+from lopa.serving.master.requests import ValidRequest
 from lopa.serving.master.streaming import DeltaTracker
 
 
@@ -24,3 +33,41 @@ def test_the_last_chunk_carries_the_ids_held_back() -> None:
     tracker = DeltaTracker(lambda ids: "".join(vocab[i] for i in ids), frozenset(), stop=("<<",))
     assert tracker.step([1, 2, 3], 0) == (0, [1, 2], "ab")  # "<" might begin "<<"
     assert tracker.finish("ab<", [1, 2, 3]) == (2, [3], "<")  # the answer ended without the stop
+
+
+def test_two_stop_strings_cut_at_the_earliest_whatever_their_order() -> None:
+    # One step reveals both stops; the one listed first comes later in the text. Before the fix the
+    # stream sent "ba" (it cut at "hm"), then could not finish: the answer is cut at "ba".
+    vocab = {1: "ddq", 2: "ijq", 3: "bah", 4: "hmd"}
+    text = lambda ids: "".join(vocab[i] for i in ids)  # noqa: E731
+    tracker = DeltaTracker(text, frozenset(), stop=("hm", "ba"))
+    assert tracker.step([1, 0, 0, 0], 0) == (0, [1], "dd")  # the last character is held back
+    assert tracker.step([1, 2, 3, 4], 0) == (1, [2], "qijq")  # up to "ba", not up to "hm"
+    assert tracker.finish("ddqijq", [1, 2]) == (2, [], "")
+
+
+def test_a_stream_whose_last_chunk_fails_ends_with_the_error(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A failure while building the last chunk ends the job with that error (the gRPC / HTTP stream
+    reports it) instead of leaving the job unresolved and its client waiting forever."""
+    engine = LocalEngine.from_dirs(bundled_model_dir(), max_batch=1)
+    runner = JobRunner(engine.scheduler, engine.decode, engine.loaded.special.mask)
+
+    def broken(_: object) -> None:
+        raise ValueError("stats could not be built")
+
+    monkeypatch.setattr(jobs, "stats_of", broken)
+    params = model_defaults(bundled_model_dir()).with_overrides(max_new_tokens=8)
+
+    async def outcome() -> object:
+        request = ValidRequest(engine.encode("case:abc.def="), params, ())
+        job = Job(request, asyncio.get_running_loop(), stream=True)
+        runner.submit(job)
+        runner.start()
+        assert job.done is not None
+        return await asyncio.wait_for(job.done, 30)
+
+    try:
+        result = asyncio.run(outcome())
+    finally:
+        engine.close()
+    assert isinstance(result, ValueError) and "stats" in str(result)

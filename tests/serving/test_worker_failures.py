@@ -14,6 +14,7 @@ from lopa.execution.shard import ShardExecutor
 from lopa.model.loader import load_model
 from lopa.params import DecodingParams
 from lopa.proto import worker_pb2
+from lopa.scheduling.request import SchedulerStopped
 from lopa.serving.master.distributed import DistributedExecutor, StepFailed
 from lopa.serving.master.links import WorkerLost
 from lopa.serving.master.service import status_of
@@ -115,6 +116,8 @@ def test_the_master_fails_the_request_and_keeps_the_group() -> None:
         executor.verify(0, 0, windows)
     assert group.attached and not group.losses
     assert status_of(StepFailed("x"))[0] is grpc.StatusCode.INTERNAL
+    # A request the stopping master did not finish may be retried elsewhere (not CANCELLED).
+    assert status_of(SchedulerStopped("stopping")) == (grpc.StatusCode.UNAVAILABLE, "unavailable")
 
 
 class _CancelledLink(_Link):

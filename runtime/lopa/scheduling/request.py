@@ -23,6 +23,11 @@ class QueueFull(RuntimeError):
     """The waiting queue is at limits.queue_size (RESOURCE_EXHAUSTED)."""
 
 
+class SchedulerStopped(RuntimeError):
+    """The scheduler is stopping or stopped: a request is refused, or ends unserved (UNAVAILABLE:
+    another server may take it)."""
+
+
 @dataclass
 class Abort:
     """What aborts a request (set from the client's side, read by the scheduler between rounds)."""

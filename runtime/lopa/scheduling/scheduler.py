@@ -23,7 +23,7 @@ from lopa.decoding.generation import Generation
 from lopa.execution.local import PartOutcome, VerifyPart
 from lopa.params import DecodingParams
 from lopa.scheduling.budget import Ask, Budget, grant
-from lopa.scheduling.request import Completion, Outcome, QueueFull, Request, RequestAborted
+from lopa.scheduling.request import Completion, Outcome, QueueFull, Request, RequestAborted, SchedulerStopped
 from lopa.stops import cut_at_stop, stop_check
 
 log = logging.getLogger("lopa.scheduler")
@@ -85,10 +85,13 @@ class Scheduler:
     # -- the client side ------------------------------------------------------------------------------
 
     def submit(self, request: Request) -> None:
-        """Validate (InvalidParameter naming the field) and queue (QueueFull); never blocks."""
+        """Validate (InvalidParameter naming the field) and queue (QueueFull; SchedulerStopped once
+        stop() was called: nothing would serve it); never blocks."""
         should_stop = stop_check(self.decode, request.stop)
         generation = self.decoder.start(request.prompt_ids, request.params, should_stop)
         with self._lock:
+            if self._stopping:
+                raise SchedulerStopped("the server is stopping: the request was not queued")
             if len(self._waiting) >= self.queue_size:
                 raise QueueFull(f"the request queue is full ({self.queue_size} waiting)")
             self._waiting.append((request, generation))
@@ -133,11 +136,11 @@ class Scheduler:
             except Exception:  # a bug here must not kill the thread that serves every request
                 log.exception("scheduler round failed; failing the running requests")
                 self._fail_running(RuntimeError("internal scheduler error (see the master log)"))
-        self._fail_running(RequestAborted("the server is stopping"))
-        with self._lock:
+        self._fail_running(SchedulerStopped("the server is stopping: the request was not finished"))
+        with self._lock:  # submit refuses from now on (_stopping), so nothing is queued after this
             waiting, self._waiting = list(self._waiting), collections.deque()
         for request, _ in waiting:
-            self._settle(request, RequestAborted("the server is stopping"))
+            self._settle(request, SchedulerStopped("the server is stopping: the request was not started"))
 
     def _expire_waiting(self) -> None:
         """Cancelled or expired requests leave the queue at once."""
@@ -219,8 +222,11 @@ class Scheduler:
             else:
                 commits.append((run.sequence, run.generation.apply(outcome)))
         self.executor.commit_many(commits)
-        ran = [(ask.wanted, g) for ask, g in zip(asks, grants, strict=True) if g is not None]
-        self.observer.round(len(parts), [g for _, g in ran], [wanted for wanted, _ in ran])
+        # What the budget could have granted: a round near a generation's start or end spawns fewer
+        # lookaheads than asked, and that shortfall is not a cut.
+        ran = [(min(a.wanted, a.plan.lookaheads), g) for a, g in zip(asks, grants, strict=True)]
+        ran = [(possible, g) for possible, g in ran if g is not None]
+        self.observer.round(len(parts), [g for _, g in ran], [possible for possible, _ in ran])
         now = time.perf_counter()
         for run in chosen:
             if run not in self._running:
@@ -267,7 +273,10 @@ class Scheduler:
             self._finish(run, error)
 
     def _settle(self, request: Request, outcome: Outcome) -> None:
-        self.observer.finished(request, outcome)
+        try:
+            self.observer.finished(request, outcome)
+        except Exception:  # metrics must not keep the caller waiting
+            log.exception("observer.finished failed")
         if request.on_done is not None:
             try:
                 request.on_done(outcome)

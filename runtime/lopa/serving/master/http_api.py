@@ -27,7 +27,7 @@ from aiohttp import web
 from lopa.model.tokenizer import NO_CHAT_TEMPLATE, chat_ids
 from lopa.params import InvalidParameter
 from lopa.proto import lopa_pb2
-from lopa.scheduling.request import Completion, QueueFull, RequestAborted
+from lopa.scheduling.request import Completion, QueueFull, RequestAborted, SchedulerStopped
 from lopa.serving.master.jobs import GroupUnavailable
 from lopa.serving.master.links import WorkerLost
 from lopa.serving.master.openai_body import Parsed, body_field, chat_request, completion_request
@@ -49,7 +49,7 @@ def invalid(error: InvalidParameter, chat: bool) -> web.Response:
 
 def failure(error: BaseException) -> web.Response:
     """A request that was queued and did not complete."""
-    if isinstance(error, WorkerLost):
+    if isinstance(error, (WorkerLost, SchedulerStopped)):
         return error_response(503, str(error), "service_unavailable")
     if isinstance(error, RequestAborted):
         if error.deadline:

@@ -9,6 +9,7 @@ queue, the KV slots and every round through MasterObserver.
 from __future__ import annotations
 
 import asyncio
+import logging
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -21,6 +22,8 @@ from lopa.scheduling.scheduler import Observer, Scheduler
 from lopa.serving.master.requests import ValidRequest
 from lopa.serving.master.streaming import DeltaTracker
 from lopa.serving.shared.metrics import MasterMetrics
+
+log = logging.getLogger("lopa.master")
 
 __all__ = ["GroupUnavailable", "Job", "JobRunner", "MasterObserver", "QueueFull", "stats_of"]
 
@@ -138,18 +141,22 @@ class JobRunner:
             )
 
         def on_done(outcome: Outcome) -> None:
-            if isinstance(outcome, Completion) and job.stream:
-                offset, ids, text = tracker.finish(outcome.text, list(outcome.result.output_ids))
-                job.post(
-                    lopa_pb2.GenerateChunk(
-                        last=True,
-                        offset=offset,
-                        token_ids=ids,
-                        text=text,
-                        finish_reason=outcome.finish_reason,
-                        stats=stats_of(outcome),
+            try:
+                if isinstance(outcome, Completion) and job.stream:
+                    offset, ids, text = tracker.finish(outcome.text, list(outcome.result.output_ids))
+                    job.post(
+                        lopa_pb2.GenerateChunk(
+                            last=True,
+                            offset=offset,
+                            token_ids=ids,
+                            text=text,
+                            finish_reason=outcome.finish_reason,
+                            stats=stats_of(outcome),
+                        )
                     )
-                )
+            except Exception as error:  # no last chunk: the stream ends with this error, never hangs
+                log.exception("the last chunk of a stream could not be built")
+                outcome = error
             job.finish(outcome)
 
         request = Request(

@@ -26,7 +26,7 @@ from lopa.model.tokenizer import chat_prompt_ids, load_tokenizer
 from lopa.params import DecodingParams, InvalidParameter
 from lopa.proto import lopa_pb2, lopa_pb2_grpc
 from lopa.scheduling.budget import Budget, default_budget, measured_on
-from lopa.scheduling.request import Completion, QueueFull, RequestAborted
+from lopa.scheduling.request import Completion, QueueFull, RequestAborted, SchedulerStopped
 from lopa.scheduling.scheduler import Scheduler
 from lopa.serving.master.distributed import DistributedExecutor, StepTiming
 from lopa.serving.master.jobs import GroupUnavailable, Job, JobRunner, MasterObserver, stats_of
@@ -169,6 +169,9 @@ class LopaService(lopa_pb2_grpc.LopaServicer):
         except QueueFull:
             self.metrics.requests.labels("rejected").inc()
             raise
+        except SchedulerStopped as error:  # stopping between the drain check and the queue
+            self.metrics.requests.labels("unavailable").inc()
+            raise GroupUnavailable(str(error)) from None
         return job
 
     def settle(self, outcome: Any) -> Completion | BaseException:
@@ -239,7 +242,7 @@ def status_of(error: BaseException) -> tuple[grpc.StatusCode, str]:
     """The gRPC status of a request that failed, and its outcome label in the metrics."""
     if isinstance(error, InvalidParameter):
         return grpc.StatusCode.INVALID_ARGUMENT, "invalid"
-    if isinstance(error, WorkerLost):
+    if isinstance(error, (WorkerLost, SchedulerStopped)):
         return grpc.StatusCode.UNAVAILABLE, "unavailable"
     if isinstance(error, RequestAborted):
         return (grpc.StatusCode.DEADLINE_EXCEEDED, "deadline") if error.deadline else (

@@ -12,6 +12,8 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
+from lopa.stops import first_stop
+
 
 @dataclass
 class DeltaTracker:
@@ -56,10 +58,9 @@ class DeltaTracker:
     def _stable(self, text: str) -> str:
         if text.endswith("\ufffd"):
             text = text.rstrip("\ufffd")
-        for s in self.stop:
-            cut = text.find(s)
-            if cut >= 0:
-                return text[:cut]
+        cut = first_stop(text, self.stop)  # the earliest, as the final answer is cut (cut_at_stop)
+        if cut is not None:
+            return text[:cut]
         hold = max((len(s) - 1 for s in self.stop), default=0)
         return text[: len(text) - hold] if hold else text
 

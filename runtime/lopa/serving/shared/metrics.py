@@ -78,7 +78,9 @@ class MasterMetrics:
                 buckets=_BRANCH_BUCKETS, registry=r,
             ),
             branches_cut=Counter(
-                "lopa_branches_cut", "Lookahead branches the budget took away (asked - granted)", registry=r
+                "lopa_branches_cut",
+                "Lookahead branches the budget took away (those a round could spawn, up to k, minus granted)",
+                registry=r,
             ),
         )
 

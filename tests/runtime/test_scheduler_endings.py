@@ -1,0 +1,129 @@
+"""How requests end around a stopping scheduler, and what its round reports count (lopa.scheduling).
+
+A real Scheduler over the real LocalExecutor and Decoder on a SyntheticModel (the rules of
+synthetic_cases): no request may be accepted that nothing will serve, and every accepted one is
+settled, whatever the timing of stop().
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
+
+import pytest
+from synthetic_cases import EOS, MASK, MAX_LENGTH, VOCAB, hash_choice, rule_from
+
+from lopa.decoding.decoder import Decoder
+from lopa.execution.local import LocalExecutor
+from lopa.params import DecodingParams
+from lopa.scheduling.budget import Budget
+from lopa.scheduling.request import Completion, Outcome, Request, SchedulerStopped
+from lopa.scheduling.scheduler import Observer, Scheduler
+from lopa.synthetic.rule_model import SyntheticModel
+
+PROMPT = [1, 2, 3, 4]
+PARAMS = DecodingParams(block_size=4, max_new_tokens=16, branches=2)
+SETTLE_S = 10.0  # generous: a settled request takes milliseconds
+UNLIMITED = Budget(tokens=100_000)
+
+
+class Cuts(Observer):
+    """Per round: what each request could have been granted and what it got."""
+
+    def __init__(self) -> None:
+        self.rounds: list[tuple[list[int], list[int]]] = []
+
+    def round(self, batch: int, granted: Sequence[int], wanted: Sequence[int]) -> None:
+        self.rounds.append((list(wanted), list(granted)))
+
+    @property
+    def cut(self) -> int:
+        return sum(w - g for wanted, granted in self.rounds for w, g in zip(wanted, granted, strict=True))
+
+
+def scheduler(budget: Budget = UNLIMITED, observer: Observer | None = None) -> Scheduler:
+    model = SyntheticModel(VOCAB, MAX_LENGTH, rule_from(hash_choice(len(PROMPT))), max_batch=4)
+    executor = LocalExecutor(model)
+    decoder = Decoder(executor, MASK, (EOS,), MAX_LENGTH)
+    text = lambda ids: "".join(chr(ord("a") + t) for t in ids if t not in (MASK, EOS))  # noqa: E731
+    return Scheduler(decoder, executor, text, 64, budget, observer)
+
+
+class Settled:
+    def __init__(self) -> None:
+        self.event = threading.Event()
+        self.outcome: Outcome | None = None
+
+    def __call__(self, outcome: Outcome) -> None:
+        self.outcome = outcome
+        self.event.set()
+
+
+def submit(s: Scheduler, params: DecodingParams = PARAMS) -> Settled:
+    settled = Settled()
+    s.submit(Request(list(PROMPT), params, on_done=settled))
+    return settled
+
+
+def test_a_stopped_scheduler_refuses_requests_instead_of_keeping_them() -> None:
+    s = scheduler()
+    s.start()
+    first = submit(s)
+    assert first.event.wait(SETTLE_S) and isinstance(first.outcome, Completion)
+    s.stop()
+    # Before the fix this was queued and never settled: its caller waited forever.
+    with pytest.raises(SchedulerStopped, match="stopping"):
+        submit(s)
+
+
+def test_requests_racing_a_stop_are_refused_or_settled() -> None:
+    s = scheduler()
+    s.start()
+    accepted: list[Settled] = []
+    refused = 0
+    lock = threading.Lock()
+
+    def client(_: int) -> None:
+        nonlocal refused
+        for _ in range(20):
+            try:
+                settled = submit(s)
+            except SchedulerStopped:
+                with lock:
+                    refused += 1
+                continue
+            with lock:
+                accepted.append(settled)
+
+    with ThreadPoolExecutor(4) as pool:
+        futures = [pool.submit(client, i) for i in range(4)]
+        s.stop()
+        for future in futures:
+            future.result()
+    assert refused > 0  # the stop landed while clients were still sending
+    for settled in accepted:
+        assert settled.event.wait(SETTLE_S), "an accepted request was never settled"
+        assert isinstance(settled.outcome, (Completion, SchedulerStopped))
+
+
+def test_lookaheads_a_round_cannot_spawn_are_not_counted_as_cut() -> None:
+    cuts = Cuts()
+    s = scheduler(observer=cuts)
+    s.start()
+    alone = submit(s, DecodingParams(block_size=4, max_new_tokens=16, branches=5))
+    assert alone.event.wait(SETTLE_S) and isinstance(alone.outcome, Completion)
+    s.stop()
+    assert any(granted[0] < 5 for _, granted in cuts.rounds)  # rounds that spawned fewer than asked
+    assert cuts.cut == 0  # a lone request under a budget it never reaches loses nothing
+
+
+def test_lookaheads_the_budget_takes_are_counted_as_cut() -> None:
+    cuts = Cuts()
+    s = scheduler(Budget(tokens=8), cuts)  # one base row of a 4-token block at most
+    s.start()
+    requests = [submit(s) for _ in range(3)]
+    for settled in requests:
+        assert settled.event.wait(SETTLE_S) and isinstance(settled.outcome, Completion)
+    s.stop()
+    assert cuts.cut > 0
