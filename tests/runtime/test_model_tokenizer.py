@@ -7,6 +7,8 @@ import pytest
 from tokenizers import pre_tokenizers
 
 from lopa.model import CheckpointError, load_tokenizer
+from lopa.model.tokenizer import chat_ids
+from lopa.params import InvalidParameter
 from lopa.synthetic import write_char_tokenizer
 
 
@@ -70,3 +72,19 @@ def test_missing_tokenizer_files_are_one_clear_line(tmp_path: Path) -> None:
     with pytest.raises(CheckpointError) as error:
         load_tokenizer(tmp_path)
     assert str(error.value) == f"{tmp_path / 'tokenizer.json'}: file not found (nor vocab.json + merges.txt)"
+
+
+def test_a_chat_template_that_refuses_the_messages_is_named(tmp_path: Path) -> None:
+    """A template's raise_exception (e.g. roles that must alternate) is the caller's bad input, not
+    a server error: InvalidParameter("chat") with the template's words (the HTTP API: "messages")."""
+    write_char_tokenizer(tmp_path)
+    tokenizer = load_tokenizer(tmp_path)
+    tokenizer.chat_template = (
+        "{% for m in messages %}{% if m['role'] == 'developer' %}"
+        "{{ raise_exception('developer messages are not supported') }}{% endif %}"
+        "{{ m['content'] }}{% endfor %}"
+    )
+    assert tokenizer.decode(chat_ids(tokenizer, [{"role": "user", "content": "hi"}])) == "hi"
+    with pytest.raises(InvalidParameter, match="developer messages are not supported") as caught:
+        chat_ids(tokenizer, [{"role": "developer", "content": "hi"}])
+    assert caught.value.field == "chat"

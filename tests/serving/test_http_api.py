@@ -28,6 +28,7 @@ from lopa.serving.client import LopaClient
 from lopa.serving.launcher import LocalCluster, free_ports, loopback_config
 from lopa.serving.master.http_api import failure
 from lopa.serving.master.links import WorkerLost
+from lopa.serving.master.openai_body import body_field
 from lopa.serving.shared.config import ConfigError, parse_config, with_model_defaults
 
 MODEL = "lopa-bundled"
@@ -153,6 +154,55 @@ def test_a_body_that_is_not_json_is_400(served: tuple[LocalCluster, int]) -> Non
     with pytest.raises(urllib.error.HTTPError) as caught:
         urllib.request.urlopen(request, timeout=10)
     assert caught.value.code == 400 and json.load(caught.value)["error"]["param"] == "body"
+
+
+def post_raw(port: int, path: str, body: bytes, content_type: str = "application/json") -> tuple[int, dict]:
+    request = urllib.request.Request(f"http://127.0.0.1:{port}{path}", data=body,
+                                     headers={"Content-Type": content_type})
+    try:
+        with urllib.request.urlopen(request, timeout=30) as reply:
+            return reply.status, json.load(reply)
+    except urllib.error.HTTPError as error:
+        return error.code, json.load(error)
+
+
+@pytest.mark.parametrize(
+    ("path", "body", "content_type", "param", "message"),
+    [
+        # JSON may escape a lone surrogate; no UTF-8 text holds one (before: 500 in plain text).
+        ("/v1/completions", b'{"model": "lopa-bundled", "prompt": "a\\ud800"}', None, "prompt",
+         "prompt: is not valid Unicode text: a lone surrogate \\ud800 at index 1"),
+        ("/v1/completions", b'{"model": "lopa-bundled", "prompt": "a", "stop": ["x", "\\udc00"]}', None,
+         "stop[1]", "stop[1]: is not valid Unicode text"),
+        ("/v1/chat/completions",
+         b'{"model": "lopa-bundled", "messages": [{"role": "user", "content": "\\ud800"}]}', None,
+         "messages[0].content", "messages[0].content: is not valid Unicode text"),
+        ("/v1/completions", b"[" * 100_000 + b"]" * 100_000, None, "body", "body: nested too deeply"),
+        ("/v1/completions", b'{"model": "lopa-bundled"}', "application/json; charset=klingon", "body",
+         "body: unknown charset"),
+        # A body field of its own name, not the one the shared pipeline would map it to (before: "prompt").
+        ("/v1/completions", b'{"model": "lopa-bundled", "prompt": "a", "prompt_token_ids": [1]}', None,
+         "prompt_token_ids", "prompt_token_ids: is not supported by this server"),
+        ("/v1/chat/completions",
+         b'{"model": "lopa-bundled", "messages": [{"role": "user", "content": "a"}], "max_tokens": 4, '
+         b'"max_completion_tokens": 4}', None, "max_completion_tokens",
+         "max_completion_tokens: send either it or max_tokens, not both"),
+    ],
+)
+def test_unusual_bodies_are_400_naming_the_field(
+    served: tuple[LocalCluster, int], path: str, body: bytes, content_type: str | None, param: str,
+    message: str,
+) -> None:
+    status, reply = post_raw(served[1], path, body, content_type or "application/json")
+    assert status == 400 and reply["error"]["param"] == param, reply
+    assert reply["error"]["message"].startswith(message), reply["error"]["message"]
+
+
+def test_token_budget_errors_name_the_field_the_body_used() -> None:
+    used = {"messages": [], "max_completion_tokens": 4}
+    assert body_field("max_new_tokens", True, used) == "max_completion_tokens"
+    assert body_field("max_new_tokens", True, {"messages": [], "max_tokens": 4}) == "max_tokens"
+    assert body_field("prompt_token_ids", False) == "prompt"
 
 
 def cancelled_count(cluster: LocalCluster) -> float:

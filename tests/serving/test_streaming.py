@@ -8,9 +8,12 @@ import pytest
 
 from lopa.bundled.defaults import model_defaults
 from lopa.engine import LocalEngine, bundled_model_dir
+from lopa.params import DecodingParams
+from lopa.proto import lopa_pb2
 from lopa.serving.master import jobs
 from lopa.serving.master.jobs import Job, JobRunner
 from lopa.serving.master.requests import ValidRequest
+from lopa.serving.master.service import job_chunks
 from lopa.serving.master.streaming import DeltaTracker
 
 
@@ -71,3 +74,28 @@ def test_a_stream_whose_last_chunk_fails_ends_with_the_error(monkeypatch: pytest
     finally:
         engine.close()
     assert isinstance(result, ValueError) and "stats" in str(result)
+
+
+def test_a_stream_closed_by_its_client_stops_its_job() -> None:
+    """grpc.aio closes a stream's generator at its yield when the client cancels while a chunk is
+    being written; the job must stop then too (before: it decoded to the end, holding its slot),
+    and once, not when it already finished."""
+    gone: list[Job] = []
+
+    async def settle(outcome: object) -> None:
+        pass
+
+    async def run() -> tuple[bool, bool]:
+        loop = asyncio.get_running_loop()
+        open_job = Job(ValidRequest([1], DecodingParams(), ()), loop, stream=True)
+        open_job.post(lopa_pb2.GenerateChunk(step=1, text="a"))
+        chunks = job_chunks(open_job, settle, gone.append)
+        assert (await anext(chunks)).text == "a"
+        await chunks.aclose()  # the client went away at the yield
+        finished = Job(ValidRequest([1], DecodingParams(), ()), loop, stream=True)
+        finished.finish(RuntimeError("done"))
+        async for _ in job_chunks(finished, settle, gone.append):
+            pass
+        return open_job in gone, finished in gone
+
+    assert asyncio.run(run()) == (True, False)

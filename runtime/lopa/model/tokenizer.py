@@ -76,7 +76,12 @@ def chat_ids(tokenizer: Any, messages: list[dict[str, str]]) -> list[int]:
         raise InvalidParameter("chat", NO_CHAT_TEMPLATE)
     # Render then encode: apply_chat_template's tokenized return type differs across transformers
     # versions (a list of ids in 4.x, a BatchEncoding in 5.x); the template holds its own specials.
-    text = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+    from jinja2.exceptions import TemplateError  # transformers renders templates with jinja2
+
+    try:
+        text = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+    except TemplateError as error:  # e.g. the template's raise_exception("roles must alternate")
+        raise InvalidParameter("chat", f"the model's chat template refused the messages: {error}") from None
     return list(tokenizer.encode(text, add_special_tokens=False))
 
 

@@ -42,9 +42,17 @@ def error_response(status: int, message: str, kind: str, param: str | None = Non
     return web.json_response(body, status=status)
 
 
-def invalid(error: InvalidParameter, chat: bool) -> web.Response:
-    param = body_field(error.field, chat)
-    return error_response(400, f"{param}: {error.reason}", "invalid_request_error", param)
+def invalid(param: str, reason: str) -> web.Response:
+    return error_response(400, f"{param}: {reason}", "invalid_request_error", param)
+
+
+def _unreadable(error: Exception) -> str:
+    """Why a body could not be read as JSON, for its 400."""
+    if isinstance(error, LookupError):
+        return "unknown charset in the Content-Type header"
+    if isinstance(error, RecursionError):
+        return "nested too deeply"
+    return "not valid JSON"
 
 
 def failure(error: BaseException) -> web.Response:
@@ -98,26 +106,26 @@ class OpenAIApi:
     def _render(self, messages: list[dict[str, str]]) -> list[int]:
         try:
             return chat_ids(self.service.tokenizer, messages)
-        except InvalidParameter as error:
-            if error.reason == NO_CHAT_TEMPLATE:
-                raise InvalidParameter("messages", NO_TEMPLATE_HINT) from None
-            raise
+        except InvalidParameter as error:  # about the template ("chat"): the body's messages
+            reason = NO_TEMPLATE_HINT if error.reason == NO_CHAT_TEMPLATE else error.reason
+            raise InvalidParameter("messages", reason) from None
 
     async def _serve(self, request: web.Request, chat: bool) -> web.StreamResponse:
         try:
             body = await request.json()
-        except (json.JSONDecodeError, UnicodeDecodeError):
-            return error_response(400, "body: not valid JSON", "invalid_request_error", "body")
+        except (json.JSONDecodeError, UnicodeDecodeError, LookupError, RecursionError) as error:
+            self.service.metrics.requests.labels("invalid").inc()
+            return invalid("body", _unreadable(error))
         try:
             parsed = (chat_request(body, self.model, self._render) if chat
                       else completion_request(body, self.model))
-        except InvalidParameter as error:
+        except InvalidParameter as error:  # named as in the body already
             self.service.metrics.requests.labels("invalid").inc()
-            return invalid(error, chat)
+            return invalid(error.field, error.reason)
         try:
             job = self.service.open_job(parsed.request, parsed.stream, None)  # counts its refusals
-        except InvalidParameter as error:
-            return invalid(error, chat)
+        except InvalidParameter as error:  # the shared pipeline names the gRPC field
+            return invalid(body_field(error.field, chat, body), error.reason)
         except QueueFull as error:
             return error_response(429, str(error), "rate_limit_exceeded")
         except GroupUnavailable as error:

@@ -9,7 +9,7 @@ body field (never a proto path), so the HTTP layer can answer in OpenAI's error 
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from dataclasses import dataclass
 from typing import Any
 
@@ -74,6 +74,8 @@ def _common(body: dict[str, Any], known: frozenset[str], served_model: str) -> P
         stop = [stop]
     if stop is not None and not (isinstance(stop, list) and all(isinstance(s, str) for s in stop)):
         raise InvalidParameter("stop", "must be a string or a list of strings")
+    for i, text in enumerate(stop or []):
+        _check_text(f"stop[{i}]" if isinstance(body.get("stop"), list) else "stop", text)
     request.stop.extend(stop or [])
     for name, types in {**OPENAI_SAMPLING, **LOPA_FIELDS}.items():
         value = _typed(body, name, types)
@@ -82,12 +84,24 @@ def _common(body: dict[str, Any], known: frozenset[str], served_model: str) -> P
     return Parsed(request, stream, model)
 
 
-def _assign(message: Any, name: str, value: Any) -> None:
-    """message.name = value; the range errors protobuf would raise (negative into unsigned) named."""
+def _assign(message: Any, name: str, value: Any, body_name: str | None = None) -> None:
+    """message.name = value; the range errors protobuf would raise (negative into unsigned) named
+    after the body field (`body_name`, default `name`)."""
     try:
         setattr(message, name, value)
     except (ValueError, TypeError) as error:
-        raise InvalidParameter(name, f"is out of range: {value!r} ({error})") from None
+        raise InvalidParameter(body_name or name, f"is out of range: {value!r} ({error})") from None
+
+
+def _check_text(name: str, text: str) -> None:
+    """JSON may carry a lone UTF-16 surrogate ("\\ud800"), which no UTF-8 text (or protobuf string)
+    can hold."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as error:
+        bad = text[error.start : error.end].encode("unicode_escape").decode()
+        reason = f"is not valid Unicode text: a lone surrogate {bad} at index {error.start}"
+        raise InvalidParameter(name, reason) from None
 
 
 def _max_tokens(body: dict[str, Any], request: lopa_pb2.GenerateRequest, name: str) -> None:
@@ -96,7 +110,7 @@ def _max_tokens(body: dict[str, Any], request: lopa_pb2.GenerateRequest, name: s
         return
     if value < 1:
         raise InvalidParameter(name, f"must be >= 1, got {value}")
-    _assign(request, "max_new_tokens", value)
+    _assign(request, "max_new_tokens", value, name)
 
 
 def completion_request(body: Any, served_model: str) -> Parsed:
@@ -108,6 +122,7 @@ def completion_request(body: Any, served_model: str) -> Parsed:
     if isinstance(prompt, str):
         if not prompt:
             raise InvalidParameter("prompt", "is empty")
+        _check_text("prompt", prompt)
         request.prompt = prompt
     elif isinstance(prompt, list) and prompt and all(isinstance(t, int) and not isinstance(t, bool)
                                                      for t in prompt):
@@ -128,6 +143,8 @@ def chat_request(body: Any, served_model: str, render: Callable[[list[dict[str, 
     has none)."""
     parsed = _common(body, CHAT_FIELDS, served_model)
     request = parsed.request
+    if body.get("max_tokens") is not None and body.get("max_completion_tokens") is not None:
+        raise InvalidParameter("max_completion_tokens", "send either it or max_tokens, not both")
     messages = body.get("messages")
     if not isinstance(messages, list) or not messages:
         raise InvalidParameter("messages", "is required: a non-empty list of {role, content}")
@@ -142,6 +159,7 @@ def chat_request(body: Any, served_model: str, render: Callable[[list[dict[str, 
             content = "".join(str(p.get("text", "")) for p in content)
         if not isinstance(content, str):
             raise InvalidParameter(f"messages[{i}].content", "must be a string")
+        _check_text(f"messages[{i}].content", content)
         turns.append({"role": message["role"], "content": content})
     try:
         ids = render(turns)
@@ -153,11 +171,12 @@ def chat_request(body: Any, served_model: str, render: Callable[[list[dict[str, 
     return parsed
 
 
-def body_field(field: str, chat: bool) -> str:
-    """The body field an error of the shared pipeline is about (its names are the gRPC ones)."""
+def body_field(field: str, chat: bool, sent: Collection[str] = ()) -> str:
+    """The body field an error of the shared pipeline is about (its names are the gRPC ones);
+    `sent`: the body's fields (which of max_tokens / max_completion_tokens the client used)."""
     name = field.removeprefix("decoding.")
     if name == "max_new_tokens":
-        return "max_tokens"
+        return "max_completion_tokens" if "max_completion_tokens" in sent else "max_tokens"
     if name in ("prompt", "prompt_token_ids", "chat"):
         return "messages" if chat else "prompt"
     return name

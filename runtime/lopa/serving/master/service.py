@@ -10,7 +10,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from enum import Enum
 from pathlib import Path
 from typing import Any
@@ -116,13 +116,8 @@ class LopaService(lopa_pb2_grpc.LopaServicer):
         self, request: lopa_pb2.GenerateRequest, context: Any
     ) -> AsyncIterator[lopa_pb2.GenerateChunk]:
         job = await self._submit(request, context, stream=True)
-        while True:
-            item = await self._await(job, job.chunks.get(), context)
-            if isinstance(item, lopa_pb2.GenerateChunk):
-                yield item
-                continue
-            await self._settle(item, context)
-            return
+        async for chunk in job_chunks(job, lambda outcome: self._settle(outcome, context), self.cancelled):
+            yield chunk
 
     async def GetModelInfo(self, request: lopa_pb2.ModelInfoRequest, context: Any) -> lopa_pb2.ModelInfo:
         await self._refuse_undecodable(request, context)
@@ -236,6 +231,26 @@ class LopaService(lopa_pb2_grpc.LopaServicer):
             return settled
         await context.abort(status_of(settled)[0], str(settled))
         raise AssertionError("unreachable")
+
+
+async def job_chunks(
+    job: Job, settle: Callable[[Any], Awaitable[Any]], gone: Callable[[Job], None]
+) -> AsyncIterator[lopa_pb2.GenerateChunk]:
+    """A streaming job's chunks until its outcome, which goes to `settle`. When the client goes away
+    first, cancelled while waiting for a chunk or closed while one was being written (grpc.aio
+    closes the generator at its yield), `gone(job)` stops the job: its slot is not held to the end."""
+    assert job.done is not None
+    try:
+        while True:
+            item = await job.chunks.get()
+            if isinstance(item, lopa_pb2.GenerateChunk):
+                yield item
+                continue
+            await settle(item)
+            return
+    finally:
+        if not job.done.done():
+            gone(job)
 
 
 def status_of(error: BaseException) -> tuple[grpc.StatusCode, str]:
