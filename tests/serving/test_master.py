@@ -199,6 +199,11 @@ def test_a_second_master_is_refused_and_the_group_survives(
     second.master = second._spawn("master")
     try:
         assert not second.wait_serving(15)  # the workers serve the first master's stream
+        # It waits, saying why, and never attaches for a moment (before: its health flapped to
+        # SERVING on every other probe until the workers' ABORTED came back).
+        log = second.log_path("master").read_text()
+        assert "is serving another master" in log
+        assert "SERVING" not in log.replace("NOT_SERVING", ""), log
         assert client.health() == "SERVING"
         assert all(w.poll() is None for w in cluster.workers)
         assert client.generate(PROMPT, timeout=60).stats.forwards > 0

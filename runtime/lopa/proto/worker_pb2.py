@@ -24,7 +24,7 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x14lopa/v1/worker.proto\x12\x07lopa.v1\"0\n\x0cLeaveRequest\x12\x0e\n\x06reason\x18\x01 \x01(\t\x12\x10\n\x08group_id\x18\x02 \x01(\t\"\r\n\x0bInfoRequest\"\xaf\x01\n\nWorkerInfo\x12\x0c\n\x04rank\x18\x01 \x01(\r\x12\x12\n\nworld_size\x18\x02 \x01(\r\x12\x10\n\x08group_id\x18\x03 \x01(\t\x12\x0e\n\x06joined\x18\x04 \x01(\x08\x12\x12\n\nvocab_size\x18\x06 \x01(\r\x12\x12\n\nmax_length\x18\x07 \x01(\r\x12\x11\n\tmax_batch\x18\x08 \x01(\r\x12\x13\n\x0bstep_tokens\x18\t \x01(\rJ\x04\x08\x05\x10\x06R\x07\x62\x61\x63kend\"\x9a\x01\n\x05\x42\x65gin\x12\x11\n\tnum_slots\x18\x02 \x01(\r\x12\x11\n\tattention\x18\x03 \x01(\t\x12\x0c\n\x04\x63onf\x18\x04 \x01(\t\x12\x13\n\x0btemperature\x18\x05 \x01(\x01\x12\r\n\x05top_p\x18\x06 \x01(\x01\x12\r\n\x05top_k\x18\x07 \x01(\r\x12\x0c\n\x04seed\x18\x08 \x01(\x04J\x04\x08\x01\x10\x02J\x04\x08\t\x10\nR\nrequest_idR\x04\x62\x65ta\"b\n\x06\x43ommit\x12\t\n\x01n\x18\x01 \x01(\r\x12\x13\n\x0bwinner_rank\x18\x02 \x01(\r\x12\x13\n\x0bwinner_slot\x18\x03 \x01(\r\x12\x11\n\tbroadcast\x18\x04 \x01(\x08\x12\x10\n\x08sequence\x18\x05 \x01(\r\";\n\x06Window\x12\x0e\n\x06tokens\x18\x01 \x03(\x05\x12\x11\n\tblock_ids\x18\x02 \x03(\x05\x12\x0e\n\x06masked\x18\x03 \x03(\r\"\x94\x01\n\x0bRequestStep\x12\x10\n\x08sequence\x18\x01 \x01(\r\x12\x1d\n\x05\x62\x65gin\x18\x02 \x01(\x0b\x32\x0e.lopa.v1.Begin\x12\r\n\x05start\x18\x03 \x01(\r\x12\x0f\n\x07n_stage\x18\x04 \x01(\r\x12 \n\x07windows\x18\x05 \x03(\x0b\x32\x0f.lopa.v1.Window\x12\x12\n\ncache_only\x18\x06 \x01(\x08\"]\n\x0bStepRequest\x12 \n\x07\x63ommits\x18\x07 \x03(\x0b\x32\x0f.lopa.v1.Commit\x12&\n\x08requests\x18\x08 \x03(\x0b\x32\x14.lopa.v1.RequestStepJ\x04\x08\x01\x10\x07\"H\n\x0b\x42ranchStats\x12\x0e\n\x06tokens\x18\x01 \x03(\x05\x12\r\n\x05probs\x18\x02 \x03(\x02\x12\r\n\x05\x63onfs\x18\x03 \x03(\x02J\x04\x08\x04\x10\x05R\x05score\"E\n\x0cRequestStats\x12&\n\x08\x62ranches\x18\x01 \x03(\x0b\x32\x14.lopa.v1.BranchStats\x12\r\n\x05\x65rror\x18\x02 \x01(\t\"~\n\tStepReply\x12\x11\n\tforward_s\x18\x02 \x01(\x01\x12\x10\n\x08\x63ommit_s\x18\x03 \x01(\x01\x12\r\n\x05\x65rror\x18\x05 \x01(\t\x12\'\n\x08requests\x18\x06 \x03(\x0b\x32\x15.lopa.v1.RequestStatsJ\x04\x08\x01\x10\x02J\x04\x08\x04\x10\x05R\x08handle_s2\xa7\x01\n\x06Worker\x12\x31\n\x04Info\x12\x14.lopa.v1.InfoRequest\x1a\x13.lopa.v1.WorkerInfo\x12\x35\n\x05Steps\x12\x14.lopa.v1.StepRequest\x1a\x12.lopa.v1.StepReply(\x01\x30\x01\x12\x33\n\x05Leave\x12\x15.lopa.v1.LeaveRequest\x1a\x13.lopa.v1.WorkerInfob\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x14lopa/v1/worker.proto\x12\x07lopa.v1\"0\n\x0cLeaveRequest\x12\x0e\n\x06reason\x18\x01 \x01(\t\x12\x10\n\x08group_id\x18\x02 \x01(\t\"\r\n\x0bInfoRequest\"\xc8\x01\n\nWorkerInfo\x12\x0c\n\x04rank\x18\x01 \x01(\r\x12\x12\n\nworld_size\x18\x02 \x01(\r\x12\x10\n\x08group_id\x18\x03 \x01(\t\x12\x0e\n\x06joined\x18\x04 \x01(\x08\x12\x12\n\nvocab_size\x18\x06 \x01(\r\x12\x12\n\nmax_length\x18\x07 \x01(\r\x12\x11\n\tmax_batch\x18\x08 \x01(\r\x12\x13\n\x0bstep_tokens\x18\t \x01(\r\x12\x17\n\x0fmaster_attached\x18\n \x01(\x08J\x04\x08\x05\x10\x06R\x07\x62\x61\x63kend\"\x9a\x01\n\x05\x42\x65gin\x12\x11\n\tnum_slots\x18\x02 \x01(\r\x12\x11\n\tattention\x18\x03 \x01(\t\x12\x0c\n\x04\x63onf\x18\x04 \x01(\t\x12\x13\n\x0btemperature\x18\x05 \x01(\x01\x12\r\n\x05top_p\x18\x06 \x01(\x01\x12\r\n\x05top_k\x18\x07 \x01(\r\x12\x0c\n\x04seed\x18\x08 \x01(\x04J\x04\x08\x01\x10\x02J\x04\x08\t\x10\nR\nrequest_idR\x04\x62\x65ta\"b\n\x06\x43ommit\x12\t\n\x01n\x18\x01 \x01(\r\x12\x13\n\x0bwinner_rank\x18\x02 \x01(\r\x12\x13\n\x0bwinner_slot\x18\x03 \x01(\r\x12\x11\n\tbroadcast\x18\x04 \x01(\x08\x12\x10\n\x08sequence\x18\x05 \x01(\r\";\n\x06Window\x12\x0e\n\x06tokens\x18\x01 \x03(\x05\x12\x11\n\tblock_ids\x18\x02 \x03(\x05\x12\x0e\n\x06masked\x18\x03 \x03(\r\"\x94\x01\n\x0bRequestStep\x12\x10\n\x08sequence\x18\x01 \x01(\r\x12\x1d\n\x05\x62\x65gin\x18\x02 \x01(\x0b\x32\x0e.lopa.v1.Begin\x12\r\n\x05start\x18\x03 \x01(\r\x12\x0f\n\x07n_stage\x18\x04 \x01(\r\x12 \n\x07windows\x18\x05 \x03(\x0b\x32\x0f.lopa.v1.Window\x12\x12\n\ncache_only\x18\x06 \x01(\x08\"]\n\x0bStepRequest\x12 \n\x07\x63ommits\x18\x07 \x03(\x0b\x32\x0f.lopa.v1.Commit\x12&\n\x08requests\x18\x08 \x03(\x0b\x32\x14.lopa.v1.RequestStepJ\x04\x08\x01\x10\x07\"H\n\x0b\x42ranchStats\x12\x0e\n\x06tokens\x18\x01 \x03(\x05\x12\r\n\x05probs\x18\x02 \x03(\x02\x12\r\n\x05\x63onfs\x18\x03 \x03(\x02J\x04\x08\x04\x10\x05R\x05score\"E\n\x0cRequestStats\x12&\n\x08\x62ranches\x18\x01 \x03(\x0b\x32\x14.lopa.v1.BranchStats\x12\r\n\x05\x65rror\x18\x02 \x01(\t\"~\n\tStepReply\x12\x11\n\tforward_s\x18\x02 \x01(\x01\x12\x10\n\x08\x63ommit_s\x18\x03 \x01(\x01\x12\r\n\x05\x65rror\x18\x05 \x01(\t\x12\'\n\x08requests\x18\x06 \x03(\x0b\x32\x15.lopa.v1.RequestStatsJ\x04\x08\x01\x10\x02J\x04\x08\x04\x10\x05R\x08handle_s2\xa7\x01\n\x06Worker\x12\x31\n\x04Info\x12\x14.lopa.v1.InfoRequest\x1a\x13.lopa.v1.WorkerInfo\x12\x35\n\x05Steps\x12\x14.lopa.v1.StepRequest\x1a\x12.lopa.v1.StepReply(\x01\x30\x01\x12\x33\n\x05Leave\x12\x15.lopa.v1.LeaveRequest\x1a\x13.lopa.v1.WorkerInfob\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -36,23 +36,23 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_INFOREQUEST']._serialized_start=83
   _globals['_INFOREQUEST']._serialized_end=96
   _globals['_WORKERINFO']._serialized_start=99
-  _globals['_WORKERINFO']._serialized_end=274
-  _globals['_BEGIN']._serialized_start=277
-  _globals['_BEGIN']._serialized_end=431
-  _globals['_COMMIT']._serialized_start=433
-  _globals['_COMMIT']._serialized_end=531
-  _globals['_WINDOW']._serialized_start=533
-  _globals['_WINDOW']._serialized_end=592
-  _globals['_REQUESTSTEP']._serialized_start=595
-  _globals['_REQUESTSTEP']._serialized_end=743
-  _globals['_STEPREQUEST']._serialized_start=745
-  _globals['_STEPREQUEST']._serialized_end=838
-  _globals['_BRANCHSTATS']._serialized_start=840
-  _globals['_BRANCHSTATS']._serialized_end=912
-  _globals['_REQUESTSTATS']._serialized_start=914
-  _globals['_REQUESTSTATS']._serialized_end=983
-  _globals['_STEPREPLY']._serialized_start=985
-  _globals['_STEPREPLY']._serialized_end=1111
-  _globals['_WORKER']._serialized_start=1114
-  _globals['_WORKER']._serialized_end=1281
+  _globals['_WORKERINFO']._serialized_end=299
+  _globals['_BEGIN']._serialized_start=302
+  _globals['_BEGIN']._serialized_end=456
+  _globals['_COMMIT']._serialized_start=458
+  _globals['_COMMIT']._serialized_end=556
+  _globals['_WINDOW']._serialized_start=558
+  _globals['_WINDOW']._serialized_end=617
+  _globals['_REQUESTSTEP']._serialized_start=620
+  _globals['_REQUESTSTEP']._serialized_end=768
+  _globals['_STEPREQUEST']._serialized_start=770
+  _globals['_STEPREQUEST']._serialized_end=863
+  _globals['_BRANCHSTATS']._serialized_start=865
+  _globals['_BRANCHSTATS']._serialized_end=937
+  _globals['_REQUESTSTATS']._serialized_start=939
+  _globals['_REQUESTSTATS']._serialized_end=1008
+  _globals['_STEPREPLY']._serialized_start=1010
+  _globals['_STEPREPLY']._serialized_end=1136
+  _globals['_WORKER']._serialized_start=1139
+  _globals['_WORKER']._serialized_end=1306
 # @@protoc_insertion_point(module_scope)

@@ -206,6 +206,8 @@ class WorkerGroup:
                     f"{info.max_length}, max_batch {info.max_batch}; the master expects {vocab}, "
                     f"{max_length}, >= {max_batch} (same config file and model on every role?)"
                 )
+            elif info.master_attached:  # opening a stream now would be refused (ABORTED)
+                waiting.append(f"rank {link.rank} ({link.address}) is serving another master")
             elif info.group_id in self._failed:
                 waiting.append(f"rank {link.rank} ({link.address}) is still in failed group {info.group_id}")
             infos.append(info)

@@ -103,6 +103,7 @@ class WorkerService(worker_pb2_grpc.WorkerServicer):
             max_length=self.max_length,
             max_batch=self.max_batch,
             step_tokens=self.step_tokens,
+            master_attached=self.master_attached,
         )
 
     def Leave(self, request: worker_pb2.LeaveRequest, context: grpc.ServicerContext) -> worker_pb2.WorkerInfo:
