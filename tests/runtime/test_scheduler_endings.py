@@ -127,3 +127,45 @@ def test_lookaheads_the_budget_takes_are_counted_as_cut() -> None:
         assert settled.event.wait(SETTLE_S) and isinstance(settled.outcome, Completion)
     s.stop()
     assert cuts.cut > 0
+
+
+def test_a_request_whose_own_round_fails_ends_alone() -> None:
+    """A failure in one request's decoding logic (here injected into its Generation.apply on its
+    second round) ends that request with the error; the request beside it decodes as alone (before:
+    every running request failed with 'internal scheduler error')."""
+    other = [5, 6, 7, 8]
+    alone = scheduler()
+    alone.start()
+    reference = Settled()
+    alone.submit(Request(list(other), PARAMS, on_done=reference))
+    assert reference.event.wait(SETTLE_S) and isinstance(reference.outcome, Completion)
+    alone.stop()
+
+    s = scheduler()
+    started = []
+    start = s.decoder.start
+
+    def recording_start(*args: object, **kwargs: object) -> object:
+        started.append(start(*args, **kwargs))
+        return started[-1]
+
+    s.decoder.start = recording_start  # type: ignore[method-assign]
+    failing, healthy = Settled(), Settled()
+    s.submit(Request(list(PROMPT), PARAMS, on_done=failing))
+    s.submit(Request(list(other), PARAMS, on_done=healthy))
+    apply, calls = started[0].apply, []
+
+    def broken_apply(*args: object) -> object:
+        calls.append(1)
+        if len(calls) == 2:
+            raise ValueError("injected: this request's round failed")
+        return apply(*args)
+
+    started[0].apply = broken_apply  # type: ignore[method-assign]
+    s.start()
+    assert failing.event.wait(SETTLE_S) and healthy.event.wait(SETTLE_S)
+    s.stop()
+    assert isinstance(failing.outcome, ValueError) and "injected" in str(failing.outcome)
+    assert isinstance(healthy.outcome, Completion)
+    assert healthy.outcome.result.output_ids == reference.outcome.result.output_ids
+    assert healthy.outcome.result.winners == reference.outcome.result.winners

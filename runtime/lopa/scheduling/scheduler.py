@@ -184,7 +184,11 @@ class Scheduler:
             except RequestAborted as error:
                 self._finish(run, error)
                 continue
-            plan = run.generation.plan()
+            try:
+                plan = run.generation.plan()
+            except Exception as error:  # this request's decoding failed: it ends, not the batch
+                self._fail_one(run, error)
+                continue
             if plan is None:
                 self._complete(run)
             else:
@@ -219,8 +223,11 @@ class Scheduler:
         for run, outcome in zip(chosen, outcomes, strict=True):
             if isinstance(outcome, Exception):
                 self._finish(run, outcome)
-            else:
+                continue
+            try:
                 commits.append((run.sequence, run.generation.apply(outcome)))
+            except Exception as error:  # its winner is not committed: the slot is released with it
+                self._fail_one(run, error)
         self.executor.commit_many(commits)
         # What the budget could have granted: a round near a generation's start or end spawns fewer
         # lookaheads than asked, and that shortfall is not a cut.
@@ -247,14 +254,18 @@ class Scheduler:
     # -- endings --------------------------------------------------------------------------------------
 
     def _complete(self, run: _Running) -> None:
-        result = run.generation.result()
-        stop, eos_ids = run.request.stop, self.decoder.eos_ids
-        cut = cut_at_stop(result, self.decode, stop) if stop else None
-        if cut is not None:
-            (text, result), reason = cut, "stop"
-        else:
-            text = self.decode(result.output_ids)
-            reason = "eos" if result.output_ids and result.output_ids[-1] in eos_ids else "length"
+        try:
+            result = run.generation.result()
+            stop, eos_ids = run.request.stop, self.decoder.eos_ids
+            cut = cut_at_stop(result, self.decode, stop) if stop else None
+            if cut is not None:
+                (text, result), reason = cut, "stop"
+            else:
+                text = self.decode(result.output_ids)
+                reason = "eos" if result.output_ids and result.output_ids[-1] in eos_ids else "length"
+        except Exception as error:
+            self._fail_one(run, error)
+            return
         arrived = run.request.arrived
         ttft = run.first_token - arrived if run.first_token is not None else 0.0
         self._finish(run, Completion(text, result, reason, run.admitted - arrived, ttft))
@@ -267,6 +278,12 @@ class Scheduler:
             self._free.sort()
         self._settle(run.request, outcome)
         self._report_occupancy()
+
+    def _fail_one(self, run: _Running, error: Exception) -> None:
+        """A failure in one request's own logic (a bug, or a decode that raised) ends that request
+        with the error; the others of its round go on."""
+        log.exception("request in KV slot %d failed", run.sequence, exc_info=error)
+        self._finish(run, error)
 
     def _fail_running(self, error: Exception) -> None:
         for run in list(self._running):
