@@ -4,6 +4,7 @@ request with INTERNAL and keeps the group; a device fault still takes the worker
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 from typing import Any
 
@@ -15,10 +16,11 @@ from lopa.model.loader import load_model
 from lopa.params import DecodingParams
 from lopa.proto import worker_pb2
 from lopa.scheduling.request import SchedulerStopped
+from lopa.serving.launcher import free_ports
 from lopa.serving.master.distributed import DistributedExecutor, StepFailed
-from lopa.serving.master.links import WorkerLost
+from lopa.serving.master.links import WorkerLink, WorkerLost
 from lopa.serving.master.service import status_of
-from lopa.serving.worker.service import WorkerService
+from lopa.serving.worker.service import WorkerService, start_server
 
 
 def step_request(begin: bool) -> worker_pb2.StepRequest:
@@ -95,11 +97,12 @@ class _Link:
 
 
 class _Group:
-    def __init__(self, links: list[_Link]) -> None:
-        self.links, self.attached, self.losses = links, True, []
+    def __init__(self, links: list[Any]) -> None:
+        self.links, self.attached, self.losses, self.leaves = links, True, [], []
 
-    def lost(self, rank: int, reason: str) -> None:
+    def lost(self, rank: int, reason: str, leave: bool = True) -> None:
         self.losses.append(reason)
+        self.leaves.append(leave)
 
 
 def test_the_master_fails_the_request_and_keeps_the_group() -> None:
@@ -145,3 +148,34 @@ def test_a_lost_group_is_reported_by_its_cause_not_by_the_cancelled_rank() -> No
     with pytest.raises(WorkerLost) as error:
         executor.verify(0, 0, [BranchWindow([5, 100], [0, 1], [1])])
     assert str(error.value) == "lost worker rank 1: worker rank 1 (127.0.0.1:2) stream ended"
+
+
+def test_a_worker_busy_with_another_master_is_never_told_to_leave(
+    service: tuple[WorkerService, list[int]],
+) -> None:
+    """A worker refuses a second master's stream (ABORTED); a round that meets that refusal drops
+    this master's group without sending Leave, which would end the first master's healthy group."""
+    from lopa.decoding.executor import BranchWindow
+
+    worker, _ = service
+    address = f"127.0.0.1:{free_ports(1)[0]}"
+    server = start_server(worker, address)
+    first, second = WorkerLink(0, address), WorkerLink(0, address)
+    try:
+        first.open(_Group([first]))  # type: ignore[arg-type]
+        deadline = time.monotonic() + 10
+        while not worker.master_attached and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert worker.master_attached
+        group = _Group([second])
+        second.open(group)  # type: ignore[arg-type]
+        executor = DistributedExecutor(group, step_timeout_s=5)  # type: ignore[arg-type]
+        executor.begin(DecodingParams(), 1)
+        with pytest.raises(WorkerLost, match="ABORTED") as error:
+            executor.verify(0, 0, [BranchWindow([5, 100], [0, 1], [1])])
+        assert error.value.busy
+        assert group.leaves and not any(group.leaves)  # the round's drop and the stream's end alike
+    finally:
+        first.close()
+        second.close()
+        server.stop(None)

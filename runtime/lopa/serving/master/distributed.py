@@ -117,8 +117,9 @@ class DistributedExecutor:
             # When another rank's loss detached the group first, this rank's stream was only
             # cancelled: the client is told the cause, not "rank 0 cancelled".
             cause = None if self.group.attached else self.group.detach_reason
-            # A late reply would desynchronise the next round: the whole group is dropped.
-            self.group.lost(-1, str(error))
+            # A late reply would desynchronise the next round: the whole group is dropped (but a
+            # worker busy with another master's stream is not told to leave that master's group).
+            self.group.lost(-1, str(error), leave=not error.busy)
             if cause:
                 raise WorkerLost(cause) from None
             raise

@@ -42,7 +42,13 @@ _CHANNEL_OPTIONS = [
 
 
 class WorkerLost(RuntimeError):
-    """A worker stream failed or timed out: the request fails with UNAVAILABLE."""
+    """A worker stream failed or timed out: the request fails with UNAVAILABLE. busy: the worker
+    refused the stream because another master's is attached (its group is fine: never tell it to
+    leave)."""
+
+    def __init__(self, message: str, busy: bool = False) -> None:
+        super().__init__(message)
+        self.busy = busy
 
 
 class WorkerLink:
@@ -103,7 +109,7 @@ class WorkerLink:
                 message = f"worker rank {self.rank} ({self.address}): no reply within {timeout:.0f}s"
             else:
                 message = f"worker rank {self.rank} ({self.address}): {error.code().name}: {error.details()}"
-            raise WorkerLost(message) from None
+            raise WorkerLost(message, busy=error.code() == grpc.StatusCode.ABORTED) from None
         finally:
             self._deadline = None
 
