@@ -58,3 +58,17 @@ def test_a_huge_temperature_is_uniform() -> None:
 def test_a_temperature_that_cannot_be_made_safe_is_refused(temperature: float) -> None:
     with pytest.raises(InvalidParameter, match="temperature: must be a finite number >= 0"):
         DecodingParams(temperature=temperature)
+
+
+def test_top_p_takes_the_full_distributions_mass_before_top_k() -> None:
+    """algorithm.md (and Dream's sample_tokens): temperature, then top-p, then top-k. With P =
+    [0.4, 0.3, 0.2, 0.1], top_p 0.5 keeps {0.4, 0.3} and top_k 2 keeps both: P = 0.571, below
+    tau_conf 0.9. The other order (top-k first, top-p over the renormalised pair) kept one token
+    and gave P = 1.0: a position filled that the spec leaves masked."""
+    from lopa.execution.sampling import distributions
+
+    row = torch.tensor([[0.4, 0.3, 0.2, 0.1]]).log()
+    probs = distributions(row, DecodingParams(top_p=0.5, top_k=2))
+    assert torch.allclose(probs, torch.tensor([[4 / 7, 3 / 7, 0.0, 0.0]]))
+    _, chosen, _ = position_stats(row, DecodingParams(top_p=0.5, top_k=2))
+    assert chosen.item() == pytest.approx(4 / 7)

@@ -10,7 +10,7 @@ ENTROPY_EPS = 1e-10
 
 
 def distributions(logits: torch.Tensor, params: DecodingParams) -> torch.Tensor:
-    """[N, V] logits -> [N, V] fp32 probabilities after temperature, top-k and top-p."""
+    """[N, V] logits -> [N, V] fp32 probabilities after temperature, top-p and top-k."""
     logits = logits.float()
     if params.temperature > 0:
         # Every finite temperature is safe: the row maximum is subtracted first (the others go to
@@ -19,9 +19,8 @@ def distributions(logits: torch.Tensor, params: DecodingParams) -> torch.Tensor:
         # temperature that small already sends every non-maximal logit to -inf).
         temperature = max(params.temperature, torch.finfo(logits.dtype).tiny)
         logits = (logits - logits.amax(dim=-1, keepdim=True)) / temperature
-    if params.top_k > 0 and params.top_k < logits.shape[-1]:
-        kth = torch.topk(logits, params.top_k, dim=-1).values[..., -1:]
-        logits = logits.masked_fill(logits < kth, float("-inf"))
+    # top-p, then top-k: algorithm.md and Dream's sample_tokens (top-p's mass is the full
+    # distribution's; the other order would take it over the k kept tokens only).
     if params.top_p < 1.0:
         sorted_logits, order = torch.sort(logits, dim=-1, descending=True)
         cumulative = torch.softmax(sorted_logits, dim=-1).cumsum(dim=-1)
@@ -29,6 +28,9 @@ def distributions(logits: torch.Tensor, params: DecodingParams) -> torch.Tensor:
         drop_sorted = (cumulative - torch.softmax(sorted_logits, dim=-1)) > params.top_p
         drop = torch.zeros_like(drop_sorted).scatter(-1, order, drop_sorted)
         logits = logits.masked_fill(drop, float("-inf"))
+    if params.top_k > 0 and params.top_k < logits.shape[-1]:
+        kth = torch.topk(logits, params.top_k, dim=-1).values[..., -1:]
+        logits = logits.masked_fill(logits < kth, float("-inf"))
     return torch.softmax(logits, dim=-1)
 
 
