@@ -62,6 +62,11 @@ CASES = [
     ("max-batch-zero", {"limits": {"maxBatch": 0}}, "spec.limits.maxBatch"),
     ("max-batch-over-256", {"limits": {"maxBatch": 257}}, "spec.limits.maxBatch"),
     ("negative-step-tokens", {"limits": {"maxStepTokens": -1}}, "spec.limits.maxStepTokens"),
+    # Over a week: the runtime refuses it at start (torch's collective timeouts overflow near 25 days).
+    ("request-timeout-over-a-week", {"limits": {"requestTimeoutSeconds": 604801}},
+     "spec.limits.requestTimeoutSeconds"),
+    ("step-timeout-over-a-week", {"collective": {"stepTimeoutSeconds": 10**9}},
+     "spec.collective.stepTimeoutSeconds"),
     ("negative-replicas", {"replicas": -1}, "spec.replicas"),
     ("replicas-over-100", {"replicas": 101}, "spec.replicas"),
     ("max-unavailable-zero", {"rollout": {"maxUnavailable": 0}}, "spec.rollout.maxUnavailable"),

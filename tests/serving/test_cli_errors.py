@@ -159,6 +159,48 @@ def test_serve_with_a_config_file_without_decoding_uses_the_models_defaults(tmp_
     assert (served.master.http_port, served.limits.max_batch, served.limits.max_step_tokens) == (8123, 4, 300)
 
 
+def test_serve_takes_the_worker_count_of_its_config_file(tmp_path: Path) -> None:
+    """--workers defaults to the file's workers.count (before: always 2, the file's count ignored)."""
+    config = tmp_path / "lopa.yaml"
+    addresses = [f"127.0.0.1:{port}" for port in (50061, 50062, 50063)]
+    config.write_text(yaml.safe_dump({"workers": {"count": 3, "addresses": addresses}}))
+    args = build_parser().parse_args(["serve", "--config", str(config), "--listen", closed_address()])
+    assert serve.serving_config(args).workers.count == 3
+    args = build_parser().parse_args(["serve", "--config", str(config), "--workers", "1"])
+    assert serve.serving_config(args).workers.count == 1
+    assert serve.serving_config(build_parser().parse_args(["serve"])).workers.count == 2
+
+
+def test_generate_refuses_a_bad_max_length(capsys: pytest.CaptureFixture[str]) -> None:
+    code, err = run_cli(capsys, "generate", "--prompt", "x", "--max-length", "-5")
+    assert code == 2 and one_line(err) == "lopa generate: error: --max-length: must be >= 1, got -5"
+
+
+def test_a_certificate_that_does_not_parse_is_named(tmp_path: Path) -> None:
+    """Before: gRPC took the bytes, then the bind failed as 'master.listen: ... already in use'."""
+    from lopa.serving.shared.config import ConfigError, TlsConfig
+    from lopa.serving.shared.tls import server_credentials
+
+    cert, key = tmp_path / "tls.crt", tmp_path / "tls.key"
+    cert.write_text("-----BEGIN CERTIFICATE-----\nnot base64\n-----END CERTIFICATE-----\n")
+    key.write_text("garbage")
+    with pytest.raises(ConfigError, match=r"tls\.cert / tls\.key: not a PEM certificate and its private key"):
+        server_credentials(TlsConfig(cert=str(cert), key=str(key)))
+
+
+def test_a_metrics_port_in_use_names_its_key() -> None:
+    from prometheus_client import CollectorRegistry
+
+    from lopa.serving.shared.metrics import serve_registry
+
+    with socket.socket() as held:
+        held.bind(("0.0.0.0", 0))
+        held.listen()
+        port = held.getsockname()[1]
+        with pytest.raises(OSError, match=rf"workers\.metrics_port: cannot listen on port {port}: "):
+            serve_registry(CollectorRegistry(), port, "workers.metrics_port")
+
+
 def test_supervise_reports_a_dead_master() -> None:
     cluster = LocalCluster.__new__(LocalCluster)  # no config file, no children: just the supervisor
     cluster.master, cluster.workers = subprocess.Popen(["sleep", "60"]), []

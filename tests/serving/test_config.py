@@ -54,9 +54,21 @@ def test_config_errors_name_the_key(raw: dict, field: str) -> None:
         ({"workers": {"metrics_port": -1}}, r"workers\.metrics_port: must be in \[0, 65535\]"),
         ({"workers": {"addresses": ["worker-0"]}}, r"workers\.addresses\[0\]: must be HOST:PORT"),
         ({"workers": {"rendezvous": "host:0"}}, r"workers\.rendezvous: port must be in \[1, 65535\]"),
-        ({"limits": {"request_timeout_s": -1}}, r"request_timeout_s: must be > 0 \(seconds\), got -1"),
-        ({"workers": {"step_timeout_s": 0}}, r"workers\.step_timeout_s: must be > 0"),
-        ({"workers": {"join_timeout_s": -5}}, r"workers\.join_timeout_s: must be > 0"),
+        ({"limits": {"request_timeout_s": -1}}, r"request_timeout_s: must be in \(0, 604800\] sec"),
+        ({"workers": {"step_timeout_s": 0}}, r"workers\.step_timeout_s: must be in \(0, 604800\]"),
+        ({"workers": {"join_timeout_s": -5}}, r"workers\.join_timeout_s: must be in \(0, 604800\]"),
+        # Before: accepted, then torch's timedelta overflowed in the worker (a traceback), or no deadline.
+        ({"workers": {"step_timeout_s": float("inf")}}, r"workers\.step_timeout_s: must be in .* got inf"),
+        ({"workers": {"join_timeout_s": 1e15}}, r"workers\.join_timeout_s: must be in .* got 1e\+15"),
+        ({"limits": {"request_timeout_s": float("inf")}}, r"limits\.request_timeout_s: must be in"),
+        ({"decoding": {"seed": -1}}, r"decoding\.seed: must be in \[0, 2\^64\), got -1"),
+        ({"decoding": {"seed": 2**64}}, r"decoding\.seed: must be in \[0, 2\^64\)"),
+        ({"decoding": {"block_size": 64, "max_new_tokens": 32}},
+         r"decoding\.block_size: 64 exceeds decoding\.max_new_tokens 32 \(a request gen"),
+        ({"tls": {"client_ca": "/ca.pem"}}, r"tls\.client_ca: client certificates need TLS"),
+        ({"master": {"listen": "0.0.0.0:9090"}}, r"master: the ports of listen, metrics_port"),
+        ({"model": {"path": ["a"]}}, r"model\.path: must be a string, got \['a'\]"),
+        ({"master": {"model_name": True}}, r"master\.model_name: must be a string, got True"),
         ({"limits": {"max_branches": 15.5}}, r"limits\.max_branches: must be an integer, got 15\.5"),
         ({"limits": {"max_branches": 65}}, r"limits\.max_branches: must be in \[1, 64\], got 65"),
         ({"limits": {"queue_size": 0}}, r"limits\.queue_size: must be >= 1, got 0"),
@@ -91,6 +103,28 @@ def test_a_config_without_decoding_serves_with_the_models_own_defaults() -> None
     assert partial.decoding == model.with_overrides(branches=3, tau_conf=0.8)  # the file's keys win
     full = parse_config({"decoding": {"block_size": 16}})
     assert with_model_defaults(with_model_defaults(full, bundled), bundled).decoding.block_size == 16
+
+
+def test_limits_are_checked_against_the_keys_that_will_be_served() -> None:
+    """A limit below the paper's default is fine when the model's own default fits (before: a file
+    with only limits.max_new_tokens 100 was refused over the paper's 256, which it never serves)."""
+    from lopa.serving.shared.config import validate, with_model_defaults
+    from lopa.serving.shared.model_dir import model_path
+
+    config = with_model_defaults(parse_config({"limits": {"max_new_tokens": 100}}), model_path(""))
+    validate(config)
+    assert config.decoding.max_new_tokens == 56 <= config.limits.max_new_tokens
+    # The model's max_new_tokens (56) against a block size the file sets: caught at start, not per request.
+    too_wide = with_model_defaults(parse_config({"decoding": {"block_size": 64}}), model_path(""))
+    with pytest.raises(ConfigError, match=r"decoding\.block_size: 64 exceeds decoding\.max_new_tokens 56"):
+        validate(too_wide)
+
+
+def test_a_file_that_is_not_utf8_is_named(tmp_path: Path) -> None:
+    path = tmp_path / "lopa.yaml"
+    path.write_bytes(b"limits:\n  queue_size: \xff\xfe\n")
+    with pytest.raises(ConfigError, match=rf"{path}: not UTF-8 text \(byte"):
+        load_config(path)
 
 
 def test_a_key_given_twice_is_refused(tmp_path: Path) -> None:

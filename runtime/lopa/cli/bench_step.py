@@ -17,6 +17,7 @@ from lopa.execution.calibration import COST_FACTOR
 from lopa.model.dream import DreamModel
 from lopa.model.loader import load_model, parse_dtype
 from lopa.params import MAX_BRANCHES, InvalidParameter
+from lopa.serving.shared.config import DTYPES
 from lopa.synthetic.checkpoint import (
     PRESETS,
     random_model,
@@ -41,7 +42,7 @@ def add_parsers(kinds: argparse._SubParsersAction) -> None:
     )
     bench.add_argument("--adapter", default=None, help="PEFT LoRA adapter directory (merged at load)")
     bench.add_argument("--device", default="cuda", help="cuda, cuda:N or cpu (default cuda)")
-    bench.add_argument("--dtype", default="bfloat16", help="weights dtype (default bfloat16)")
+    bench.add_argument("--dtype", default="bfloat16", choices=DTYPES, help="weights dtype (default bfloat16)")
     bench.add_argument("--rows", default="1,2,4,8,16", help="forward grid: rows (branches) per forward")
     bench.add_argument("--widths", default="32,64,128", help="forward grid: window tokens per row")
     bench.add_argument("--caches", default="512,2048", help="forward grid: cache lengths")
@@ -75,7 +76,7 @@ def add_parsers(kinds: argparse._SubParsersAction) -> None:
     write.add_argument("--out", required=True, help="checkpoint directory")
     write.add_argument("--adapter-out", default=None, help="also write a D2F-shaped LoRA adapter here")
     write.add_argument("--lora-rank", type=int, default=32, help="LoRA rank (default 32)")
-    write.add_argument("--dtype", default="bfloat16")
+    write.add_argument("--dtype", default="bfloat16", choices=DTYPES)
     write.add_argument("--device", default="cpu", help="where the random tensors are drawn (cuda is faster)")
     write.add_argument("--shard-gb", type=float, default=5.0, help="shard size in GB (default 5)")
     write.set_defaults(handler=run_write)

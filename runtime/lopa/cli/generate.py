@@ -60,6 +60,8 @@ def run(args: argparse.Namespace) -> int:
     problem = device_problem(args.device)
     if problem:  # before loading: torch would fail deep inside the loader
         raise InvalidParameter("device", problem)
+    if args.max_length is not None and args.max_length < 1:
+        raise InvalidParameter("max_length", f"must be >= 1, got {args.max_length}")
     # The decoding settings before the (slow) load: a bad flag or lopa_defaults.json fails at once.
     params = params_from_args(args, model_defaults(args.model or bundled_model_dir()))
     # One prompt: one KV cache (not DEFAULT_MAX_BATCH of them), and no branch budget to measure.

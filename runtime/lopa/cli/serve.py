@@ -37,7 +37,9 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
         description="Start `lopa master` and N `lopa worker`s on loopback, wait until SERVING, print the "
         "address; Ctrl-C stops everything. A worker that dies restarts the whole group.",
     )
-    parser.add_argument("--workers", type=int, default=2, help="branch workers (collective world size)")
+    parser.add_argument("--workers", type=int, default=None,
+                        help="branch workers (collective world size; default: the config's workers.count, "
+                        "else 2)")
     parser.add_argument("--config", default=None, help="base serving YAML (ports and addresses are replaced)")
     parser.add_argument("--model", default=None, help="checkpoint directory (default: the bundled model)")
     parser.add_argument("--adapter", default=None, help="PEFT LoRA adapter directory")
@@ -81,9 +83,9 @@ def run(args: argparse.Namespace) -> int:
         try:
             address = cluster.start(timeout=args.start_timeout)
             if args.prompt is not None:
-                return one_shot(address, args.prompt, args.workers)
+                return one_shot(address, args.prompt, config.workers.count)
             http = f", HTTP (OpenAI API) on port {config.master.http_port}" if config.master.http_port else ""
-            workers = args.workers
+            workers = config.workers.count
             print(f"lopa: serving on {address}{http} with {workers} workers (Ctrl-C to stop)", flush=True)
             return cluster.supervise()
         except KeyboardInterrupt:
@@ -100,7 +102,7 @@ def check_flags(args: argparse.Namespace) -> None:
     """The flags that config validation would report under a config key, or the children too late."""
     if args.prompt is not None and not args.prompt.strip():
         raise InvalidParameter("prompt", "is empty")
-    if args.workers < 1:
+    if args.workers is not None and args.workers < 1:
         raise InvalidParameter("workers", f"must be >= 1, got {args.workers}")
     if args.max_batch is not None and not 1 <= args.max_batch <= MAX_BATCH:
         raise InvalidParameter("max_batch", f"must be in [1, {MAX_BATCH}], got {args.max_batch}")
@@ -146,7 +148,8 @@ def serving_config(args: argparse.Namespace) -> ServingConfig:
                                  master=dataclasses.replace(
                                      base.master, metrics_port=args.metrics_port,
                                      http_port=args.http_port or base.master.http_port))
-    config = loopback_config(config, args.workers, args.listen)
+    workers = args.workers if args.workers is not None else (base.workers.count if args.config else 2)
+    config = loopback_config(config, workers, args.listen)
     validate(config)
     usable_max_length(config, model_path(model.path))  # what the children would refuse, refused now
     return config

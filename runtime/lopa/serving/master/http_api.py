@@ -226,5 +226,9 @@ async def start_http(service: Any, served_model: str, port: int, tls: TlsConfig)
     runner = web.AppRunner(OpenAIApi(service, served_model).app(), handler_cancellation=True,
                            access_log=None)
     await runner.setup()
-    await web.TCPSite(runner, "0.0.0.0", port, ssl_context=ssl_context(tls), reuse_port=False).start()
+    try:
+        await web.TCPSite(runner, "0.0.0.0", port, ssl_context=ssl_context(tls), reuse_port=False).start()
+    except OSError as error:
+        await runner.cleanup()
+        raise OSError(f"master.http_port: cannot listen on port {port}: {error.strerror or error}") from None
     return runner

@@ -253,6 +253,15 @@ async def job_chunks(
             gone(job)
 
 
+def log_batching(config: ServingConfig, service: LopaService) -> None:
+    limits, device = config.limits, config.model.device
+    source = "limits.max_step_tokens" if limits.max_step_tokens else f"the {device} default"
+    if not limits.max_step_tokens and measured_on(device):
+        source += ", until the workers report the budget they measure at start"
+    log.info("batching: %d requests at once (limits.max_batch), branch budget %s (%s)", limits.max_batch,
+             service.budget.describe(), source)
+
+
 def status_of(error: BaseException) -> tuple[grpc.StatusCode, str]:
     """The gRPC status of a request that failed, and its outcome label in the metrics."""
     if isinstance(error, InvalidParameter):
@@ -358,27 +367,21 @@ async def serve_master(
     if health_server is not None:
         await health_server.start()
     http = None
-    if config.master.http_port:
-        from lopa.serving.master.http_api import start_http
+    try:  # from here on every exit stops what started (an HTTP port in use included)
+        if config.master.http_port:
+            from lopa.serving.master.http_api import start_http
 
-        name = served_model_name(config, path)
-        http = await start_http(service, name, config.master.http_port, config.tls)
-        log.info("OpenAI-compatible HTTP API on port %d, model %r", config.master.http_port, name)
-    group.listeners.append(on_group)
-    group.start()
-    service.runner.start()
-    log.info("master listening on %s (%s), %d workers: %s", listen, "TLS" if credentials else "plaintext",
-             group.size, ", ".join(config.workers.addresses))
-    limits = config.limits
-    device = config.model.device
-    source = "limits.max_step_tokens" if limits.max_step_tokens else f"the {device} default"
-    if not limits.max_step_tokens and measured_on(device):
-        source += ", until the workers report the budget they measure at start"
-    log.info("batching: %d requests at once (limits.max_batch), branch budget %s (%s)", limits.max_batch,
-             service.budget.describe(), source)
-    if started is not None:
-        started.set()
-    try:
+            name = served_model_name(config, path)
+            http = await start_http(service, name, config.master.http_port, config.tls)
+            log.info("OpenAI-compatible HTTP API on port %d, model %r", config.master.http_port, name)
+        group.listeners.append(on_group)
+        group.start()
+        service.runner.start()
+        log.info("master listening on %s (%s), %d workers: %s", listen, "TLS" if credentials else "plaintext",
+                 group.size, ", ".join(config.workers.addresses))
+        log_batching(config, service)
+        if started is not None:
+            started.set()
         if drain is None:
             await server.wait_for_termination()
         else:

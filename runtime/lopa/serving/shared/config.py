@@ -153,6 +153,9 @@ def _value(key: str, default: Any, value: Any) -> Any:
             raise ConfigError(f"{key}: must be a list")
         return tuple(str(v) for v in value)
     if isinstance(default, str) and not hasattr(default, "value"):
+        # A number is text here (a path or a name YAML read as one); a list, mapping or bool is not.
+        if isinstance(value, (list, dict, bool)):
+            raise ConfigError(f"{key}: must be a string, got {value!r}")
         return "" if value is None else str(value)
     # YAML `true` is a Python int: a bool must not pass as a number.
     if isinstance(default, int) and (isinstance(value, bool) or not isinstance(value, int)):
@@ -191,11 +194,13 @@ def validate(config: ServingConfig) -> None:
     """Every cross-key and range rule of the config, in one place; ConfigError names the key."""
     _check_model(config.model, config.workers.backend)
     _check_limits(config.limits)
-    _check_decoding(config.decoding, config.limits)
+    _check_decoding(config.decoding, config.limits, config.decoding_keys)
     _check_master(config.master)
     _check_workers(config.workers)
     if config.tls.enabled and not (config.tls.cert and config.tls.key):
         raise ConfigError("tls: cert and key must both be set")
+    if config.tls.client_ca and not config.tls.enabled:  # else it would serve plaintext, silently
+        raise ConfigError("tls.client_ca: client certificates need TLS: set tls.cert and tls.key too")
 
 
 def _check_model(model: ModelConfig, backend: str) -> None:
@@ -223,13 +228,21 @@ def _check_limits(limits: Limits) -> None:
     _positive_seconds("limits.request_timeout_s", limits.request_timeout_s)
 
 
-def _check_decoding(decoding: DecodingParams, limits: Limits) -> None:
-    if decoding.branches > limits.max_branches:
+def _check_decoding(decoding: DecodingParams, limits: Limits, keys: frozenset[str]) -> None:
+    """`keys`: the decoding keys the file set. The others still hold the paper's defaults until
+    with_model_defaults gives them the model's (after which every key counts), so a limit is not
+    checked against a default the model replaces (limits.max_new_tokens 100 vs the paper's 256)."""
+    if "branches" in keys and decoding.branches > limits.max_branches:
         raise ConfigError(f"decoding.branches: {decoding.branches} exceeds limits.max_branches")
-    if decoding.max_new_tokens > limits.max_new_tokens:
+    if "max_new_tokens" in keys and decoding.max_new_tokens > limits.max_new_tokens:
         raise ConfigError(
             f"decoding.max_new_tokens: {decoding.max_new_tokens} exceeds limits.max_new_tokens "
             f"{limits.max_new_tokens}"
+        )
+    if keys & {"block_size", "max_new_tokens"} and decoding.block_size > decoding.max_new_tokens:
+        raise ConfigError(
+            f"decoding.block_size: {decoding.block_size} exceeds decoding.max_new_tokens "
+            f"{decoding.max_new_tokens} (a request generates whole blocks)"
         )
 
 
@@ -238,9 +251,12 @@ def _check_master(master: MasterConfig) -> None:
     _port("master.metrics_port", master.metrics_port)  # 0 = no metrics endpoint
     _port("master.health_port", master.health_port)  # 0 = no separate health endpoint
     _port("master.http_port", master.http_port)  # 0 = no HTTP API
-    ports = [p for p in (master.metrics_port, master.health_port, master.http_port) if p]
+    listen_port = split_address(master.listen)[1]
+    ports = [p for p in (listen_port, master.metrics_port, master.health_port, master.http_port) if p]
     if len(ports) != len(set(ports)):
-        raise ConfigError(f"master: metrics_port, health_port and http_port must differ, got {ports}")
+        raise ConfigError(
+            f"master: the ports of listen, metrics_port, health_port and http_port must differ, got {ports}"
+        )
 
 
 def _check_workers(workers: WorkersConfig) -> None:
@@ -279,9 +295,12 @@ def _address(key: str, address: str) -> None:
         raise ConfigError(f"{key}: {error}") from None
 
 
+MAX_SECONDS = 7 * 24 * 3600.0  # a week: longer is a mistake, and torch's timeouts overflow near 25 days
+
+
 def _positive_seconds(key: str, value: float) -> None:
-    if not value > 0:  # also refuses NaN
-        raise ConfigError(f"{key}: must be > 0 (seconds), got {value:g}")
+    if not 0 < value <= MAX_SECONDS:  # also refuses NaN and infinity
+        raise ConfigError(f"{key}: must be in (0, {MAX_SECONDS:.0f}] seconds, got {value:g}")
 
 
 class _UniqueKeyLoader(yaml.SafeLoader):
@@ -307,6 +326,8 @@ def load_config(path: str | Path) -> ServingConfig:
         raise ConfigError(f"cannot read config file {path}: {error.strerror}") from None
     except yaml.YAMLError as error:
         raise ConfigError(f"{path}: not valid YAML: {error}") from None
+    except UnicodeDecodeError as error:
+        raise ConfigError(f"{path}: not UTF-8 text (byte {error.start}: {error.reason})") from None
     try:
         return parse_config(raw)
     except ConfigError as error:

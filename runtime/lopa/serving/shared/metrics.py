@@ -85,8 +85,7 @@ class MasterMetrics:
         )
 
     def serve(self, port: int) -> None:
-        if port:
-            start_http_server(port, registry=self.registry)
+        serve_registry(self.registry, port, "master.metrics_port")
 
 
 @dataclass
@@ -129,8 +128,7 @@ class WorkerMetrics:
     @classmethod
     def start(cls, port: int, rank: int) -> WorkerMetrics:
         metrics = cls.create(rank)
-        if port:
-            start_http_server(port, registry=metrics.registry)
+        serve_registry(metrics.registry, port, "workers.metrics_port")
         return metrics
 
     def watch_forwards(self, counts: Callable[[], Mapping[str, int]]) -> None:
@@ -156,3 +154,13 @@ class _ForwardsByPath(Collector):
         for path, count in sorted(self.counts().items()):
             family.add_metric([path], count)
         yield family
+
+
+def serve_registry(registry: CollectorRegistry, port: int, key: str) -> None:
+    """/metrics on 0.0.0.0:port (0: none); OSError naming the config key when the port is taken."""
+    if not port:
+        return
+    try:
+        start_http_server(port, registry=registry)
+    except OSError as error:
+        raise OSError(f"{key}: cannot listen on port {port}: {error.strerror or error}") from None

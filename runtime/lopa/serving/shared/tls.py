@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ssl
 from pathlib import Path
 
 import grpc
@@ -16,10 +17,29 @@ def _read(path: str, key: str) -> bytes:
         raise ConfigError(f"tls.{key}: cannot read {path}: {error.strerror}") from None
 
 
+def check_pair(tls: TlsConfig) -> None:
+    """The certificate and key parse and belong together (gRPC takes any bytes, then fails to bind
+    with a message about the address)."""
+    context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    try:
+        context.load_cert_chain(tls.cert, tls.key)
+    except ssl.SSLError as error:
+        reason = f"not a PEM certificate and its private key ({error.reason})"
+        raise ConfigError(f"tls.cert / tls.key: {reason}") from None
+    if tls.client_ca:
+        try:
+            context.load_verify_locations(tls.client_ca)
+        except ssl.SSLError as error:
+            raise ConfigError(f"tls.client_ca: not a PEM CA certificate ({error.reason})") from None
+
+
 def server_credentials(tls: TlsConfig) -> grpc.ServerCredentials | None:
     if not tls.enabled:
         return None
     pair = [(_read(tls.key, "key"), _read(tls.cert, "cert"))]
+    if tls.client_ca:
+        _read(tls.client_ca, "client_ca")
+    check_pair(tls)
     if tls.client_ca:
         return grpc.ssl_server_credentials(pair, _read(tls.client_ca, "client_ca"), require_client_auth=True)
     return grpc.ssl_server_credentials(pair)
