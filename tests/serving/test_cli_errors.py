@@ -132,6 +132,8 @@ def test_client_generate_help_explains_every_flag(capsys: pytest.CaptureFixture[
         (["--listen", "bogus"], "lopa serve: error: --listen: must be HOST:PORT, got 'bogus'"),
         (["--metrics-port", "99999"], "lopa serve: error: --metrics-port: must be in [0, 65535], got 99999"),
         (["--workers", "0"], "lopa serve: error: --workers: must be >= 1, got 0"),
+        (["--start-timeout", "nan"],
+         "lopa serve: error: --start-timeout: must be in (0, 604800] seconds, got nan"),
         (["--max-batch", "0"], "lopa serve: error: --max-batch: must be in [1, 256], got 0"),
         (["--http-port", "70000"], "lopa serve: error: --http-port: must be in [0, 65535], got 70000"),
         (["--max-step-tokens", "-5"],

@@ -19,6 +19,7 @@ from lopa.serving.shared.config import (
     DTYPES,
     MAX_BATCH,
     MAX_PORT,
+    MAX_SECONDS,
     ConfigError,
     ModelConfig,
     ServingConfig,
@@ -113,6 +114,9 @@ def check_flags(args: argparse.Namespace) -> None:
         raise InvalidParameter("http_port", f"must be in [0, {MAX_PORT}], got {args.http_port}")
     if not 0 <= args.metrics_port <= MAX_PORT:
         raise InvalidParameter("metrics_port", f"must be in [0, {MAX_PORT}], got {args.metrics_port}")
+    if not 0 < args.start_timeout <= MAX_SECONDS:  # also refuses NaN
+        got = args.start_timeout
+        raise InvalidParameter("start_timeout", f"must be in (0, {MAX_SECONDS:.0f}] seconds, got {got:g}")
     problem = listen_problem(args.listen)
     if problem:
         raise InvalidParameter("listen", problem)
