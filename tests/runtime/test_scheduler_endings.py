@@ -18,7 +18,7 @@ from lopa.decoding.decoder import Decoder
 from lopa.execution.local import LocalExecutor
 from lopa.params import DecodingParams
 from lopa.scheduling.budget import Budget
-from lopa.scheduling.request import Completion, Outcome, Request, SchedulerStopped
+from lopa.scheduling.request import Completion, Request, SchedulerStopped, Waiter
 from lopa.scheduling.scheduler import Observer, Scheduler
 from lopa.synthetic.rule_model import SyntheticModel
 
@@ -50,27 +50,17 @@ def scheduler(budget: Budget = UNLIMITED, observer: Observer | None = None) -> S
     return Scheduler(decoder, executor, text, 64, budget, observer)
 
 
-class Settled:
-    def __init__(self) -> None:
-        self.event = threading.Event()
-        self.outcome: Outcome | None = None
-
-    def __call__(self, outcome: Outcome) -> None:
-        self.outcome = outcome
-        self.event.set()
-
-
-def submit(s: Scheduler, params: DecodingParams = PARAMS) -> Settled:
-    settled = Settled()
-    s.submit(Request(list(PROMPT), params, on_done=settled))
-    return settled
+def submit(s: Scheduler, params: DecodingParams = PARAMS) -> Waiter:
+    waiter = Waiter()
+    s.submit(Request(list(PROMPT), params, on_done=waiter))
+    return waiter
 
 
 def test_a_stopped_scheduler_refuses_requests_instead_of_keeping_them() -> None:
     s = scheduler()
     s.start()
     first = submit(s)
-    assert first.event.wait(SETTLE_S) and isinstance(first.outcome, Completion)
+    assert isinstance(first.outcome(SETTLE_S), Completion)
     s.stop()
     # Before the fix this was queued and never settled: its caller waited forever.
     with pytest.raises(SchedulerStopped, match="stopping"):
@@ -80,7 +70,7 @@ def test_a_stopped_scheduler_refuses_requests_instead_of_keeping_them() -> None:
 def test_requests_racing_a_stop_are_refused_or_settled() -> None:
     s = scheduler()
     s.start()
-    accepted: list[Settled] = []
+    accepted: list[Waiter] = []
     refused = 0
     lock = threading.Lock()
 
@@ -103,8 +93,9 @@ def test_requests_racing_a_stop_are_refused_or_settled() -> None:
             future.result()
     assert refused > 0  # the stop landed while clients were still sending
     for settled in accepted:
-        assert settled.event.wait(SETTLE_S), "an accepted request was never settled"
-        assert isinstance(settled.outcome, (Completion, SchedulerStopped))
+        outcome = settled.outcome(SETTLE_S)
+        assert outcome is not None, "an accepted request was never settled"
+        assert isinstance(outcome, (Completion, SchedulerStopped))
 
 
 def test_lookaheads_a_round_cannot_spawn_are_not_counted_as_cut() -> None:
@@ -112,7 +103,7 @@ def test_lookaheads_a_round_cannot_spawn_are_not_counted_as_cut() -> None:
     s = scheduler(observer=cuts)
     s.start()
     alone = submit(s, DecodingParams(block_size=4, max_new_tokens=16, branches=5))
-    assert alone.event.wait(SETTLE_S) and isinstance(alone.outcome, Completion)
+    assert isinstance(alone.outcome(SETTLE_S), Completion)
     s.stop()
     assert any(granted[0] < 5 for _, granted in cuts.rounds)  # rounds that spawned fewer than asked
     assert cuts.cut == 0  # a lone request under a budget it never reaches loses nothing
@@ -124,7 +115,7 @@ def test_lookaheads_the_budget_takes_are_counted_as_cut() -> None:
     s.start()
     requests = [submit(s) for _ in range(3)]
     for settled in requests:
-        assert settled.event.wait(SETTLE_S) and isinstance(settled.outcome, Completion)
+        assert isinstance(settled.outcome(SETTLE_S), Completion)
     s.stop()
     assert cuts.cut > 0
 
@@ -136,9 +127,9 @@ def test_a_request_whose_own_round_fails_ends_alone() -> None:
     other = [5, 6, 7, 8]
     alone = scheduler()
     alone.start()
-    reference = Settled()
+    reference = Waiter()
     alone.submit(Request(list(other), PARAMS, on_done=reference))
-    assert reference.event.wait(SETTLE_S) and isinstance(reference.outcome, Completion)
+    assert isinstance(reference.outcome(SETTLE_S), Completion)
     alone.stop()
 
     s = scheduler()
@@ -150,7 +141,7 @@ def test_a_request_whose_own_round_fails_ends_alone() -> None:
         return started[-1]
 
     s.decoder.start = recording_start  # type: ignore[method-assign]
-    failing, healthy = Settled(), Settled()
+    failing, healthy = Waiter(), Waiter()
     s.submit(Request(list(PROMPT), PARAMS, on_done=failing))
     s.submit(Request(list(other), PARAMS, on_done=healthy))
     apply, calls = started[0].apply, []
@@ -163,9 +154,9 @@ def test_a_request_whose_own_round_fails_ends_alone() -> None:
 
     started[0].apply = broken_apply  # type: ignore[method-assign]
     s.start()
-    assert failing.event.wait(SETTLE_S) and healthy.event.wait(SETTLE_S)
+    failed, served, alone_done = failing.outcome(SETTLE_S), healthy.outcome(SETTLE_S), reference.outcome()
     s.stop()
-    assert isinstance(failing.outcome, ValueError) and "injected" in str(failing.outcome)
-    assert isinstance(healthy.outcome, Completion)
-    assert healthy.outcome.result.output_ids == reference.outcome.result.output_ids
-    assert healthy.outcome.result.winners == reference.outcome.result.winners
+    assert isinstance(failed, ValueError) and "injected" in str(failed)
+    assert isinstance(served, Completion) and isinstance(alone_done, Completion)
+    assert served.result.output_ids == alone_done.result.output_ids
+    assert served.result.winners == alone_done.result.winners

@@ -79,9 +79,14 @@ class Waiter:
         self._outcome = outcome
         self._done.set()
 
-    def wait(self) -> Completion:
-        self._done.wait()
-        if isinstance(self._outcome, Exception):
-            raise self._outcome
-        assert self._outcome is not None
+    def outcome(self, timeout: float | None = None) -> Outcome | None:
+        """The outcome once settled (None if `timeout` seconds passed first)."""
+        self._done.wait(timeout)
         return self._outcome
+
+    def wait(self) -> Completion:
+        outcome = self.outcome()
+        if isinstance(outcome, Exception):
+            raise outcome
+        assert outcome is not None
+        return outcome
