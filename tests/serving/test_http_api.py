@@ -144,7 +144,7 @@ def test_http_beside_grpc_under_load_loses_nothing(api: openai.OpenAI, grpc_clie
 
 
 def test_http_port_clashes_are_refused() -> None:
-    with pytest.raises(ConfigError, match=r"^master: metrics_port, health_port and http_port must differ"):
+    with pytest.raises(ConfigError, match=r"^master: the ports of listen, metrics_port, health_port and h"):
         parse_config({"master": {"metrics_port": 9000, "http_port": 9000}})
 
 
