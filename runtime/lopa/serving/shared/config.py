@@ -187,6 +187,9 @@ def with_model_defaults(config: ServingConfig, model_dir: str | Path) -> Serving
     Not validated: the caller validates once it has applied its own overrides."""
     given = {name: getattr(config.decoding, name) for name in config.decoding_keys}
     decoding = model_defaults(model_dir).with_overrides(**given)
+    if "max_new_tokens" not in given and decoding.max_new_tokens > config.limits.max_new_tokens:
+        # The file's limit caps the model's default answer length (which the file did not choose).
+        decoding = decoding.with_overrides(max_new_tokens=config.limits.max_new_tokens)
     return replace(config, decoding=decoding, decoding_keys=DECODING_KEYS)
 
 
@@ -239,7 +242,7 @@ def _check_decoding(decoding: DecodingParams, limits: Limits, keys: frozenset[st
             f"decoding.max_new_tokens: {decoding.max_new_tokens} exceeds limits.max_new_tokens "
             f"{limits.max_new_tokens}"
         )
-    if keys & {"block_size", "max_new_tokens"} and decoding.block_size > decoding.max_new_tokens:
+    if {"block_size", "max_new_tokens"} <= keys and decoding.block_size > decoding.max_new_tokens:
         raise ConfigError(
             f"decoding.block_size: {decoding.block_size} exceeds decoding.max_new_tokens "
             f"{decoding.max_new_tokens} (a request generates whole blocks)"
