@@ -29,7 +29,18 @@ _SPEC_ERRORS = (400, 422)  # Bad Request / Unprocessable Entity: the rendered ob
 _CONVERSION_ERROR = "unable to convert unstructured object"
 
 
+class ForeignObject(KubeError):
+    """A child's name is taken by an object this LoPADeployment does not control (the user's own, or
+    another LoPADeployment's): server-side apply with force would take it over, and the garbage
+    collector would delete it with this CR."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__(409, message)
+
+
 def _spec_error(error: KubeError) -> bool:
+    if isinstance(error, ForeignObject):
+        return True
     return error.status in _SPEC_ERRORS or (error.status == 500 and _CONVERSION_ERROR in error.message)
 
 
@@ -61,10 +72,28 @@ def _ensure(kube: Kube, children: list[dict[str, Any]], owner: dict[str, Any], m
     rendered = config.digest(children)
     if memo.get("validated") != rendered:
         for child in children:
+            _refuse_foreign(kube, child, owner)
             kube.apply(child, dry_run=True)
         memo["validated"] = rendered
     for child in children:
         kube.apply(child)
+
+
+def _refuse_foreign(kube: Kube, child: dict[str, Any], owner: dict[str, Any]) -> None:
+    """ForeignObject when the child's name exists without this CR as its controller."""
+    meta = child["metadata"]
+    existing = kube.get(path(child["kind"], meta["namespace"], meta["name"]))
+    if existing is None:
+        return
+    refs = (existing.get("metadata") or {}).get("ownerReferences") or []
+    controller = next((r for r in refs if r.get("controller")), None)
+    if controller is not None and controller.get("uid") == owner["metadata"]["uid"]:
+        return
+    holder = f"{controller['kind']} {controller['name']}" if controller else "no controller (made elsewhere)"
+    raise ForeignObject(
+        f"{child['kind']} {meta['namespace']}/{meta['name']} already exists and belongs to {holder}: "
+        "not taken over (rename this LoPADeployment, or delete that object)"
+    )
 
 
 def _apply_failed(

@@ -97,3 +97,39 @@ def _rejected_then_fixed(kube: KubeCluster, namespace: str) -> None:
     assert st is not None and st["observedGeneration"] == 3
     assert condition(kube.get_json(names.PLURAL, "bad", "-n", namespace), "Reconciled")["status"] == "True"
     assert kube.get_json("configmap", "bad-0-config", "-n", namespace)["data"] != config["data"]
+
+
+def test_a_name_taken_by_an_object_of_someone_else_is_not_taken_over(
+    kube: KubeCluster, namespace: str
+) -> None:
+    """A Service the user made, named as the CR's client Service: before, server-side apply with force
+    rewrote its selector and ports, made the CR its controller, and deleting the CR deleted it."""
+    ensure_chart(kube)
+    theirs = {
+        "apiVersion": "v1", "kind": "Service",
+        "metadata": {"name": "web", "namespace": namespace},
+        "spec": {"selector": {"app": "web"}, "ports": [{"name": "http", "port": 80}]},
+    }
+    kube.apply(theirs)
+    cr: dict[str, Any] = {
+        "apiVersion": names.API_VERSION, "kind": names.KIND,
+        "metadata": {"name": "web", "namespace": namespace}, "spec": {"branchParallelism": 1},
+    }
+    kube.apply(cr)
+    posted: list[tuple[str, str, str]] = []
+    try:
+        with pytest.raises(kopf.TemporaryError):
+            reconcile.reconcile(_kube(kube), namespace, "web", "test",
+                                lambda obj, kind, reason, message: posted.append((kind, reason, message)),
+                                logging.getLogger("test"), {})
+        cond = condition(kube.get_json(names.PLURAL, "web", "-n", namespace), "Reconciled")
+        assert cond["status"] == "False", cond
+        assert f"Service {namespace}/web already exists and belongs to no controller" in cond["message"]
+        assert [(k, r) for k, r, _ in posted] == [("Warning", "ApplyFailed")]
+        service = kube.get_json("service", "web", "-n", namespace)
+        assert service["spec"]["selector"] == {"app": "web"}
+        assert not service["metadata"].get("ownerReferences")
+        assert kube.get_json("configmap", "-n", namespace, "-l", names.selector("web"))["items"] == []
+    finally:
+        kube.kubectl("delete", names.PLURAL, "web", "-n", namespace, "--wait=true", check=False)
+    assert kube.get_json("service", "web", "-n", namespace)["spec"]["ports"][0]["port"] == 80  # still theirs

@@ -45,6 +45,7 @@ def test_helm_install(kube: KubeCluster) -> None:
         ("create", "events", True),
         ("delete", "statefulsets.apps", True),  # scale-down removes a group's children
         ("list", "configmaps", True),
+        ("get", "services", True),  # a child's name is checked before it is first applied
         # Not needed, so not granted: least privilege.
         ("delete", "services", False),
         ("update", "statefulsets.apps", False),

@@ -41,17 +41,19 @@ helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version }}
 - apiGroups: [lopa.dev]
   resources: [lopadeployments/finalizers]
   verbs: [update]
-# Children are server-side applied (patch; create when missing). A group's ConfigMap,
-# StatefulSet and Deployment are listed to see what each group runs, and deleted on scale-down.
+# Children are server-side applied (patch; create when missing), each read first (get) when its
+# rendering is new, so that an object of the same name that the CR does not control is never taken
+# over. A group's ConfigMap, StatefulSet and Deployment are listed to see what each group runs, and
+# deleted on scale-down.
 - apiGroups: [""]
   resources: [services]
-  verbs: [create, patch]
+  verbs: [get, create, patch]
 - apiGroups: [""]
   resources: [configmaps]
-  verbs: [create, patch, list, delete]
+  verbs: [get, create, patch, list, delete]
 - apiGroups: [apps]
   resources: [statefulsets, deployments]
-  verbs: [create, patch, list, delete]
+  verbs: [get, create, patch, list, delete]
 # Worker pods are observed for group health and deleted to recreate or roll the group.
 - apiGroups: [""]
   resources: [pods]
