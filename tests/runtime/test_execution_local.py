@@ -94,3 +94,20 @@ def test_a_round_copies_its_parts_statistics_to_the_host_once(monkeypatch) -> No
     for part, outcome in zip(parts, outcomes, strict=True):
         assert outcome == alone.verify(part.start, part.n_stage, part.windows, part.sequence)
         assert [len(stats) for stats in outcome] == [len(w.masked) for w in part.windows]
+
+
+def test_the_stored_last_logit_keeps_only_its_own_row() -> None:
+    """Committing a round keeps the winner's last logit, not a view of the round's logits tensor
+    (which holds every request's outputs: up to max_batch such tensors stayed alive)."""
+    from lopa.decoding.executor import BranchWindow
+    from lopa.synthetic.rule_model import SyntheticModel
+
+    model = SyntheticModel(20, 64, lambda sequence, position: torch.ones(20), max_batch=2)
+    executor = LocalExecutor(model)
+    executor.begin(DecodingParams(branches=1), 2)
+    windows = [BranchWindow([1, 2, 19, 19], [0, 0, 1, 1], [2, 3]) for _ in range(2)]
+    executor.verify(0, 2, windows)
+    executor.commit(1)
+    stored = executor.state(0).last_logit
+    assert stored is not None
+    assert stored.untyped_storage().nbytes() == stored.numel() * stored.element_size()

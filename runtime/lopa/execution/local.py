@@ -270,7 +270,8 @@ class LocalExecutor:
         if state.staged_count > 0:
             self.model.commit(candidate, state.staged_count, sequence)
             assert state.staged_last is not None
-            state.last_logit = state.staged_last[candidate]
+            # A copy: a view would keep the round's whole logits tensor (every request's) alive.
+            state.last_logit = state.staged_last[candidate].clone()
         self.drop_staged(sequence)
 
     def commit_many(self, commits: Sequence[tuple[int, int]]) -> None:
@@ -301,7 +302,7 @@ class LocalExecutor:
     def adopt_commit(self, sequence: int, last_logit: torch.Tensor) -> None:
         """The winner's K/V were appended to the sequence's cache from elsewhere (another rank's
         broadcast): keep the winner's last logit and drop this executor's staging."""
-        self.state(sequence).last_logit = last_logit
+        self.state(sequence).last_logit = last_logit.clone()  # not a view of a whole broadcast buffer
         self.drop_staged(sequence)
 
     def forward(self, batch: WindowBatch) -> torch.Tensor:
