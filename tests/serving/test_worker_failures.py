@@ -179,3 +179,18 @@ def test_a_worker_busy_with_another_master_is_never_told_to_leave(
         first.close()
         second.close()
         server.stop(None)
+
+
+def test_a_malformed_reply_drops_the_group() -> None:
+    """A reply with the wrong number of branches fails the round UNAVAILABLE and drops the group (the
+    worker and the master disagree on the round); before, the group was kept for the next round."""
+    from lopa.decoding.executor import BranchWindow
+
+    stats = worker_pb2.BranchStats(tokens=[1], probs=[0.5], confs=[-1.0])
+    two = worker_pb2.StepReply(requests=[worker_pb2.RequestStats(branches=[stats, stats])])
+    group = _Group([_Link(two)])
+    executor = DistributedExecutor(group, step_timeout_s=5)  # type: ignore[arg-type]
+    executor.begin(DecodingParams(), 1)
+    with pytest.raises(WorkerLost, match="answered 2 of 1 branches"):
+        executor.verify(0, 0, [BranchWindow([5, 100], [0, 1], [1])])
+    assert group.losses and group.leaves == [True]

@@ -135,7 +135,13 @@ class DistributedExecutor:
         )
         if self.on_step is not None:
             self.on_step(timing)
-        return [self._outcome(index, part, placed[index], replies) for index, part in enumerate(parts)]
+        try:
+            return [self._outcome(index, part, placed[index], replies) for index, part in enumerate(parts)]
+        except WorkerLost as error:
+            # A malformed reply: that worker and this master disagree on the round, so the next one
+            # cannot be trusted either: the group is dropped and formed again.
+            self.group.lost(-1, str(error))
+            raise
 
     # One request alone (the Decoder's Executor protocol): sequence 0 unless told otherwise.
 
