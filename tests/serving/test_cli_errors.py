@@ -22,6 +22,7 @@ from lopa.bundled.defaults import model_defaults
 from lopa.cli import build_parser, main, serve
 from lopa.proto import lopa_pb2
 from lopa.serving.launcher import LocalCluster, describe_exits, free_ports
+from lopa.serving.shared.config import parse_config
 from lopa.serving.shared.model_dir import model_path
 
 from .conftest import worker_env, write_config
@@ -209,6 +210,22 @@ def test_supervise_reports_a_dead_master() -> None:
     cluster.master.kill()
     with pytest.raises(RuntimeError, match=r"^the master exited \(killed by SIGKILL\); stopping the workers"):
         cluster.supervise(poll_s=0.05)
+
+
+def test_a_worker_that_exits_cleanly_before_the_group_forms_fails_the_start() -> None:
+    """Before, an exit code of 0 was not a failure: the start waited its whole timeout (600 s)."""
+    cluster = LocalCluster.__new__(LocalCluster)  # no config file: just the wait, on a closed address
+    cluster.config = parse_config({"master": {"listen": closed_address()}})
+    cluster.log_dir = None
+    cluster.master, cluster.workers = subprocess.Popen(["sleep", "60"]), [subprocess.Popen(["true"])]
+    cluster.workers[0].wait()
+    began = time.monotonic()
+    try:
+        with pytest.raises(RuntimeError, match=r"^worker\(s\) exited before the group formed: rank 0 exited"):
+            cluster.wait_serving(60, strict=True)
+    finally:
+        cluster.master.kill()
+    assert time.monotonic() - began < 30
 
 
 def test_worker_exits_are_described_in_words() -> None:

@@ -149,7 +149,9 @@ class LocalCluster:
                 if self.master is not None and self.master.poll() is not None:
                     status = exit_status(self.master.returncode)
                     raise RuntimeError(f"the master exited ({status}){self.last_words('master')}")
-                failed = [(r, p.returncode) for r, p in enumerate(self.workers) if p.poll() not in (None, 0)]
+                # Any exit, 0 included: before the group formed no worker has a reason to leave, and
+                # one that did would leave this wait running to its deadline.
+                failed = [(r, p.returncode) for r, p in enumerate(self.workers) if p.poll() is not None]
                 if strict and failed:
                     exits, words = describe_exits(failed), self.last_words(f"worker-{failed[0][0]}")
                     raise RuntimeError(f"worker(s) exited before the group formed: {exits}{words}")
