@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import ssl
 import time
 import uuid
 from typing import Any
@@ -32,6 +31,7 @@ from lopa.serving.master.jobs import GroupUnavailable
 from lopa.serving.master.links import WorkerLost
 from lopa.serving.master.openai_body import Parsed, body_field, chat_request, completion_request
 from lopa.serving.shared.config import TlsConfig
+from lopa.serving.shared.tls import ssl_context
 
 FINISH = {"eos": "stop", "stop": "stop", "length": "length"}
 NO_TEMPLATE_HINT = "the model has no chat template; send a plain prompt to /v1/completions"
@@ -106,9 +106,10 @@ class OpenAIApi:
     def _render(self, messages: list[dict[str, str]]) -> list[int]:
         try:
             return chat_ids(self.service.tokenizer, messages)
-        except InvalidParameter as error:  # about the template ("chat"): the body's messages
-            reason = NO_TEMPLATE_HINT if error.reason == NO_CHAT_TEMPLATE else error.reason
-            raise InvalidParameter("messages", reason) from None
+        except InvalidParameter as error:  # chat_request names the field ("messages")
+            if error.reason == NO_CHAT_TEMPLATE:
+                raise InvalidParameter("messages", NO_TEMPLATE_HINT) from None
+            raise
 
     async def _serve(self, request: web.Request, chat: bool) -> web.StreamResponse:
         try:
@@ -206,18 +207,6 @@ def lopa_stats(c: Completion) -> dict[str, float]:
             "mean_branches": round(r.mean_branches, 4), "verified_tokens": r.verified_tokens,
             "tokens_per_s": round(r.tokens_per_s, 2),
             "wall_s": round(r.wall_s, 4), "ttft_s": round(c.ttft_s, 4), "queue_s": round(c.queue_s, 4)}
-
-
-def ssl_context(tls: TlsConfig) -> ssl.SSLContext | None:
-    """The master's certificate for HTTPS too (client certificates required when client_ca is set)."""
-    if not tls.enabled:
-        return None
-    context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
-    context.load_cert_chain(tls.cert, tls.key)
-    if tls.client_ca:
-        context.load_verify_locations(tls.client_ca)
-        context.verify_mode = ssl.CERT_REQUIRED
-    return context
 
 
 async def start_http(service: Any, served_model: str, port: int, tls: TlsConfig) -> web.AppRunner:

@@ -74,8 +74,9 @@ def _common(body: dict[str, Any], known: frozenset[str], served_model: str) -> P
         stop = [stop]
     if stop is not None and not (isinstance(stop, list) and all(isinstance(s, str) for s in stop)):
         raise InvalidParameter("stop", "must be a string or a list of strings")
+    listed = isinstance(body.get("stop"), list)
     for i, text in enumerate(stop or []):
-        _check_text(f"stop[{i}]" if isinstance(body.get("stop"), list) else "stop", text)
+        _check_text(f"stop[{i}]" if listed else "stop", text)
     request.stop.extend(stop or [])
     for name, types in {**OPENAI_SAMPLING, **LOPA_FIELDS}.items():
         value = _typed(body, name, types)

@@ -17,9 +17,12 @@ def _read(path: str, key: str) -> bytes:
         raise ConfigError(f"tls.{key}: cannot read {path}: {error.strerror}") from None
 
 
-def check_pair(tls: TlsConfig) -> None:
-    """The certificate and key parse and belong together (gRPC takes any bytes, then fails to bind
-    with a message about the address)."""
+def ssl_context(tls: TlsConfig) -> ssl.SSLContext | None:
+    """The server certificate as an ssl context (the HTTP API's HTTPS; client certificates required
+    when client_ca is set), None without TLS. ConfigError naming the key when a file does not parse:
+    gRPC takes any bytes, then fails to bind with a message about the address."""
+    if not tls.enabled:
+        return None
     context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
     try:
         context.load_cert_chain(tls.cert, tls.key)
@@ -31,17 +34,18 @@ def check_pair(tls: TlsConfig) -> None:
             context.load_verify_locations(tls.client_ca)
         except ssl.SSLError as error:
             raise ConfigError(f"tls.client_ca: not a PEM CA certificate ({error.reason})") from None
+        context.verify_mode = ssl.CERT_REQUIRED
+    return context
 
 
 def server_credentials(tls: TlsConfig) -> grpc.ServerCredentials | None:
     if not tls.enabled:
         return None
     pair = [(_read(tls.key, "key"), _read(tls.cert, "cert"))]
-    if tls.client_ca:
-        _read(tls.client_ca, "client_ca")
-    check_pair(tls)
-    if tls.client_ca:
-        return grpc.ssl_server_credentials(pair, _read(tls.client_ca, "client_ca"), require_client_auth=True)
+    client_ca = _read(tls.client_ca, "client_ca") if tls.client_ca else None
+    ssl_context(tls)  # the files parse (named errors), before gRPC takes their bytes
+    if client_ca is not None:
+        return grpc.ssl_server_credentials(pair, client_ca, require_client_auth=True)
     return grpc.ssl_server_credentials(pair)
 
 
