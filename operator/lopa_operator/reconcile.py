@@ -12,7 +12,7 @@ import threading
 import time
 from collections.abc import Callable, MutableMapping
 from dataclasses import replace
-from typing import Any
+from typing import Any, NoReturn
 
 import kopf
 
@@ -96,30 +96,41 @@ def _refuse_foreign(kube: Kube, child: dict[str, Any], owner: dict[str, Any]) ->
     )
 
 
-def _apply_failed(
-    kube: Kube,
+def _rejection(
     obj: dict[str, Any],
     error: KubeError,
     post: EventFn,
     logger: logging.Logger | logging.LoggerAdapter,
-) -> None:
-    """Records a rejected spec (condition Reconciled=False, one Warning event per new message) and
-    raises kopf.TemporaryError with a long delay instead of retrying in a tight loop."""
+) -> dict[str, Any]:
+    """The condition Reconciled=False for a spec the API server rejects (one Warning event per new
+    message)."""
     meta = obj["metadata"]
-    before = obj.get("status") or {}
     message = error.message  # the API server's own words, naming the object and the field
-    patch = statuses.apply_failed(obj, message, dt.datetime.now(dt.timezone.utc))
-    failed = patch["conditions"][-1]
-    old = next((c for c in before.get("conditions") or [] if c.get("type") == "Reconciled"), None)
-    if old != failed:
-        kube.patch_status(meta["namespace"], meta["name"], patch)
+    failed = statuses.apply_failed(obj, message, dt.datetime.now(dt.timezone.utc))["conditions"][-1]
+    before = (obj.get("status") or {}).get("conditions") or []
+    old = next((c for c in before if c.get("type") == "Reconciled"), None)
     if not old or old.get("status") != "False" or old.get("message") != failed["message"]:
         post(obj, "Warning", "ApplyFailed", failed["message"])
     logger.info("spec of generation %s rejected by the API server: %s", meta.get("generation"), message)
+    return failed
+
+
+def _retry_later(failed: dict[str, Any]) -> NoReturn:
+    """kopf.TemporaryError with a long delay: a rejected spec does not heal by retrying soon."""
     raise kopf.TemporaryError(
         f"the API server rejects the rendered objects (see condition Reconciled): {failed['message'][:200]}",
         delay=APPLY_FAILED_RETRY_SECONDS,
     )
+
+
+def _report_only(kube: Kube, obj: dict[str, Any], failed: dict[str, Any]) -> NoReturn:
+    """Writes just the condition, for a deployment with nothing deployed to look after yet."""
+    meta = obj["metadata"]
+    conditions = (obj.get("status") or {}).get("conditions") or []
+    if failed not in conditions:
+        others = [c for c in conditions if c.get("type") != "Reconciled"]
+        kube.patch_status(meta["namespace"], meta["name"], {"conditions": [*others, failed]})
+    _retry_later(failed)
 
 
 def _events(
@@ -197,12 +208,19 @@ def _reconcile(
     plan = rollout.plan(deployed, spec["replicas"], desired_hash, spec["rollout"]["maxUnavailable"])
     raw = obj.get("spec") or {}
     children = [c for i in plan.update for c in render.group_children(name, namespace, raw, i)]
+    rejected: dict[str, Any] | None = None  # the Reconciled=False condition of a refused spec
     try:
         _ensure(kube, children + render.shared_children(name, namespace, raw), obj, memo)
     except KubeError as e:
         if not _spec_error(e):
             raise
-        _apply_failed(kube, obj, e, post, logger)
+        rejected = _rejection(obj, e, post, logger)
+        if not deployed or not before.get("observedGeneration") or not before.get("configHash"):
+            _report_only(kube, obj, rejected)
+        # Nothing of the refused spec was applied (dry run first): the groups keep running what
+        # they run, and a worker lost meanwhile must still be handled and reported.
+        plan = rollout.hold_deployed(plan, deployed)
+    in_force = before["configHash"] if rejected else desired_hash
     listed = {
         "StatefulSet": worker_sets,
         "Deployment": masters,
@@ -211,7 +229,7 @@ def _reconcile(
     # An operator from before groups left unlabelled children: they serve until enough groups do.
     legacy_too = sum(d.available for d in deployed.values()) >= statuses.min_available(spec)
     for kind, objs in listed.items():  # (a list's items carry no kind)
-        for child in rollout.unexpected(objs, spec["replicas"], legacy_too):
+        for child in [] if rejected else rollout.unexpected(objs, spec["replicas"], legacy_too):
             kube.delete(kind, namespace, child["metadata"]["name"], uid=child["metadata"]["uid"])
             logger.info("deleted %s %s: no group of spec.replicas owns it", kind, child["metadata"]["name"])
 
@@ -221,7 +239,7 @@ def _reconcile(
         if index in plan.hold:
             config_hash, wanted = rollout.held_state(deployed[index])
         else:
-            config_hash, wanted = desired_hash, spec["branchParallelism"]
+            config_hash, wanted = in_force, spec["branchParallelism"]
         entry = entries.get(index) or {}
         memory = group.Memory.from_status(entry)
         if entry and entry.get("configHash") != config_hash:
@@ -233,11 +251,13 @@ def _reconcile(
         _act(kube, namespace, name, index, decision, logger)
         rounds.append(statuses.GroupRound(index, mine, config_hash, wanted, decision))
 
-    after = statuses.derive(obj, spec, rounds, desired_hash, now)
+    after = statuses.derive(obj, spec, rounds, in_force, now, rejected)
     if any(before.get(k) != v for k, v in after.items()):
         kube.patch_status(namespace, name, after)
     _events(obj, before, after, rounds, plan.remove, post)
     metrics.observe(namespace, name, after)
+    if rejected:
+        _retry_later(rejected)
     return after
 
 

@@ -57,6 +57,17 @@ def plan(deployed: Mapping[int, Deployed], replicas: int, desired: str, max_unav
     )
 
 
+def hold_deployed(plan: Plan, deployed: Mapping[int, Deployed]) -> Plan:
+    """The plan while the API server refuses the current spec: nothing of it was applied, so every
+    deployed group keeps what it runs (and is still looked after), and no group is removed."""
+    wanted = plan.update + plan.hold
+    return Plan(
+        update=tuple(i for i in wanted if i not in deployed),
+        hold=tuple(sorted(i for i in wanted if i in deployed)),
+        remove=(),
+    )
+
+
 def _template_hash(obj: Obj | None) -> str | None:
     if obj is None:
         return None

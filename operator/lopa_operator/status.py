@@ -166,10 +166,18 @@ def derive(
     rounds: list[GroupRound],
     desired_hash: str,
     now: dt.datetime,
+    rejected: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
-    """The full status for `obj` (a merge patch: every key present, None clears)."""
+    """The full status for `obj` (a merge patch: every key present, None clears).
+
+    `rejected`: the Reconciled=False condition of a spec the API server refused (apply_failed).
+    The groups then run what was deployed before, and the status describes that: `desired_hash`
+    is the last applied config's and observedGeneration stays the last applied generation.
+    """
     meta = obj["metadata"]
     name, namespace, generation = meta["name"], meta["namespace"], int(meta.get("generation") or 1)
+    if rejected is not None:
+        generation = int((obj.get("status") or {})["observedGeneration"])
     old = {e.get("index"): e for e in (obj.get("status") or {}).get("groups") or []}
     seen = [_seen(g, old.get(g.index) or {}, now) for g in rounds]
     replicas = spec["replicas"]
@@ -236,7 +244,7 @@ def derive(
             generation,
         ),
         _condition("CollectiveReady", not not_joined, joined[0], joined[1], generation),
-        _condition("Reconciled", True, "Applied", "every child object was applied", generation),
+        rejected or _condition("Reconciled", True, "Applied", "every child object was applied", generation),
     ]
     stamp = group.format_time(now) or ""
     _keep_transition_times(conditions, (obj.get("status") or {}).get("conditions") or [], stamp)
