@@ -57,6 +57,13 @@ CASES = [
         {"decoding": {"blockSize": 64, "maxNewTokens": 56}},
         "spec.decoding.blockSize must not exceed spec.decoding.maxNewTokens",
     ),
+    # With decoding.maxNewTokens left out the answer length still cannot exceed limits.maxNewTokens
+    # (the model's default is capped to it): the runtime refuses the block size at start.
+    (
+        "block-over-limits-max-new-tokens",
+        {"decoding": {"blockSize": 64}, "limits": {"maxNewTokens": 32}},
+        "spec.decoding.blockSize must not exceed spec.limits.maxNewTokens",
+    ),
     ("http-on-the-grpc-port", {"service": {"port": 8000, "httpPort": 8000}},
      "service.httpPort must differ from service.port"),
     ("max-batch-zero", {"limits": {"maxBatch": 0}}, "spec.limits.maxBatch"),
