@@ -64,6 +64,8 @@ CASES = [
         {"decoding": {"blockSize": 64}, "limits": {"maxNewTokens": 32}},
         "spec.decoding.blockSize must not exceed spec.limits.maxNewTokens",
     ),
+    # The workers get top_k as a uint32 (worker.proto Begin): a larger one failed every request.
+    ("top-k-over-uint32", {"decoding": {"topK": 2**32}}, "spec.decoding.topK"),
     ("http-on-the-grpc-port", {"service": {"port": 8000, "httpPort": 8000}},
      "service.httpPort must differ from service.port"),
     ("max-batch-zero", {"limits": {"maxBatch": 0}}, "spec.limits.maxBatch"),
