@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import json
 import os
+import re
+import shlex
 import subprocess
 from pathlib import Path
 
@@ -103,3 +106,23 @@ def test_install_bundle_and_samples_pass_server_validation(kube: KubeCluster, na
     kube.kubectl("apply", "--dry-run=server", "-f", str(REPO / "manifests" / "install.yaml"))
     for sample in sorted(SAMPLES.glob("*.yaml")):
         kube.kubectl("apply", "--dry-run=server", "-n", namespace, "-f", str(sample))
+
+
+def test_readme_crd_upgrade_command_replaces_a_helm_installed_crd(kube: KubeCluster) -> None:
+    # `helm upgrade` leaves CRDs alone; the chart README's command must update one that helm
+    # installed. helm creates it with field manager "helm": stand in for an older chart's CRD by
+    # changing one field under that manager.
+    ensure_chart(kube)
+    readme = (CHART / "README.md").read_text()
+    found = re.search(r"`(kubectl apply [^`]*charts/lopa-operator/crds/)`", readme)
+    assert found, "the chart README names no command that applies crds/"
+    shm = "/spec/versions/0/schema/openAPIV3Schema/properties/spec/properties/accelerator/properties/shmSize"
+    older = json.dumps([{"op": "replace", "path": f"{shm}/description", "value": "an older CRD"}])
+    crd = "crd/lopadeployments.lopa.dev"
+    kube.kubectl("patch", crd, "--type=json", "--field-manager=helm", "-p", older)
+    args = [str(REPO / a) if a.startswith("charts/") else a for a in shlex.split(found.group(1))[1:]]
+    result = kube.kubectl(*args, check=False)
+    assert result.returncode == 0, (found.group(1), result.stderr)
+    schema = kube.get_json(crd)["spec"]["versions"][0]["schema"]["openAPIV3Schema"]
+    accelerator = schema["properties"]["spec"]["properties"]["accelerator"]
+    assert accelerator["properties"]["shmSize"]["description"] != "an older CRD"
