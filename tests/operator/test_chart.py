@@ -10,6 +10,7 @@ import subprocess
 from pathlib import Path
 
 import pytest
+import yaml
 from lopa_op_helpers import CHART, RELEASE, RELEASE_NAMESPACE, REPO, SAMPLES, SERVICE_ACCOUNT, ensure_chart
 
 from kube.cluster import KubeCluster
@@ -126,3 +127,21 @@ def test_readme_crd_upgrade_command_replaces_a_helm_installed_crd(kube: KubeClus
     schema = kube.get_json(crd)["spec"]["versions"][0]["schema"]["openAPIV3Schema"]
     accelerator = schema["properties"]["spec"]["properties"]["accelerator"]
     assert accelerator["properties"]["shmSize"]["description"] != "an older CRD"
+
+
+def test_readme_rbac_lists_the_rendered_rules(kube: KubeCluster) -> None:
+    # The chart README's RBAC paragraph is what an admin reviews before granting: every verb of
+    # every rendered rule, and nothing more.
+    out = kube.helm("template", RELEASE, str(CHART), "-n", RELEASE_NAMESPACE, "--kube-version", "1.30.0")
+    role = next(d for d in yaml.safe_load_all(out.stdout) if d and d["kind"] == "ClusterRole")
+    rendered = {(res, verb) for rule in role["rules"] for res in rule["resources"] for verb in rule["verbs"]}
+    readme = (CHART / "README.md").read_text()
+    paragraph = readme[readme.index("RBAC (ClusterRole") :].split("\n\n")[0].split(":", 1)[1]
+    paragraph = re.sub(r"\s+", " ", re.sub(r"\([^)]*\)", "", paragraph))
+    documented = {
+        (res, verb)
+        for found in re.finditer(r"((?:`[\w/]+`,? )+)([a-z]+(?:/[a-z]+)*)", paragraph)
+        for res in re.findall(r"`([\w/]+)`", found.group(1))
+        for verb in found.group(2).split("/")
+    }
+    assert documented == rendered, (sorted(rendered - documented), sorted(documented - rendered))
