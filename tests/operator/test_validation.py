@@ -66,6 +66,14 @@ CASES = [
     ),
     # The workers get top_k as a uint32 (worker.proto Begin): a larger one failed every request.
     ("top-k-over-uint32", {"decoding": {"topK": 2**32}}, "spec.decoding.topK"),
+    # The operator adds the device request into the worker's limits and requests: anything but a
+    # map there made every reconcile raise (AttributeError) instead of reaching the API server.
+    (
+        "worker-limits-not-a-map",
+        {"accelerator": {"type": "nvidia"}, "resources": {"limits": "8Gi"}},
+        "spec.resources.limits",
+    ),
+    ("worker-requests-not-a-map", {"resources": {"requests": ["cpu"]}}, "spec.resources.requests"),
     ("http-on-the-grpc-port", {"service": {"port": 8000, "httpPort": 8000}},
      "service.httpPort must differ from service.port"),
     ("max-batch-zero", {"limits": {"maxBatch": 0}}, "spec.limits.maxBatch"),
