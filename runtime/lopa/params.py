@@ -78,8 +78,8 @@ class DecodingParams:
             raise InvalidParameter("branches", f"must be in [0, {max_branches}], got {self.branches}")
         if not math.isfinite(self.temperature) or self.temperature < 0.0:
             raise InvalidParameter("temperature", f"must be a finite number >= 0, got {self.temperature}")
-        if self.top_k < 0:
-            raise InvalidParameter("top_k", f"must be >= 0, got {self.top_k}")
+        if not 0 <= self.top_k < 2**32:  # the wire carries it as uint32
+            raise InvalidParameter("top_k", f"must be in [0, 2^32), got {self.top_k}")
         if not 0 <= self.seed < 2**64:  # the wire carries it as uint64
             raise InvalidParameter("seed", f"must be in [0, 2^64), got {self.seed}")
 

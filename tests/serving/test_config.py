@@ -63,6 +63,8 @@ def test_config_errors_name_the_key(raw: dict, field: str) -> None:
         ({"limits": {"request_timeout_s": float("inf")}}, r"limits\.request_timeout_s: must be in"),
         ({"decoding": {"seed": -1}}, r"decoding\.seed: must be in \[0, 2\^64\), got -1"),
         ({"decoding": {"seed": 2**64}}, r"decoding\.seed: must be in \[0, 2\^64\)"),
+        # Before: accepted, then every request failed in the protobuf encoder ("Value out of range").
+        ({"decoding": {"top_k": 2**32}}, r"decoding\.top_k: must be in \[0, 2\^32\), got 4294967296"),
         ({"decoding": {"block_size": 64, "max_new_tokens": 32}},
          r"decoding\.block_size: 64 exceeds decoding\.max_new_tokens 32 \(a request gen"),
         ({"tls": {"client_ca": "/ca.pem"}}, r"tls\.client_ca: client certificates need TLS"),
