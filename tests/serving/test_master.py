@@ -7,12 +7,14 @@ import json
 import signal
 import threading
 import time
+import urllib.request
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor, wait
 from pathlib import Path
 
 import grpc
 import pytest
+from prometheus_client.parser import text_string_to_metric_families
 
 from lopa.cli import main
 from lopa.decoding.decoder import Decoder
@@ -229,6 +231,40 @@ def test_deadline_aborts_and_the_next_request_is_clean(client: LopaClient, local
     assert error.value.code() == grpc.StatusCode.DEADLINE_EXCEEDED
     reply = client.generate(PROMPT, timeout=60, branches=1)  # workers were reset by the next Begin
     assert list(reply.token_ids) == local_ids(local, PROMPT, branches=1)
+
+
+def outcome_counts(cluster: LocalCluster) -> dict[str, float]:
+    """lopa_requests_total by outcome label."""
+    url = f"http://127.0.0.1:{cluster.config.master.metrics_port}/metrics"
+    text = urllib.request.urlopen(url, timeout=5).read().decode()
+    return {s.labels["outcome"]: s.value for f in text_string_to_metric_families(text) for s in f.samples
+            if s.name == "lopa_requests_total"}
+
+
+def test_an_expired_client_deadline_is_counted_as_a_deadline(
+    cluster: LocalCluster, client: LopaClient
+) -> None:
+    """gRPC cancels the handler when the client's deadline passes, usually before the scheduler's
+    own check between rounds: before, about half of these were counted as "cancelled"."""
+    before, expired = outcome_counts(cluster), 0
+    for i, timeout in enumerate((0.2, 0.3, 0.4, 0.5, 0.3, 0.4)):
+        try:
+            if i % 2:
+                for _ in client.stream(PROMPT, timeout=timeout, branches=3, max_new_tokens=256):
+                    pass
+            else:
+                client.generate(PROMPT, timeout=timeout, branches=3, max_new_tokens=256)
+        except grpc.RpcError as error:
+            assert error.code() == grpc.StatusCode.DEADLINE_EXCEEDED
+            expired += 1
+    assert expired, "every request finished within its deadline: make them longer"
+    counted = {name: 0.0 for name in ("deadline", "cancelled")}
+    deadline = time.monotonic() + 10  # the server counts after the client has its answer
+    while sum(counted.values()) < expired and time.monotonic() < deadline:
+        after = outcome_counts(cluster)
+        counted = {name: after.get(name, 0.0) - before.get(name, 0.0) for name in counted}
+        time.sleep(0.05)
+    assert counted == {"deadline": expired, "cancelled": 0}
 
 
 def test_killed_worker_fails_requests_then_the_restarted_group_serves(

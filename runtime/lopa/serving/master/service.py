@@ -183,7 +183,10 @@ class LopaService(lopa_pb2_grpc.LopaServicer):
     def cancelled(self, job: Job) -> None:
         """The client went away (or its deadline passed): stop the job between rounds."""
         job.abort.cancelled.set()
-        self.metrics.requests.labels("cancelled").inc()
+        # gRPC cancels the handler when the client's deadline passes, often before the scheduler
+        # checks that same deadline between rounds: that is a deadline, not a client cancel.
+        expired = job.abort.deadline is not None and time.monotonic() >= job.abort.deadline
+        self.metrics.requests.labels("deadline" if expired else "cancelled").inc()
 
     async def _submit(self, request: lopa_pb2.GenerateRequest, context: Any, stream: bool) -> Job:
         await self._refuse_undecodable(request, context)
