@@ -20,7 +20,10 @@ from lopa.serving.launcher import free_ports
 from lopa.serving.master.distributed import DistributedExecutor, StepFailed
 from lopa.serving.master.links import WorkerLink, WorkerLost
 from lopa.serving.master.service import status_of
+from lopa.serving.shared.config import load_config
 from lopa.serving.worker.service import WorkerService, start_server
+
+from .conftest import start_workers, stop, write_config
 
 
 def step_request(begin: bool) -> worker_pb2.StepRequest:
@@ -194,3 +197,42 @@ def test_a_malformed_reply_drops_the_group() -> None:
     with pytest.raises(WorkerLost, match="answered 2 of 1 branches"):
         executor.verify(0, 0, [BranchWindow([5, 100], [0, 1], [1])])
     assert group.losses and group.leaves == [True]
+
+
+def test_a_failed_commit_leaves_the_group_at_once(checkpoint: Path, tmp_logs: Path) -> None:
+    """Rank 0 wins a commit it cannot pack (a ValueError before its broadcast) while rank 1 waits in
+    that broadcast. Before: rank 0 answered INVALID_ARGUMENT ("malformed step, the group is intact")
+    and stayed; rank 1 waited out the step timeout (20 s). Now rank 0 answers INTERNAL and both leave
+    the broken group in seconds, even with no master telling them to (the stand-in group sends no
+    Leave)."""
+    config = write_config(tmp_logs, checkpoint, workers=2)
+    procs = start_workers(config, 2, tmp_logs)
+    addresses = load_config(config).workers.addresses
+    links = [WorkerLink(rank, address) for rank, address in enumerate(addresses)]
+    try:
+        deadline = time.monotonic() + 90
+        while not all(joined(link) for link in links):
+            assert time.monotonic() < deadline, "the workers did not join"
+            time.sleep(0.2)
+        group = _Group(links)
+        for link in links:
+            link.open(group)  # type: ignore[arg-type]
+        # Sequence 1 never began: rank 0 cannot pack its winner's K/V.
+        commit = worker_pb2.Commit(sequence=1, n=1, winner_rank=0, winner_slot=0, broadcast=True)
+        for link in links:
+            link.send(worker_pb2.StepRequest(commits=[commit]))
+        with pytest.raises(WorkerLost, match="INTERNAL: rank 0: step failed: commit failed"):
+            links[0].receive(timeout=30)
+        assert procs[0].wait(timeout=10) == 3
+        assert procs[1].wait(timeout=10) == 3  # its broadcast failed with its peer gone
+    finally:
+        for link in links:
+            link.close()
+        stop(procs)
+
+
+def joined(link: WorkerLink) -> bool:
+    try:
+        return link.info(timeout=1.0).joined
+    except grpc.RpcError:
+        return False

@@ -156,9 +156,14 @@ class WorkerService(worker_pb2_grpc.WorkerServicer):
                 except Exception as error:  # bad sampling settings: this request fails, not the round
                     errors[index] = self._local_failure(error)
         began = time.perf_counter()
-        shard.commit_round([
-            CommitOrder(c.sequence, c.n, c.winner_rank, c.winner_slot, c.broadcast) for c in request.commits
-        ])
+        orders = [CommitOrder(c.sequence, c.n, c.winner_rank, c.winner_slot, c.broadcast)
+                  for c in request.commits]
+        try:
+            shard.commit_round(orders)
+        except ValueError as error:
+            # Not a malformed step with the group intact: the peers are in (or past) this commit's
+            # broadcast, so the group is broken and this rank leaves it too (INTERNAL, exit 3).
+            raise RuntimeError(f"commit failed: {error}") from error
         committed = time.perf_counter()
         parts = [
             VerifyPart(p.sequence, p.start, p.n_stage, windows_of(p) if i not in errors else [])
