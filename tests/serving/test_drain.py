@@ -69,6 +69,45 @@ def test_a_draining_worker_serves_its_attached_master_and_leaves_once_it_is_gone
     drain.request()
     assert drain.done(now, 300, attached=True) == ""  # the master still steps: keep serving
     assert drain.done(now, 300, attached=False) == "no master attached"  # its stream ended
-    assert drain.done(now - QUIET_S, 300, attached=True) == "no step for 2 s"  # attached but idle
-    drain.began = now - 301
+    # Idle before SIGTERM: its master may still admit (in its preStop sleep), so it waits from SIGTERM.
+    assert drain.done(now - 100, 300, attached=True) == ""
+    drain.began = now - QUIET_S
+    assert drain.done(now - 100, 300, attached=True) == "no step for 7 s"  # attached but idle
+    drain.began = now - 300 - QUIET_S
     assert drain.done(now, 300, attached=True) == "the longest a request may last passed"
+
+
+def test_workers_deleted_with_their_master_serve_it_through_its_pre_stop_sleep(
+    checkpoint: Path, tmp_path: Path
+) -> None:
+    """A rollout deletes the workers and the master together: the workers get SIGTERM at once, the
+    master only after its preStop sleep (5 s), admitting meanwhile. Before, idle workers left 0.2 s
+    after SIGTERM (their last step was over 2 s old) and the master refused those requests
+    UNAVAILABLE for the rest of its preStop."""
+    raw = {"model": {"path": str(checkpoint)}, "decoding": {"block_size": 8, "max_new_tokens": 16},
+           "limits": {"request_timeout_s": 30}}
+    cluster = LocalCluster(loopback_config(parse_config(raw), workers=2), tmp_path, log_dir=tmp_path)
+    cluster.start(timeout=120)
+    try:
+        with LopaClient(cluster.address) as client:
+            client.generate([5, 17, 23], timeout=30)
+            time.sleep(2.5)  # idle for longer than the old quiet period
+            for worker in cluster.workers:
+                worker.send_signal(signal.SIGTERM)
+            time.sleep(3.0)  # the master, still in its preStop sleep, admits
+            assert client.generate([5, 17, 23], timeout=30).stats.forwards > 0
+            assert all(w.poll() is None for w in cluster.workers)
+            assert cluster.master is not None
+            cluster.master.send_signal(signal.SIGTERM)  # its preStop sleep is over: it drains
+            assert cluster.master.wait(timeout=30) == 0
+        assert [w.wait(timeout=15) for w in cluster.workers] == [0, 0]  # no master attached: they leave
+    finally:
+        cluster.stop()
+
+
+def test_the_quiet_period_outlasts_the_masters_pre_stop_sleep() -> None:
+    """The operator's pod contract: the workers outwait the master's preStop sleep, and the grace
+    period's margin covers their quiet period."""
+    from lopa_operator.pods import DRAIN_MARGIN_S, PRE_STOP_SLEEP_S
+
+    assert PRE_STOP_SLEEP_S < QUIET_S < DRAIN_MARGIN_S

@@ -273,7 +273,10 @@ def serve_worker(config: ServingConfig, rank: int, stop: threading.Event | None 
     return exit_code[0] if exit_code else 0
 
 
-QUIET_S = 2.0  # a draining worker leaves once no step arrived for this long
+# A draining worker leaves once no step arrived for this long since its SIGTERM. Longer than the
+# master pod's preStop sleep (lopa_operator.pods.PRE_STOP_SLEEP_S, 5 s): a master deleted with its
+# workers (a rollout, a scale-down) still admits requests until its own SIGTERM comes.
+QUIET_S = 7.0
 
 
 class Drain:
@@ -294,9 +297,10 @@ class Drain:
         now = time.monotonic()
         if not attached:
             return "no master attached"
-        if now - last_step >= QUIET_S:
+        if now - max(last_step, self.began) >= QUIET_S:  # idle before SIGTERM: still wait from it
             return f"no step for {QUIET_S:.0f} s"
-        return "the longest a request may last passed" if now - self.began >= limit_s else ""
+        # The master may have admitted a request up to QUIET_S after this SIGTERM (its preStop sleep).
+        return "the longest a request may last passed" if now - self.began >= limit_s + QUIET_S else ""
 
 
 def start_server(service: WorkerService, address: str, key: str = "workers.listen_port") -> grpc.Server:
