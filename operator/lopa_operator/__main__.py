@@ -18,6 +18,17 @@ class _QuietResync(logging.Filter):
         return not str(record.msg).startswith("Timer 'resync' succeeded")
 
 
+def _seconds(text: str) -> float:
+    """A positive, finite number of seconds (0 would make the resync timer spin)."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
+    if not 0 < value < float("inf"):
+        raise argparse.ArgumentTypeError(f"must be > 0 and finite, got {text}")
+    return value
+
+
 def parse(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="lopa-operator", description=__doc__)
     p.add_argument(
@@ -44,7 +55,7 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
         metavar="FILE",
         help="print the children of the LoPADeployment(s) in FILE ('-' = stdin) as YAML and exit",
     )
-    p.add_argument("--resync-seconds", type=float, default=None, help="seconds between status resyncs")
+    p.add_argument("--resync-seconds", type=_seconds, default=None, help="seconds between resyncs (> 0)")
     p.add_argument(
         "--log-level",
         default=os.environ.get("LOPA_OPERATOR_LOG_LEVEL", "info"),

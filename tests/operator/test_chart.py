@@ -25,6 +25,25 @@ def test_helm_lint_clean(kube: KubeCluster) -> None:
         assert "[WARNING]" not in result.stdout and "[ERROR]" not in result.stdout, result.stdout
 
 
+@pytest.mark.parametrize(
+    ("value", "named"),
+    [
+        ("resyncSeconds=0", "/resyncSeconds"),  # the operator would resync in a busy loop
+        ("logLevel=loud", "/logLevel"),  # the operator would exit at start (argparse choices)
+        ("metrics.port=70000", "/metrics/port"),
+        ("resyncSecond=5", "'resyncSecond' not allowed"),  # a typo was silently ignored
+        ("watchNamespaces={Team_A}", "/watchNamespaces/0"),
+        ("image.pullPolicy=sometimes", "/image/pullPolicy"),
+        ("livenessPort=9090", "metrics.port and livenessPort must differ"),  # two listeners, one port
+    ],
+)
+def test_bad_values_are_refused_naming_the_key(kube: KubeCluster, value: str, named: str) -> None:
+    """Before values.schema.json these rendered a Deployment that crash-looped or misbehaved."""
+    result = kube.helm("template", RELEASE, str(CHART), "--kube-version", "1.30.0", "--set", value,
+                       check=False)
+    assert result.returncode != 0 and named in result.stderr, result.stderr
+
+
 def test_helm_install(kube: KubeCluster) -> None:
     ensure_chart(kube)
     status = kube.helm("status", RELEASE, "-n", RELEASE_NAMESPACE, "-o", "json")

@@ -31,7 +31,7 @@ def team(
     namespace = f"t-team-{secrets.token_hex(3)}"
     system = f"{namespace}-system"
     kube.kubectl("create", "namespace", namespace)
-    kube.helm(
+    installed = kube.helm(
         "install",
         RELEASE,
         str(CHART),
@@ -42,6 +42,8 @@ def team(
         f"watchNamespaces={{{namespace}}}",
         "--skip-crds",
     )
+    # The install notes point the sample at a watched namespace, not the caller's current one.
+    assert f"samples/cpu.yaml -n {namespace}\n" in installed.stdout, installed.stdout
     log: Path = tmp_path_factory.mktemp("operator-ns") / "operator.log"
     op = OperatorProcess(
         kube, log, service_account=SERVICE_ACCOUNT, sa_namespace=system, namespaces=[namespace]
