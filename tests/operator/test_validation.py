@@ -38,6 +38,11 @@ CASES = [
         "spec.decoding.branches",
     ),
     ("relative-model-path", {"model": {"path": "models/x"}}, "spec.model.path"),
+    # Before: admitted, then every apply failed (duplicate mountPath) or the config was hidden.
+    ("models-over-config", {"model": {"pvc": {"claimName": "m", "mountPath": "/etc/lopa"}}},
+     "spec.model.pvc.mountPath"),
+    ("models-over-shm", {"model": {"pvc": {"claimName": "m", "mountPath": "/dev/shm/"}}},
+     "spec.model.pvc.mountPath"),
     ("pvc-without-path", {"model": {"pvc": {"claimName": "m"}}}, "spec.model.path"),
     ("adapter-without-base", {"model": {"adapter": "/models/lora"}}, "spec.model.adapter"),
     ("bad-conf", {"decoding": {"conf": "entropy"}}, "spec.decoding.conf"),
