@@ -56,6 +56,16 @@ def test_bench_serving_rejects_bad_levels() -> None:
     assert done.returncode == 2 and "--concurrency: every level must be >= 1" in done.stderr
 
 
+def test_bench_serving_checks_its_worker_counts_before_starting_any_group() -> None:
+    # Parsed up front: "x" was a ValueError traceback, and "1,0" a RuntimeError after the
+    # 1-worker group had run its whole sweep.
+    done = run_lopa("bench", "serving", "--workers", "1,x", timeout=60)
+    assert done.returncode == 2 and "--workers: not a comma-separated list of integers: '1,x'" in done.stderr
+    done = run_lopa("bench", "serving", "--workers", "1,0", timeout=60)
+    assert done.returncode == 2 and "--workers: every worker count must be >= 1, got '1,0'" in done.stderr
+    assert "concurrency" not in done.stdout  # no group ran
+
+
 def test_bench_concurrency_sweeps_the_local_engine(tmp_path: Path) -> None:
     out = tmp_path / "concurrency.json"
     done = run_lopa("bench", "concurrency", "--levels", "1,3", "--requests", "3", "--branches", "1",

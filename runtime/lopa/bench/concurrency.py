@@ -153,14 +153,20 @@ def with_ratios(rows: list[dict]) -> list[dict]:
 
 def sweep_flags(levels: str, levels_flag: str, requests: int, passes: int = 1) -> list[int]:
     """The levels of a sweep's comma-separated flag; InvalidParameter naming the flag at fault."""
-    try:
-        parsed = [int(v) for v in levels.split(",") if v.strip()]
-    except ValueError:
-        raise InvalidParameter(levels_flag, f"not a comma-separated list of integers: {levels!r}") from None
-    if not parsed or min(parsed) < 1:
-        raise InvalidParameter(levels_flag, f"every level must be >= 1, got {levels!r}")
+    parsed = positive_ints(levels, levels_flag, "level")
     if requests < 1:
         raise InvalidParameter("requests", f"must be >= 1, got {requests}")
     if passes < 1:
         raise InvalidParameter("passes", f"must be >= 1, got {passes}")
+    return parsed
+
+
+def positive_ints(text: str, flag: str, noun: str = "value") -> list[int]:
+    """A comma-separated flag of integers >= 1 (levels, worker counts); InvalidParameter naming it."""
+    try:
+        parsed = [int(v) for v in text.split(",") if v.strip()]
+    except ValueError:
+        raise InvalidParameter(flag, f"not a comma-separated list of integers: {text!r}") from None
+    if not parsed or min(parsed) < 1:
+        raise InvalidParameter(flag, f"every {noun} must be >= 1, got {text!r}")
     return parsed

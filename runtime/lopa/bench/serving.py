@@ -19,7 +19,7 @@ from pathlib import Path
 
 from prometheus_client.parser import text_string_to_metric_families
 
-from lopa.bench.concurrency import Answer, combine, run_level, sweep_flags, with_ratios
+from lopa.bench.concurrency import Answer, combine, positive_ints, run_level, sweep_flags, with_ratios
 from lopa.bench.rows import finish, show_row
 from lopa.serving.client import LopaClient
 from lopa.serving.launcher import LocalCluster, free_ports, loopback_config
@@ -158,6 +158,8 @@ def synthetic_model(directory: Path) -> Path:
 
 def run(args: argparse.Namespace) -> int:
     levels = sweep_flags(args.concurrency, "concurrency", args.requests, args.passes)
+    # Before any group starts: a bad count would otherwise fail after the earlier counts ran.
+    worker_counts = positive_ints(args.workers, "workers", "worker count")
     if args.synthetic:
         with tempfile.TemporaryDirectory(prefix="lopa-bench-model-") as tmp:
             args.model, args.synthetic = str(synthetic_model(Path(tmp))), False
@@ -171,7 +173,7 @@ def run(args: argparse.Namespace) -> int:
     config = with_model_defaults(config, model_path(config.model.path))
     kw, prompts = workload(args, args.requests)
     splits, sweeps = [], []
-    for workers in [int(w) for w in args.workers.split(",") if w.strip()]:
+    for workers in worker_counts:
         split, rows = bench_workers(config, workers, args.requests, levels, kw, prompts, args.passes)
         splits.append(split)
         sweeps.extend(rows)
