@@ -66,6 +66,21 @@ def test_bench_serving_checks_its_worker_counts_before_starting_any_group() -> N
     assert "concurrency" not in done.stdout  # no group ran
 
 
+def test_bench_serving_serves_the_branches_it_asks_above_the_default_server_limit(
+    tmp_path: Path, checkpoint: Path
+) -> None:
+    # The bench's own group: k = 16 is over limits.max_branches' default (15), not MAX_BRANCHES,
+    # and was refused by it (a gRPC INVALID_ARGUMENT traceback).
+    out = tmp_path / "serving.json"
+    done = run_lopa("bench", "serving", "--model", str(checkpoint), "--workers", "1", "--requests", "1",
+                    "--concurrency", "1", "--branches", "16", "--block-size", "8", "--max-new-tokens", "16",
+                    "--json", str(out))
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert json.loads(out.read_text())["concurrency"][0]["tokens"] > 0
+    done = run_lopa("bench", "serving", "--branches", "65", timeout=60)
+    assert done.returncode == 2 and "--branches: must be in [0, 64], got 65" in done.stderr
+
+
 def test_bench_concurrency_sweeps_the_local_engine(tmp_path: Path) -> None:
     out = tmp_path / "concurrency.json"
     done = run_lopa("bench", "concurrency", "--levels", "1,3", "--requests", "3", "--branches", "1",

@@ -21,9 +21,10 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from lopa.bench.concurrency import Answer, combine, positive_ints, run_level, sweep_flags, with_ratios
 from lopa.bench.rows import finish, show_row
+from lopa.params import MAX_BRANCHES, InvalidParameter
 from lopa.serving.client import LopaClient
 from lopa.serving.launcher import LocalCluster, free_ports, loopback_config
-from lopa.serving.shared.config import MasterConfig, ServingConfig, parse_config, with_model_defaults
+from lopa.serving.shared.config import Limits, MasterConfig, ServingConfig, parse_config, with_model_defaults
 from lopa.serving.shared.model_dir import model_path
 
 PHASES = ("forward", "coordination", "commit")
@@ -160,11 +161,15 @@ def run(args: argparse.Namespace) -> int:
     levels = sweep_flags(args.concurrency, "concurrency", args.requests, args.passes)
     # Before any group starts: a bad count would otherwise fail after the earlier counts ran.
     worker_counts = positive_ints(args.workers, "workers", "worker count")
+    if not 0 <= args.branches <= MAX_BRANCHES:
+        raise InvalidParameter("branches", f"must be in [0, {MAX_BRANCHES}], got {args.branches}")
     if args.synthetic:
         with tempfile.TemporaryDirectory(prefix="lopa-bench-model-") as tmp:
             args.model, args.synthetic = str(synthetic_model(Path(tmp))), False
             return run(args)
-    limits = {"queue_size": max(64, *levels), "max_batch": args.max_batch or max(levels)}
+    limits = {"queue_size": max(64, *levels), "max_batch": args.max_batch or max(levels),
+              # The group is the bench's own: it serves the k asked, above the default server limit too.
+              "max_branches": max(Limits.max_branches, args.branches)}
     if args.max_step_tokens is not None:
         limits["max_step_tokens"] = args.max_step_tokens
     config = parse_config({"model": {"path": args.model or ""}, "limits": limits})
