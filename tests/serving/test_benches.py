@@ -81,6 +81,15 @@ def test_bench_serving_serves_the_branches_it_asks_above_the_default_server_limi
     assert done.returncode == 2 and "--branches: must be in [0, 64], got 65" in done.stderr
 
 
+def test_bench_serving_names_the_flag_its_group_refuses(checkpoint: Path) -> None:
+    # The model's block (32) is longer than the 8 new tokens asked: the server's INVALID_ARGUMENT
+    # was a gRPC traceback, it is one line naming the flag.
+    done = run_lopa("bench", "serving", "--model", str(checkpoint), "--workers", "1", "--requests", "1",
+                    "--concurrency", "1", "--max-new-tokens", "8")
+    assert done.returncode == 2, done.stderr[-3000:]
+    assert done.stderr.strip() == "lopa bench: error: --max-new-tokens: 8 is less than block_size 32"
+
+
 def test_bench_concurrency_sweeps_the_local_engine(tmp_path: Path) -> None:
     out = tmp_path / "concurrency.json"
     done = run_lopa("bench", "concurrency", "--levels", "1,3", "--requests", "3", "--branches", "1",

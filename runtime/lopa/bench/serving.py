@@ -17,6 +17,7 @@ from collections.abc import Sequence
 from enum import Enum
 from pathlib import Path
 
+import grpc
 from prometheus_client.parser import text_string_to_metric_families
 
 from lopa.bench.concurrency import Answer, combine, positive_ints, run_level, sweep_flags, with_ratios
@@ -93,6 +94,13 @@ def bench_workers(
                         if number == 0 and len(rows) == 1:
                             split, lone = step_split(before, scrape(metrics_port)), list(decoded)
                     runs.append(rows)
+        except grpc.RpcError as error:
+            if error.code() != grpc.StatusCode.INVALID_ARGUMENT:
+                raise
+            # The group refused the bench's request options; its details name the request field
+            # ("decoding.branches: ...", see InvalidParameter): one line naming the flag, no traceback.
+            field, _, reason = error.details().partition(": ")
+            raise InvalidParameter(field.removeprefix("decoding."), reason) from None
         finally:
             cluster.stop()
     tokens, wall, steps = (sum(column) for column in zip(*lone, strict=True))
