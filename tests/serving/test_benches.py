@@ -66,6 +66,13 @@ def test_bench_serving_checks_its_worker_counts_before_starting_any_group() -> N
     assert "concurrency" not in done.stdout  # no group ran
 
 
+def test_bench_serving_refuses_a_max_batch_below_one() -> None:
+    # 0 was taken as "unset": the bench ran with the default max_batch instead.
+    done = run_lopa("bench", "serving", "--workers", "1", "--requests", "1", "--concurrency", "1",
+                    "--max-new-tokens", "16", "--max-batch", "0", timeout=120)
+    assert done.returncode == 2 and "--max-batch: must be >= 1, got 0" in done.stderr
+
+
 def test_bench_serving_serves_the_branches_it_asks_above_the_default_server_limit(
     tmp_path: Path, checkpoint: Path
 ) -> None:

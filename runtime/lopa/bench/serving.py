@@ -171,6 +171,8 @@ def run(args: argparse.Namespace) -> int:
     worker_counts = positive_ints(args.workers, "workers", "worker count")
     if not 0 <= args.branches <= MAX_BRANCHES:
         raise InvalidParameter("branches", f"must be in [0, {MAX_BRANCHES}], got {args.branches}")
+    if args.max_batch is not None and args.max_batch < 1:  # 0 would fall back to the default below
+        raise InvalidParameter("max_batch", f"must be >= 1, got {args.max_batch}")
     if args.synthetic:
         with tempfile.TemporaryDirectory(prefix="lopa-bench-model-") as tmp:
             args.model, args.synthetic = str(synthetic_model(Path(tmp))), False
