@@ -86,6 +86,23 @@ def test_bench_step_refuses_bad_lists(capsys: pytest.CaptureFixture[str]) -> Non
     assert "--batch-k: must be in [0, " in capsys.readouterr().err
 
 
+def test_bench_step_refuses_caches_longer_than_the_model(capsys: pytest.CaptureFixture[str]) -> None:
+    # Were a ValueError traceback from the window model (the bundled model's default grid included).
+    from lopa.engine import bundled_model_dir
+
+    with pytest.raises(SystemExit) as exit_info:
+        main(["bench", "step", "--model", str(bundled_model_dir()), *SMALL])
+    assert exit_info.value.code == 2
+    err = capsys.readouterr().err
+    assert "--caches: the longest cache + window + 64 is 2240 positions, the model holds 256" in err
+    with pytest.raises(SystemExit) as exit_info:
+        main(["bench", "step", "--preset", "tiny", *SMALL, "--caches", "0", "--step-cache", "1000"])
+    assert exit_info.value.code == 2 and "--step-cache: the longest cache" in capsys.readouterr().err
+    with pytest.raises(SystemExit) as exit_info:
+        main(["bench", "step", "--preset", "tiny", *SMALL, "--step-cache", "-1"])
+    assert exit_info.value.code == 2 and "--step-cache: must be >= 0, got -1" in capsys.readouterr().err
+
+
 def test_write_checkpoint_is_sharded_and_loads_with_its_adapter(tmp_path: Path) -> None:
     model_dir, adapter_dir = tmp_path / "model", tmp_path / "lora"
     args = ["bench", "write-checkpoint", "--preset", "tiny", "--out", str(model_dir), "--adapter-out",

@@ -101,6 +101,8 @@ def run(args: argparse.Namespace) -> int:
     batches = _ints(args.batches, "batches", 1, 64)
     if not 0 <= args.batch_k <= MAX_BRANCHES:
         raise InvalidParameter("batch_k", f"must be in [0, {MAX_BRANCHES}], got {args.batch_k}")
+    if args.step_cache < 0:
+        raise InvalidParameter("step_cache", f"must be >= 0, got {args.step_cache}")
     if args.repeat < 2:
         raise InvalidParameter("repeat", f"must be >= 2, got {args.repeat}")
     if not args.copy_gb > 0:
@@ -119,6 +121,8 @@ def run(args: argparse.Namespace) -> int:
         loaded = load_model(args.model, args.adapter, dtype, device)
         model, mask_id = loaded.model, loaded.special.mask
     step.synchronize(device)
+    max_length = max([*caches, args.step_cache]) + max([*widths, *step_widths]) + 64
+    _check_positions(model, max_length, "caches" if max(caches) >= args.step_cache else "step_cache")
     setup = {
         "device": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
         "torch": torch.__version__,
@@ -141,7 +145,6 @@ def run(args: argparse.Namespace) -> int:
     print(json.dumps(setup), flush=True)
     out: list[dict] = []
     eager = device.type == "cuda" and not args.no_eager
-    max_length = max([*caches, args.step_cache]) + max([*widths, *step_widths]) + 64
     graphs = step.StepBench(model, max_length, mask_id, args.repeat, graphs=device.type == "cuda")
     plain = step.StepBench(model, max_length, mask_id, args.repeat, graphs=False) if eager else None
     benches = [b for b in (graphs, plain) if b is not None]
@@ -200,6 +203,15 @@ def run(args: argparse.Namespace) -> int:
     if args.json:
         Path(args.json).write_text(json.dumps({"setup": setup, "rows": out}, indent=2) + "\n")
     return 0
+
+
+def _check_positions(model: DreamModel, max_length: int, flag: str) -> None:
+    """Before any timing, one line naming the flag: the longest cache + window must fit the model's
+    positions (the bundled model's 256 do not hold the default --caches)."""
+    positions = model.config.max_position_embeddings
+    if max_length > positions:
+        reason = f"the longest cache + window + 64 is {max_length} positions, the model holds {positions}"
+        raise InvalidParameter(flag, reason)
 
 
 def _round_rows(
