@@ -86,6 +86,17 @@ def test_bench_step_refuses_bad_lists(capsys: pytest.CaptureFixture[str]) -> Non
     assert "--batch-k: must be in [0, " in capsys.readouterr().err
 
 
+def test_bench_step_refuses_flags_it_would_ignore(capsys: pytest.CaptureFixture[str]) -> None:
+    # Were accepted and ignored: no adapter merged into a preset (yet named in the setup JSON), no
+    # autotuning without --gemm.
+    with pytest.raises(SystemExit) as exit_info:
+        main(["bench", "step", "--preset", "tiny", *SMALL, "--adapter", "/some/lora"])
+    assert exit_info.value.code == 2 and "--adapter: needs --model" in capsys.readouterr().err
+    with pytest.raises(SystemExit) as exit_info:
+        main(["bench", "step", "--preset", "tiny", *SMALL, "--gemm-autotune"])
+    assert exit_info.value.code == 2 and "--gemm-autotune: needs --gemm" in capsys.readouterr().err
+
+
 def test_bench_step_refuses_caches_longer_than_the_model(capsys: pytest.CaptureFixture[str]) -> None:
     # Were a ValueError traceback from the window model (the bundled model's default grid included).
     from lopa.engine import bundled_model_dir

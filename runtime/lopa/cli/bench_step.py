@@ -101,6 +101,12 @@ def run(args: argparse.Namespace) -> int:
     batches = _ints(args.batches, "batches", 1, 64)
     if not 0 <= args.batch_k <= MAX_BRANCHES:
         raise InvalidParameter("batch_k", f"must be in [0, {MAX_BRANCHES}], got {args.batch_k}")
+    # Flags that would be ignored: --adapter merges into a checkpoint's weights (the setup JSON
+    # would still name it), --gemm-autotune tunes the --gemm products.
+    if args.adapter and args.preset:
+        raise InvalidParameter("adapter", "needs --model: a --preset's random weights take no adapter")
+    if args.gemm_autotune and not args.gemm:
+        raise InvalidParameter("gemm_autotune", "needs --gemm (it tunes the products --gemm times)")
     if args.step_cache < 0:
         raise InvalidParameter("step_cache", f"must be >= 0, got {args.step_cache}")
     if args.repeat < 2:
