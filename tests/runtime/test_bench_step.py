@@ -84,6 +84,9 @@ def test_bench_step_refuses_bad_lists(capsys: pytest.CaptureFixture[str]) -> Non
         main(["bench", "step", "--preset", "tiny", *SMALL, "--batch-k", "-1"])
     assert exit_info.value.code == 2
     assert "--batch-k: must be in [0, " in capsys.readouterr().err
+    with pytest.raises(SystemExit) as exit_info:  # was accepted: 0 or negative tokens/s columns
+        main(["bench", "step", "--preset", "tiny", *SMALL, "--tpf", "-1"])
+    assert exit_info.value.code == 2 and "--tpf: must be > 0, got -1.0" in capsys.readouterr().err
 
 
 def test_bench_step_refuses_flags_it_would_ignore(capsys: pytest.CaptureFixture[str]) -> None:

@@ -113,6 +113,8 @@ def run(args: argparse.Namespace) -> int:
         raise InvalidParameter("repeat", f"must be >= 2, got {args.repeat}")
     if not args.copy_gb > 0:
         raise InvalidParameter("copy_gb", f"must be > 0, got {args.copy_gb}")
+    if not args.tpf > 0:  # every tok_s_at_tpf column is a multiple of it
+        raise InvalidParameter("tpf", f"must be > 0, got {args.tpf}")
     problem = device_problem(args.device)
     if problem:
         raise InvalidParameter("device", problem)
