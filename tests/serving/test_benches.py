@@ -113,6 +113,9 @@ def test_bench_concurrency_sweeps_the_local_engine(tmp_path: Path) -> None:
     assert rows[0]["p99_slowdown"] == 1.0
     done = run_lopa("bench", "concurrency", "--levels", "x", timeout=60)
     assert done.returncode == 2 and "--levels: not a comma-separated list of integers: 'x'" in done.stderr
+    # 8 in flight out of 4 requests: the row said concurrency 8 for a level that ran 4 at once.
+    done = run_lopa("bench", "concurrency", "--levels", "1,8", "--requests", "4", timeout=60)
+    assert done.returncode == 2 and "--levels: 8 in flight needs --requests >= 8, got 4" in done.stderr
     done = run_lopa("bench", "concurrency", "--passes", "0", timeout=60)
     assert done.returncode == 2 and "--passes: must be >= 1, got 0" in done.stderr
     done = run_lopa("bench", "concurrency", "--device", "tpu", timeout=60)

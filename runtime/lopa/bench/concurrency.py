@@ -156,6 +156,9 @@ def sweep_flags(levels: str, levels_flag: str, requests: int, passes: int = 1) -
     parsed = positive_ints(levels, levels_flag, "level")
     if requests < 1:
         raise InvalidParameter("requests", f"must be >= 1, got {requests}")
+    if max(parsed) > requests:  # else the level's row names more in flight than ever were
+        top = max(parsed)
+        raise InvalidParameter(levels_flag, f"{top} in flight needs --requests >= {top}, got {requests}")
     if passes < 1:
         raise InvalidParameter("passes", f"must be >= 1, got {passes}")
     return parsed
