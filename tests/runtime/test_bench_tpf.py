@@ -25,3 +25,16 @@ def test_bench_tpf_smoke(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> 
     assert set(report["speedups"]) == set(MODES)
     png = (tmp_path / "tpf.png").read_bytes()
     assert png.startswith(b"\x89PNG") and len(png) > 1000
+
+
+def test_bench_tpf_checks_its_out_directory_before_the_sweep(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # A file where the directory goes: the sweep ran first, then failed with its table unprinted.
+    taken = tmp_path / "file"
+    taken.write_text("")
+    with pytest.raises(SystemExit) as exit_info:
+        main(["bench", "tpf", "--limit", "1", "--ks", "0", "--modes", "full", "--out", str(taken)])
+    assert exit_info.value.code == 1
+    err = capsys.readouterr().err
+    assert "File exists" in err and "k=0" not in err  # no cell was decoded

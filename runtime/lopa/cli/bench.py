@@ -69,11 +69,11 @@ def _run(args: argparse.Namespace) -> int:
         block_size=args.block_size,
         conf=args.conf,
     )
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)  # before the sweep: an --out it cannot write loses minutes of it
     engine = LocalEngine.from_dirs(model_dir)
     examples = tasks.held_out(args.limit)
     sweep = run_sweep(engine, examples, base, args.ks, args.modes)
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
     print(table(sweep))
     json_path, png_path = write_json(sweep, out / "tpf.json"), plot(sweep, out / "tpf.png")
     print(f"wrote {json_path} and {png_path}", file=sys.stderr)
