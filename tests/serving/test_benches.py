@@ -66,6 +66,12 @@ def test_bench_serving_checks_its_worker_counts_before_starting_any_group() -> N
     assert "concurrency" not in done.stdout  # no group ran
 
 
+def test_bench_serving_takes_a_model_or_synthetic_not_both() -> None:
+    # --synthetic benchmarked its random model in place of --model's checkpoint, saying nothing.
+    done = run_lopa("bench", "serving", "--model", "/some/checkpoint", "--synthetic", timeout=60)
+    assert done.returncode == 2 and "argument --synthetic: not allowed with argument --model" in done.stderr
+
+
 def test_bench_serving_refuses_a_max_batch_below_one() -> None:
     # 0 was taken as "unset": the bench ran with the default max_batch instead.
     done = run_lopa("bench", "serving", "--workers", "1", "--requests", "1", "--concurrency", "1",

@@ -124,8 +124,9 @@ def add_parser(kinds: argparse._SubParsersAction) -> None:
         description="Start master + N workers for each N; report forward / coordination / commit per step "
         "and tokens/s for one request and for concurrent ones.",
     )
-    parser.add_argument("--model", default=None, help="checkpoint directory (default: the bundled model)")
-    parser.add_argument(
+    source = parser.add_mutually_exclusive_group()  # --synthetic replaced --model's checkpoint, silently
+    source.add_argument("--model", default=None, help="checkpoint directory (default: the bundled model)")
+    source.add_argument(
         "--synthetic", action="store_true",
         help="use a random 4-layer model (hidden 256, vocab 2048) instead: the transport, not the model",
     )
