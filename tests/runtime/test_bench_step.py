@@ -152,3 +152,12 @@ def test_round_rows_say_whether_the_rounds_replayed_a_graph() -> None:
     assert _replayed(bench, 2) and not _replayed(bench, 1)
     graphs.batched_disabled = True
     assert not _replayed(bench, 2)
+
+
+def test_bench_step_checks_its_json_directory_first(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # Written when every table is done: a missing directory was an OSError after the whole run.
+    with pytest.raises(SystemExit) as exit_info:
+        main(["bench", "step", "--preset", "tiny", *SMALL, "--json", str(tmp_path / "missing" / "step.json")])
+    assert exit_info.value.code == 2 and "--json: no directory" in capsys.readouterr().err

@@ -148,6 +148,16 @@ def test_bench_transport_rejects_bad_flags() -> None:
     assert done.returncode == 2 and "--rounds: must be >= 1" in done.stderr
 
 
+def test_the_row_benches_check_their_json_directory_before_running(tmp_path: Path) -> None:
+    # The rows are written when the run ends: a missing directory was an OSError after the whole run.
+    path = str(tmp_path / "missing" / "rows.json")
+    for bench in (["transport", "--rounds", "1", "--busy-ms", "0"],
+                  ["concurrency", "--levels", "1", "--requests", "1"],
+                  ["serving", "--workers", "1", "--concurrency", "1", "--requests", "1"]):
+        done = run_lopa("bench", *bench, "--json", path, timeout=120)
+        assert done.returncode == 2 and f"--json: no directory '{tmp_path / 'missing'}'" in done.stderr, bench
+
+
 def test_bench_serving_runs_on_the_bundled_model_by_default(tmp_path: Path) -> None:
     """Its served defaults are the model's own: the paper's 256 new tokens would not fit it."""
     out = tmp_path / "serving.json"

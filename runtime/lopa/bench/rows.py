@@ -6,6 +6,8 @@ import json
 from collections.abc import Sequence
 from pathlib import Path
 
+from lopa.params import InvalidParameter
+
 
 def public(row: dict) -> dict:
     """The row without its working keys (named "_...": kept for ratios, not for the reader)."""
@@ -23,6 +25,13 @@ def markdown_table(rows: Sequence[dict]) -> str:
     lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
     lines += ["| " + " | ".join(str(row.get(h, "")) for h in header) + " |" for row in rows]
     return "\n".join(lines)
+
+
+def check_json(path: str | None) -> None:
+    """--json is written when the run ends, minutes later: its directory must exist now."""
+    directory = Path(path).absolute().parent if path else None
+    if directory is not None and not directory.is_dir():
+        raise InvalidParameter("json", f"no directory {str(directory)!r} to write {path!r} in")
 
 
 def finish(rows: Sequence[dict], json_path: str | None) -> None:

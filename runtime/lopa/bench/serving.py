@@ -21,7 +21,7 @@ import grpc
 from prometheus_client.parser import text_string_to_metric_families
 
 from lopa.bench.concurrency import Answer, combine, positive_ints, run_level, sweep_flags, with_ratios
-from lopa.bench.rows import finish, show_row
+from lopa.bench.rows import check_json, finish, show_row
 from lopa.params import MAX_BRANCHES, InvalidParameter
 from lopa.serving.client import LopaClient
 from lopa.serving.launcher import LocalCluster, free_ports, loopback_config
@@ -174,6 +174,7 @@ def run(args: argparse.Namespace) -> int:
         raise InvalidParameter("branches", f"must be in [0, {MAX_BRANCHES}], got {args.branches}")
     if args.max_batch is not None and args.max_batch < 1:  # 0 would fall back to the default below
         raise InvalidParameter("max_batch", f"must be >= 1, got {args.max_batch}")
+    check_json(args.json)
     if args.synthetic:
         with tempfile.TemporaryDirectory(prefix="lopa-bench-model-") as tmp:
             args.model, args.synthetic = str(synthetic_model(Path(tmp))), False

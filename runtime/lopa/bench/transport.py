@@ -23,7 +23,7 @@ from concurrent import futures
 
 import grpc
 
-from lopa.bench.rows import finish, show_row
+from lopa.bench.rows import check_json, finish, show_row
 from lopa.params import InvalidParameter
 from lopa.proto import worker_pb2, worker_pb2_grpc
 from lopa.serving.master.links import WorkerGroup, WorkerLink
@@ -192,6 +192,7 @@ def run(args: argparse.Namespace) -> int:
         raise InvalidParameter("busy_ms", f"give one or more values >= 0, got {args.busy_ms!r}")
     if args.rounds < 1:
         raise InvalidParameter("rounds", f"must be >= 1, got {args.rounds}")
+    check_json(args.json)
     rows = []
     for busy_ms in busy:
         for transport in TRANSPORTS:

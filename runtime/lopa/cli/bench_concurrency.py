@@ -10,7 +10,7 @@ import argparse
 from pathlib import Path
 
 from lopa.bench.concurrency import Answer, sweep, sweep_flags
-from lopa.bench.rows import finish, show_row
+from lopa.bench.rows import check_json, finish, show_row
 from lopa.cli.preflight import device_problem
 from lopa.params import MAX_BRANCHES, InvalidParameter
 from lopa.serving.shared.config import DTYPES
@@ -51,6 +51,7 @@ def check(args: argparse.Namespace) -> list[int]:
         raise InvalidParameter("max_step_tokens", f"must be >= 1, got {args.max_step_tokens}")
     if args.threads is not None and args.threads < 1:
         raise InvalidParameter("threads", f"must be >= 1, got {args.threads}")
+    check_json(args.json)
     problem = device_problem(args.device)
     if problem:
         raise InvalidParameter("device", problem)

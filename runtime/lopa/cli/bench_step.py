@@ -11,7 +11,7 @@ from pathlib import Path
 import torch
 
 from lopa.bench import step
-from lopa.bench.rows import markdown_table, show_row
+from lopa.bench.rows import check_json, markdown_table, show_row
 from lopa.cli.preflight import device_problem
 from lopa.execution.calibration import COST_FACTOR
 from lopa.model.dream import DreamModel
@@ -115,6 +115,7 @@ def run(args: argparse.Namespace) -> int:
         raise InvalidParameter("copy_gb", f"must be > 0, got {args.copy_gb}")
     if not args.tpf > 0:  # every tok_s_at_tpf column is a multiple of it
         raise InvalidParameter("tpf", f"must be > 0, got {args.tpf}")
+    check_json(args.json)
     problem = device_problem(args.device)
     if problem:
         raise InvalidParameter("device", problem)
