@@ -34,6 +34,7 @@ def test_bench_serving_reports_the_step_split_and_the_concurrency_sweep(
     splits, sweep = report["step_split"], report["concurrency"]
     assert [r["workers"] for r in splits] == [1, 2]
     assert "| workers | concurrency |" in done.stdout  # the tables after the per-row JSON lines
+    assert "group of 1 formed in" in done.stdout and "group of 2 formed in" in done.stdout  # progress
     for row in splits:
         assert row["forward_ms"] > 0 and row["coordination_ms"] >= 0 and row["commit_ms"] >= 0
         # the phases are parts of the master's step; step_ms also holds its decoding rules

@@ -12,6 +12,7 @@ import argparse
 import dataclasses
 import json
 import tempfile
+import time
 import urllib.request
 from collections.abc import Sequence
 from enum import Enum
@@ -79,7 +80,10 @@ def bench_workers(
     runs: list[list[dict]] = []
     with tempfile.TemporaryDirectory(prefix="lopa-bench-") as tmp:
         cluster = LocalCluster(config, Path(tmp), log_dir=Path(tmp))
+        began = time.perf_counter()
+        print(f"starting a master and {workers} worker(s) ...", flush=True)  # ~10 s: the model loads
         cluster.start()
+        print(f"group of {workers} formed in {time.perf_counter() - began:.1f} s; warming up", flush=True)
         try:
             with LopaClient(cluster.address) as client:
                 for prompt in warmup:

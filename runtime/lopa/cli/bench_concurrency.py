@@ -38,7 +38,7 @@ def add_parser(kinds: argparse._SubParsersAction) -> None:
                         "use 3-5 on a shared or virtual machine, whose speed drifts)")
     parser.add_argument("--device", default="cpu", help="cpu, cuda, cuda:1, npu, npu:1 (default cpu)")
     parser.add_argument("--dtype", default="float32", choices=DTYPES,
-                        help="weights dtype (default float32; bfloat16 on an accelerator)")
+                        help="weights dtype (default float32 on any device; pass bfloat16 on a GPU)")
     parser.add_argument("--json", default=None, help="also write the rows to this file")
     parser.set_defaults(handler=run)
 
