@@ -8,6 +8,11 @@ import sys
 import time
 from pathlib import Path
 
+import pytest
+import yaml
+
+from kube import certs
+from lopa.serving.client import LopaClient
 from lopa.serving.launcher import free_ports
 
 from .conftest import worker_env, write_config
@@ -23,6 +28,53 @@ def test_serve_one_shot(checkpoint: Path) -> None:
     done = subprocess.run(command, capture_output=True, text=True, timeout=240, env=worker_env())
     assert done.returncode == 0, done.stderr[-3000:]
     assert "tokens in" in done.stderr and "over 2 workers" in done.stderr
+
+
+def _tls_config(tmp_path: Path, checkpoint: Path) -> tuple[Path, certs.ClusterPKI]:
+    try:
+        pki = certs.make_pki(tmp_path / "pki", ["127.0.0.1"], ["localhost"])
+    except certs.CertError as error:
+        pytest.skip(str(error))
+    raw = {
+        "model": {"path": str(checkpoint)},
+        "decoding": {"block_size": 8, "max_new_tokens": 16},
+        "limits": {"max_new_tokens": 64, "max_prompt_tokens": 64},
+        "workers": {"count": 1},
+        "tls": {"cert": str(pki.apiserver.cert), "key": str(pki.apiserver.key)},
+    }
+    path = tmp_path / "lopa.yaml"
+    path.write_text(yaml.safe_dump(raw))
+    return path, pki
+
+
+def test_serve_with_tls_in_its_config_file_starts(checkpoint: Path, tmp_path: Path) -> None:
+    """The launcher has no client certificate: it waits for SERVING on a plaintext health port (before,
+    its plaintext health check failed the TLS handshake until --start-timeout ran out)."""
+    config, pki = _tls_config(tmp_path, checkpoint)
+    address = f"127.0.0.1:{free_ports(1)[0]}"
+    command = [sys.executable, "-m", "lopa", "serve", "--config", str(config), "--listen", address,
+               "--start-timeout", "120"]
+    serve = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                             env=worker_env())
+    try:
+        line = serve.stdout.readline()  # the "serving on" line, or "" once it gave up
+        assert line.startswith(f"lopa: serving on {address}"), serve.communicate(timeout=30)[1][-3000:]
+        with LopaClient(address, ca=str(pki.ca.cert)) as client:
+            assert client.health() == "SERVING"
+            assert client.generate("12+34=", timeout=60).stats.forwards >= 1
+        serve.send_signal(signal.SIGINT)
+        serve.communicate(timeout=60)
+    finally:
+        serve.kill()
+    assert serve.returncode == 0
+
+
+def test_serve_refuses_a_one_shot_prompt_under_tls(checkpoint: Path, tmp_path: Path) -> None:
+    config, _ = _tls_config(tmp_path, checkpoint)
+    command = [sys.executable, "-m", "lopa", "serve", "--config", str(config), "--prompt", "12+34="]
+    done = subprocess.run(command, capture_output=True, text=True, timeout=60, env=worker_env())
+    assert done.returncode == 2, done.stderr[-3000:]
+    assert "lopa serve: error: --prompt: sends its request without TLS" in done.stderr
 
 
 def test_serve_without_a_model_fails_fast(tmp_path: Path) -> None:

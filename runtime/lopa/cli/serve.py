@@ -75,6 +75,9 @@ def run(args: argparse.Namespace) -> int:
     check_flags(args)
     logging.basicConfig(level="INFO", format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     config = serving_config(args)
+    if args.prompt is not None and config.tls.enabled:
+        raise InvalidParameter("prompt", "sends its request without TLS, and the config file sets tls: "
+                               "start without --prompt and use `lopa client generate --ca ...`")
     # SIGTERM (a process manager, `kill`) stops the group like Ctrl-C: children never outlive us.
     signal.signal(signal.SIGTERM, _interrupt)
     signal.signal(signal.SIGINT, _interrupt)

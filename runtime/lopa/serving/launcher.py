@@ -47,12 +47,15 @@ def worker_threads(workers: int) -> int:
 
 
 def loopback_config(base: ServingConfig, workers: int, listen: str | None = None) -> ServingConfig:
-    """base with a master and `workers` workers on free loopback ports (gloo on CPU)."""
-    ports = free_ports(workers + 2)
+    """base with a master and `workers` workers on free loopback ports (gloo on CPU). With TLS the
+    master also gets a plaintext health port (unless base has one): the launcher has no client
+    certificate, and waits for SERVING there."""
+    ports = free_ports(workers + 3)
     listen = listen or f"127.0.0.1:{ports[-1]}"
+    health_port = base.master.health_port or (ports[-2] if base.tls.enabled else 0)
     return dataclasses.replace(
         base,
-        master=dataclasses.replace(base.master, listen=listen),
+        master=dataclasses.replace(base.master, listen=listen, health_port=health_port),
         workers=WorkersConfig(
             count=workers,
             addresses=tuple(f"127.0.0.1:{p}" for p in ports[1 : workers + 1]),
@@ -87,6 +90,13 @@ class LocalCluster:
     @property
     def address(self) -> str:
         return self.config.master.listen
+
+    @property
+    def health_address(self) -> str:
+        """Where wait_serving asks: the client API, or under TLS the master's plaintext health port."""
+        if self.config.tls.enabled and self.config.master.health_port:
+            return f"127.0.0.1:{self.config.master.health_port}"
+        return self.address
 
     def _spawn(self, role: str, *extra: str, threads: int = 1) -> subprocess.Popen:
         out: IO[bytes] | None = None
@@ -144,7 +154,7 @@ class LocalCluster:
     def wait_serving(self, timeout: float, strict: bool = False) -> bool:
         """Poll health until SERVING; strict: a worker that exits (during start-up) is an error."""
         deadline = time.monotonic() + timeout
-        with LopaClient(self.address) as client:
+        with LopaClient(self.health_address) as client:
             while time.monotonic() < deadline:
                 if self.master is not None and self.master.poll() is not None:
                     status = exit_status(self.master.returncode)
