@@ -106,6 +106,16 @@ def test_client_info_has_the_tls_flags(capsys: pytest.CaptureFixture[str], tmp_p
     assert code == 2 and one_line(err) == "lopa client: error: --key: --cert and --key go together"
 
 
+def test_lopa_help_names_every_bench(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit):
+        main(["--help"])
+    text = " ".join(capsys.readouterr().out.split())  # unwrapped
+    with pytest.raises(SystemExit):
+        main(["bench", "--help"])
+    benches = capsys.readouterr().out.split("{", 1)[1].split("}", 1)[0]  # usage: lopa bench [-h] {tpf,...}
+    assert f"benchmarks: {benches.replace(',', ', ')}" in text
+
+
 def test_client_generate_help_explains_every_flag(capsys: pytest.CaptureFixture[str]) -> None:
     with pytest.raises(SystemExit):
         main(["client", "generate", "--help"])

@@ -22,7 +22,9 @@ DEFAULT_EXAMPLES = 300  # the published held-out set size
 
 
 def add_parser(subparsers: argparse._SubParsersAction) -> None:
-    parser = subparsers.add_parser("bench", help="benchmarks: decoding (tpf), step, serving, transport")
+    parser = subparsers.add_parser(
+        "bench", help="benchmarks: tpf, step, write-checkpoint, concurrency, serving, transport"
+    )
     kinds = parser.add_subparsers(dest="bench", required=True)
     tpf = kinds.add_parser(
         "tpf",
