@@ -39,8 +39,8 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
         "address; Ctrl-C stops everything. A worker that dies restarts the whole group.",
     )
     parser.add_argument("--workers", type=int, default=None,
-                        help="branch workers (collective world size; default: the config's workers.count, "
-                        "else 2)")
+                        help="branch workers (collective world size; default: the config file's "
+                        "workers.count, 1 if it leaves it out; without --config 2)")
     parser.add_argument("--config", default=None, help="base serving YAML (ports and addresses are replaced)")
     parser.add_argument("--model", default=None, help="checkpoint directory (default: the bundled model)")
     parser.add_argument("--adapter", default=None, help="PEFT LoRA adapter directory")
@@ -60,7 +60,8 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
                         "limits.max_step_tokens, else the device's: "
                         "cpu a base row and one lookahead row per running request, "
                         "cuda/npu measured at start)")
-    parser.add_argument("--start-timeout", type=float, default=600.0, help="seconds to wait for SERVING")
+    parser.add_argument("--start-timeout", type=float, default=600.0,
+                        help="seconds to wait for SERVING (default: %(default).0f)")
     parser.add_argument(
         "--prompt", default=None, help="one-shot: send this prompt, print the answer and its stats, stop"
     )
