@@ -41,7 +41,9 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--workers", type=int, default=None,
                         help="branch workers (collective world size; default: the config file's "
                         "workers.count, 1 if it leaves it out; without --config 2)")
-    parser.add_argument("--config", default=None, help="base serving YAML (ports and addresses are replaced)")
+    parser.add_argument("--config", default=None,
+                        help="base serving YAML (ports and addresses are replaced; with tls, the master "
+                        "gets a plaintext master.health_port, where this command waits for SERVING)")
     parser.add_argument("--model", default=None, help="checkpoint directory (default: the bundled model)")
     parser.add_argument("--adapter", default=None, help="PEFT LoRA adapter directory")
     parser.add_argument("--dtype", default=None, choices=DTYPES,
