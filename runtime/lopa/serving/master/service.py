@@ -286,7 +286,7 @@ async def drain_requests(service: LopaService, health: health_aio.HealthServicer
     for name in ("", SERVICE):
         await health.set(name, health_pb2.HealthCheckResponse.NOT_SERVING)
     deadline = time.monotonic() + limit_s
-    log.info("draining: %d running, %d queued (at most %.0f s)", service.runner.scheduler.running,
+    log.info("draining: %d running, %d queued (at most %.1f s)", service.runner.scheduler.running,
              service.runner.scheduler.waiting, limit_s)
     while service.busy() and group.attached and time.monotonic() < deadline:
         await asyncio.sleep(0.05)
