@@ -247,7 +247,8 @@ def test_an_expired_client_deadline_is_counted_as_a_deadline(
     """gRPC cancels the handler when the client's deadline passes, usually before the scheduler's
     own check between rounds: before, about half of these were counted as "cancelled"."""
     before, expired = outcome_counts(cluster), 0
-    for i, timeout in enumerate((0.2, 0.3, 0.4, 0.5, 0.3, 0.4)):
+    timeouts = (0.2, 0.3, 0.4, 0.5, 0.3, 0.4)
+    for i, timeout in enumerate(timeouts):
         try:
             if i % 2:
                 for _ in client.stream(PROMPT, timeout=timeout, branches=3, max_new_tokens=256):
@@ -258,13 +259,17 @@ def test_an_expired_client_deadline_is_counted_as_a_deadline(
             assert error.code() == grpc.StatusCode.DEADLINE_EXCEEDED
             expired += 1
     assert expired, "every request finished within its deadline: make them longer"
-    counted = {name: 0.0 for name in ("deadline", "cancelled")}
+    counted = {name: 0.0 for name in ("deadline", "cancelled", "ok")}
     deadline = time.monotonic() + 10  # the server counts after the client has its answer
-    while sum(counted.values()) < expired and time.monotonic() < deadline:
+    while sum(counted.values()) < len(timeouts) and time.monotonic() < deadline:
         after = outcome_counts(cluster)
         counted = {name: after.get(name, 0.0) - before.get(name, 0.0) for name in counted}
         time.sleep(0.05)
-    assert counted == {"deadline": expired, "cancelled": 0}
+    assert counted["cancelled"] == 0 and sum(counted.values()) == len(timeouts), (counted, expired)
+    # A request the server finished just as the client's deadline passed is "ok" there (its answer
+    # raced the deadline on a busy machine): at most one such, and none counted as a client cancel.
+    edge = counted["ok"] - (len(timeouts) - expired)
+    assert 0 <= edge <= 1 and counted["deadline"] == expired - edge, counted
 
 
 def test_killed_worker_fails_requests_then_the_restarted_group_serves(

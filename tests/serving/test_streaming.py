@@ -96,6 +96,14 @@ def test_a_stream_closed_by_its_client_stops_its_job() -> None:
         finished.finish(RuntimeError("done"))
         async for _ in job_chunks(finished, settle, gone.append):
             pass
-        return open_job in gone, finished in gone
+        # Ended (its deadline, in the same moment as the client's) with a chunk still unread when
+        # the client went away: before, neither settled nor gone, so the request was never counted.
+        raced = Job(ValidRequest([1], DecodingParams(), ()), loop, stream=True)
+        raced.post(lopa_pb2.GenerateChunk(step=1, text="b"))
+        raced.finish(RuntimeError("deadline"))
+        chunks = job_chunks(raced, settle, gone.append)
+        assert (await anext(chunks)).text == "b"
+        await chunks.aclose()
+        return open_job in gone, finished in gone, raced in gone
 
-    assert asyncio.run(run()) == (True, False)
+    assert asyncio.run(run()) == (True, False, True)

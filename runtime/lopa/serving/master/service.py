@@ -241,18 +241,22 @@ async def job_chunks(
 ) -> AsyncIterator[lopa_pb2.GenerateChunk]:
     """A streaming job's chunks until its outcome, which goes to `settle`. When the client goes away
     first, cancelled while waiting for a chunk or closed while one was being written (grpc.aio
-    closes the generator at its yield), `gone(job)` stops the job: its slot is not held to the end."""
+    closes the generator at its yield), `gone(job)` stops the job: its slot is not held to the end.
+    A job that ended before its client read the end (its deadline passed in the same moment) is
+    counted by `gone` too: every request is counted once, by `settle` or by `gone`."""
     assert job.done is not None
+    settled = False
     try:
         while True:
             item = await job.chunks.get()
             if isinstance(item, lopa_pb2.GenerateChunk):
                 yield item
                 continue
+            settled = True
             await settle(item)
             return
     finally:
-        if not job.done.done():
+        if not settled:
             gone(job)
 
 
