@@ -135,3 +135,43 @@ def test_a_rows_bits_do_not_depend_on_the_rows_beside_it(model: DreamModel, mode
     for order in ([0, 1, 2, 3], [3, 2], [1, 0, 2], [2, 3, 0, 1]):
         for r, got in zip(order, logits(order), strict=True):
             assert torch.equal(got, alone[r]), f"row {r} in {order}"
+
+
+@pytest.mark.parametrize("mode", list(AttentionMode))
+def test_a_rows_bits_follow_from_the_row_alone(model: DreamModel, mode: AttentionMode, thread_count) -> None:
+    """A row's logits and staged K/V are the same whatever its executor pads it to, whichever rows
+    share its forward and on 1 or 2 threads: a worker holding some of a request's rows (padded to
+    their own width, on its own thread count) verifies them as the local engine does. In
+    block_causal mode every row, a cache-only one included, stages the very same K/V and last logit
+    for the TO_CACHE head: each worker's own pre-write is the winner's (no broadcast). SDPA's CPU
+    kernel gave a query other bits with its call's query and key counts and with the threads."""
+    prompt = torch.randint(0, 90, (1, 12), generator=torch.Generator().manual_seed(3))
+    rows = torch.randint(0, 90, (4, 21), generator=torch.Generator().manual_seed(4))
+    rows[:, :5] = rows[0, :5]  # the TO_CACHE head, the same in every candidate
+    row_blocks = torch.tensor([[1] * 5 + [2] * 8 + [3] * 8] * 4)
+    lengths, n_stage = [5, 13, 21, 16], 5  # row 0: the TO_CACHE head only (a cache-only row)
+    got: dict[int, list[tuple[torch.Tensor, torch.Tensor, list[torch.Tensor]]]] = {r: [] for r in range(4)}
+    for threads in (1, 2):
+        thread_count(threads)
+        for order in ([0], [1], [2], [3], [1, 2], [3, 1], [0, 1, 2, 3], [2, 0, 3]):
+            window = DreamWindowModel(model, MAX_LENGTH)
+            window.reset(4)
+            window.forward(WindowBatch(prompt, [12], torch.zeros(1, 12, dtype=torch.long), 0, 12, mode))
+            window.commit(0, 12)
+            width = max(lengths[r] for r in order)
+            batch = WindowBatch(rows[order, :width], [lengths[r] for r in order], row_blocks[order, :width],
+                                12, n_stage, mode)
+            out = window.forward(batch)
+            layers = range(model.config.num_hidden_layers)
+            for slot, r in enumerate(order):
+                staged = [torch.cat(window.kv.staged(slot, layer)) for layer in layers]
+                got[r].append((out[slot, : lengths[r]], out[slot, n_stage - 1], staged))
+    for r, seen in got.items():
+        for logits, _, staged in seen[1:]:
+            assert torch.equal(logits, seen[0][0]), f"row {r}: logits"
+            assert all(torch.equal(a, b) for a, b in zip(staged, seen[0][2], strict=True)), f"row {r}: K/V"
+    if mode is AttentionMode.BLOCK_CAUSAL:
+        head = [seen[0] for seen in got.values()]
+        for _, last, staged in head[1:]:
+            assert torch.equal(last, head[0][1])
+            assert all(torch.equal(a, b) for a, b in zip(staged, head[0][2], strict=True))

@@ -29,7 +29,12 @@ class Segment:
 
     With rows > 1 the tokens are `rows` rows of equal width that attend row by row, each to the
     cache and to itself only, under masks [rows, 1, width, C + width] (lopa.model.mask.row_masks);
-    with rows == 1, as one sequence under a mask [1, 1, T, C + T]."""
+    with rows == 1, as one sequence under a mask [1, 1, T, C + T].
+
+    With `lengths` (CPU), each row attends unpadded through fixed-shape products (attend_rows_exact):
+    its bits then depend on that row alone, not on the width its executor padded it to, the rows
+    beside it or the thread count; in block_causal mode its first `head` (TO_CACHE) tokens attend
+    apart, to the cache and the head only, so every row stages the very same K/V for them."""
 
     begin: int
     end: int
@@ -37,6 +42,8 @@ class Segment:
     past: KVSource | None
     on_kv: KVCallback | None
     rows: int = 1
+    lengths: tuple[int, ...] | None = None
+    head: int = 0
 
 
 @dataclass(frozen=True)
@@ -73,6 +80,8 @@ class LayerSegment:
     past: tuple[torch.Tensor, torch.Tensor] | None
     on_kv: Callable[[torch.Tensor, torch.Tensor], None] | None
     rows: int = 1
+    lengths: tuple[int, ...] | None = None
+    head: int = 0
 
 
 def attend_segments(
@@ -85,7 +94,10 @@ def attend_segments(
         qs, ks, vs = q[:, tokens], k[:, tokens], v[:, tokens]
         if s.rows > 1:  # [1, R * W, h, D] -> [R, W, h, D]: one batch element per row
             qs, ks, vs = (t.reshape(s.rows, -1, *t.shape[2:]) for t in (qs, ks, vs))
-        out = attend_with_past(qs, ks, vs, s.mask, s.past, s.on_kv)  # [R, heads, W, D]
+        if s.lengths is not None:
+            out = attend_rows_exact(qs, ks, vs, s)  # [R, heads, W, D]
+        else:
+            out = attend_with_past(qs, ks, vs, s.mask, s.past, s.on_kv)  # [R, heads, W, D]
         if s.rows > 1:
             out = out.transpose(0, 1).reshape(1, out.shape[1], -1, out.shape[3])
         parts.append(out)
@@ -103,6 +115,68 @@ def attend_uniform(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, s: LayerUn
         v = torch.cat((past_v, v), dim=1)
     out = attend(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), s.mask)  # [R, heads, T / R, D]
     return out.transpose(0, 1).reshape(1, out.shape[1], -1, out.shape[3])
+
+
+QUERY_TILE = 16  # attend_rows_exact: queries go through products of this many rows
+KEY_GRANULE = 8  # ... and keys in multiples of this (a product over 1 key changed with the batch)
+
+
+def attend_rows_exact(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, s: LayerSegment) -> torch.Tensor:
+    """attend_with_past for rows [R, W, heads | kv_heads, D] of real lengths s.lengths, each row's
+    bits its own: SDPA's CPU kernel gives a query other bits with the number of queries and (masked)
+    keys of its call and with the thread count, so one request's rows split over several workers
+    (each padding its rows to its own width, with its own threads) decoded otherwise than on one.
+    Here a row attends without padding, its queries in tiles of QUERY_TILE and its keys padded
+    to a multiple of KEY_GRANULE (shapes that follow from the row alone), through two bmm whose
+    every product has that shape; rows of equal length share the calls. Returns [R, heads, W, D]
+    (zeros at padded queries)."""
+    assert s.lengths is not None and s.mask is not None
+    if s.on_kv is not None:
+        s.on_kv(k, v)
+    rows, width, heads, dim = q.shape
+    past_k, past_v = s.past if s.past is not None else (k[0, :0], v[0, :0])
+    cached = past_k.shape[0]
+    out = q.new_zeros(rows, heads, width, dim)
+    for n in sorted(set(s.lengths)):
+        group = [r for r, length in enumerate(s.lengths) if length == n]
+        size = len(group)
+        index: slice | torch.Tensor = slice(None) if size == rows else torch.tensor(group, device=q.device)
+        keys = torch.cat((past_k.unsqueeze(0).expand(size, -1, -1, -1), k[index, :n]), dim=1)
+        values = torch.cat((past_v.unsqueeze(0).expand(size, -1, -1, -1), v[index, :n]), dim=1)
+        mask = s.mask[index, 0]
+        # block_causal: the head's keys are the cache and the head itself (the rest is masked anyway)
+        spans = ((0, s.head), (s.head, n)) if 0 < s.head < n else ((0, n),)
+        for lo, hi in spans:
+            seen = cached + (hi if lo == 0 else n)
+            part = _attend_tiles(q[index, lo:hi], keys[:, :seen], values[:, :seen], mask[:, lo:hi, :seen])
+            out[index, :, lo:hi] = part
+    return out
+
+
+def _attend_tiles(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """Softmax attention of q [G, T, heads, D] over k, v [G, N, kv_heads, D] under the additive mask
+    [G, T, N]; [G, heads, T, D]. Every product is [QUERY_TILE, D] x [D, N'] or [QUERY_TILE, N'] x
+    [N', D], N' = N rounded up to KEY_GRANULE: a query's bits depend on its own row's keys only."""
+    group, queries, heads, dim = q.shape
+    n = k.shape[1]
+    tiles = -(-queries // QUERY_TILE)
+    padded_q, padded_n = tiles * QUERY_TILE, -(-n // KEY_GRANULE) * KEY_GRANULE
+    q = F.pad(q, (0, 0, 0, 0, 0, padded_q - queries))
+    k, v = (F.pad(t, (0, 0, 0, 0, 0, padded_n - n)) for t in (k, v))
+    mask = F.pad(mask, (0, padded_n - n), value=float("-inf"))
+    mask = F.pad(mask, (0, 0, 0, padded_q - queries))  # padded queries see every key: no NaN
+    repeat = heads // k.shape[2]  # GQA: head h reads KV head h // repeat
+    k, v = (t.transpose(1, 2).repeat_interleave(repeat, dim=1) for t in (k, v))  # [G, heads, N', D]
+    q = q.transpose(1, 2).reshape(group, heads, tiles, QUERY_TILE, dim)
+    batch = group * heads * tiles
+    scores = torch.bmm(
+        (q * dim**-0.5).reshape(batch, QUERY_TILE, dim),
+        k.transpose(2, 3).unsqueeze(2).expand(-1, -1, tiles, -1, -1).reshape(batch, dim, padded_n),
+    ).view(group, heads, tiles, QUERY_TILE, padded_n)
+    scores = scores + mask.view(group, 1, tiles, QUERY_TILE, padded_n)
+    probs = torch.softmax(scores, dim=-1).reshape(batch, QUERY_TILE, padded_n)
+    out = torch.bmm(probs, v.unsqueeze(2).expand(-1, -1, tiles, -1, -1).reshape(batch, padded_n, dim))
+    return out.view(group, heads, padded_q, dim)[:, :, :queries]
 
 
 def attend_with_past(
@@ -155,4 +229,6 @@ def bind_segments(
 def bind_segment(segment: Segment, index: int) -> LayerSegment:
     past = segment.past.cached(index) if segment.past is not None else None
     on_kv = None if segment.on_kv is None else bind(segment.on_kv, index)
-    return LayerSegment(segment.begin, segment.end, segment.mask, past, on_kv, segment.rows)
+    return LayerSegment(
+        segment.begin, segment.end, segment.mask, past, on_kv, segment.rows, segment.lengths, segment.head
+    )

@@ -32,6 +32,7 @@ from lopa.model.cuda_graphs import WindowGraphs, bucket_for
 from lopa.model.dream import DreamModel
 from lopa.model.kv_cache import KVCache, cache_shape
 from lopa.model.mask import additive_window_mask
+from lopa.params import AttentionMode
 
 log = logging.getLogger("lopa.model")
 
@@ -183,8 +184,9 @@ class DreamWindowModel:
 
     def _segment(self, batch: WindowBatch, offset: int) -> Segment:
         """The batch's tokens at `offset` of a folded forward, its staging begun: on CPU its rows
-        attend row by row (a row's bits then do not depend on the rows beside it, see
-        lopa.model.mask), elsewhere as one sequence (the cache is read once for every row)."""
+        attend row by row, each unpadded (a row's bits then depend on that row alone, see
+        lopa.model.attention.attend_rows_exact), elsewhere as one sequence (the cache is read once
+        for every row)."""
         kv = self._cache(batch.sequence)
         rows, dtype, device = batch.rows, self.model.dtype, self.device
         by_row = device.type == "cpu" and rows > 1
@@ -192,7 +194,10 @@ class DreamWindowModel:
             batch.lengths, batch.block_ids, kv.length, batch.mode, dtype, device, by_row=by_row
         )
         kv.begin_stage(rows, batch.n_stage, batch.first_slot)
-        return Segment(offset, offset + rows * batch.width, mask, kv, kv.stage, rows if by_row else 1)
+        lengths = tuple(batch.lengths) if device.type == "cpu" else None
+        head = batch.n_stage if batch.mode is AttentionMode.BLOCK_CAUSAL else 0
+        end = offset + rows * batch.width
+        return Segment(offset, end, mask, kv, kv.stage, rows if by_row else 1, lengths, head)
 
     def _eager_many(self, batches: Sequence[WindowBatch]) -> list[torch.Tensor]:
         device = self.device
