@@ -195,7 +195,7 @@ class DreamWindowModel:
         )
         kv.begin_stage(rows, batch.n_stage, batch.first_slot)
         lengths = tuple(batch.lengths) if device.type == "cpu" else None
-        head = batch.n_stage if batch.mode is AttentionMode.BLOCK_CAUSAL else 0
+        head = _closed_head(batch) if lengths is not None else 0
         end = offset + rows * batch.width
         return Segment(offset, end, mask, kv, kv.stage, rows if by_row else 1, lengths, head)
 
@@ -308,3 +308,17 @@ class DreamWindowModel:
                 raise ValueError(f"row {row}: length {n} outside [max(1, n_stage={batch.n_stage}), {length}]")
         if batch.outputs is not None and any(not 0 <= i < rows * length for i in batch.outputs):
             raise ValueError(f"outputs must be flat indices in [0, {rows * length})")
+
+
+def _closed_head(batch: WindowBatch) -> int:
+    """The TO_CACHE tokens that attend apart (attend_rows_exact): in block_causal mode, when they end
+    at a block boundary in every row, they see only the cache and themselves, so computing them
+    alone gives every row the same bits. Otherwise (full attention; a head cutting a block, which a
+    decoder never stages) 0: they attend with their row under its mask."""
+    n = batch.n_stage
+    if batch.mode is not AttentionMode.BLOCK_CAUSAL or n == 0:
+        return 0
+    for row, length in enumerate(batch.lengths):
+        if length > n and int(batch.block_ids[row, n]) == int(batch.block_ids[row, n - 1]):
+            return 0
+    return n
