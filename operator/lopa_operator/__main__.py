@@ -42,24 +42,27 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument(
         "--liveness",
         default=os.environ.get("LOPA_OPERATOR_LIVENESS", "http://0.0.0.0:8080/healthz"),
-        help="kopf liveness endpoint URL ('' disables)",
+        help="kopf liveness endpoint URL ('' disables; default %(default)s)",
     )
     p.add_argument(
         "--metrics-port",
         type=int,
         default=int(os.environ.get("LOPA_OPERATOR_METRICS_PORT", "9090")),
-        help="Prometheus /metrics port (0 disables)",
+        help="Prometheus /metrics port (0 disables; default %(default)s)",
     )
     p.add_argument(
         "--render",
         metavar="FILE",
         help="print the children of the LoPADeployment(s) in FILE ('-' = stdin) as YAML and exit",
     )
-    p.add_argument("--resync-seconds", type=_seconds, default=None, help="seconds between resyncs (> 0)")
+    p.add_argument(
+        "--resync-seconds", type=_seconds, default=None, help="seconds between resyncs (> 0; default 10)"
+    )
     p.add_argument(
         "--log-level",
         default=os.environ.get("LOPA_OPERATOR_LOG_LEVEL", "info"),
         choices=["debug", "info", "warning"],
+        help="default %(default)s",
     )
     return p.parse_args(argv)
 
