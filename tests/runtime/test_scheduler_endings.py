@@ -42,12 +42,13 @@ class Cuts(Observer):
         return sum(w - g for wanted, granted in self.rounds for w, g in zip(wanted, granted, strict=True))
 
 
-def scheduler(budget: Budget = UNLIMITED, observer: Observer | None = None) -> Scheduler:
+def scheduler(budget: Budget = UNLIMITED, observer: Observer | None = None, queue_size: int = 64
+              ) -> Scheduler:
     model = SyntheticModel(VOCAB, MAX_LENGTH, rule_from(hash_choice(len(PROMPT))), max_batch=4)
     executor = LocalExecutor(model)
     decoder = Decoder(executor, MASK, (EOS,), MAX_LENGTH)
     text = lambda ids: "".join(chr(ord("a") + t) for t in ids if t not in (MASK, EOS))  # noqa: E731
-    return Scheduler(decoder, executor, text, 64, budget, observer)
+    return Scheduler(decoder, executor, text, queue_size, budget, observer)
 
 
 def submit(s: Scheduler, params: DecodingParams = PARAMS) -> Waiter:
@@ -68,7 +69,7 @@ def test_a_stopped_scheduler_refuses_requests_instead_of_keeping_them() -> None:
 
 
 def test_requests_racing_a_stop_are_refused_or_settled() -> None:
-    s = scheduler()
+    s = scheduler(queue_size=4 * 20)  # room for every request: a stop landing late is no QueueFull
     s.start()
     accepted: list[Waiter] = []
     refused = 0
