@@ -59,3 +59,23 @@ def test_greedy_matches_local(
             if result.generated_ids != local_outputs[(k, mode, i)]:
                 mismatches.append((k, mode, i, result.generated_ids, local_outputs[(k, mode, i)]))
         assert not mismatches
+
+
+def test_a_fuzzed_block_causal_request_decodes_alike_on_three_workers(tmp_logs: Path) -> None:
+    """Found by fuzzing: alone on 3 workers this request picked other winners than on the local
+    engine from round 45 on and changed a token (each worker padded its rows to its own width on
+    its own threads, and SDPA's CPU kernel gave the rows other bits; see attend_rows_exact)."""
+    from lopa.engine import bundled_model_dir
+
+    bundled = bundled_model_dir()
+    loaded = load_model(bundled)
+    prompt = list(loaded.tokenizer.encode("co", add_special_tokens=False))
+    fuzzed = DecodingParams(block_size=7, max_new_tokens=128, branches=4, tau_add=0.0, tau_act=0.95,
+                            tau_conf=1.0, conf="prob", alpha=0.0, beta=0.5, attention="block_causal", top_k=5)
+    max_length = loaded.config.max_position_embeddings
+    local = Decoder(LocalExecutor(loaded.window_model(max_length), pad_id=loaded.special.pad),
+                    loaded.special.mask, loaded.special.eos, max_length)
+    want = local.generate(prompt, fuzzed).generated_ids
+    config_path = write_config(tmp_logs, bundled, 3, limits={"max_new_tokens": 128, "max_prompt_tokens": 64})
+    with distributed_decoder(config_path, bundled, tmp_logs) as decoder:
+        assert decoder.generate(prompt, fuzzed).generated_ids == want
