@@ -1,7 +1,8 @@
 """Greedy outputs of the distributed executor are token-identical to the local one.
 
 Real worker subprocesses, real gloo, real gRPC on loopback: 1, 2 and 3 workers, k in
-{0, 1, 3, 5} (more candidates than workers included), both attention modes.
+{0, 1, 3, 5} (more candidates than workers included), both attention modes; and sampling with a
+seed, which reproduces whichever worker verifies a candidate.
 """
 
 from __future__ import annotations
@@ -44,7 +45,16 @@ def local_outputs(checkpoint: Path) -> dict[tuple[int, str, int], list[int]]:
     out = {}
     for (k, mode), (i, prompt) in cases():
         out[(k, mode, i)] = decoder.generate(prompt, params(k, mode)).generated_ids
+    for k, (i, prompt) in itertools.product(BRANCHES, enumerate(PROMPTS)):
+        out[(k, "sampled", i)] = decoder.generate(prompt, sampled(k)).generated_ids
+    assert any(out[(k, "sampled", i)] != out[(k, "full", i)] for k in BRANCHES for i in range(len(PROMPTS)))
     return out
+
+
+def sampled(k: int) -> DecodingParams:
+    # Each candidate draws from its own stream of (seed, candidate index), whichever worker holds it.
+    return DecodingParams(block_size=8, max_new_tokens=32, branches=k, tau_add=0.3, temperature=0.8,
+                          top_p=0.9, seed=5)
 
 
 @pytest.mark.parametrize("workers", [1, 2, 3])
@@ -58,6 +68,10 @@ def test_greedy_matches_local(
             result = decoder.generate(prompt, params(k, mode))
             if result.generated_ids != local_outputs[(k, mode, i)]:
                 mismatches.append((k, mode, i, result.generated_ids, local_outputs[(k, mode, i)]))
+        for k, (i, prompt) in itertools.product(BRANCHES, enumerate(PROMPTS)):
+            result = decoder.generate(prompt, sampled(k))
+            if result.generated_ids != local_outputs[(k, "sampled", i)]:
+                mismatches.append((k, "sampled", i, result.generated_ids, local_outputs[(k, "sampled", i)]))
         assert not mismatches
 
 
