@@ -13,6 +13,8 @@ from typing import Protocol
 import torch
 import torch.nn.functional as F
 
+RowGroup = tuple[int, slice | torch.Tensor]  # (a length, the rows of that length as an index)
+
 # Called once per layer with that layer's window keys/values [R, L, kv_heads, head_dim] (after RoPE).
 KVCallback = Callable[[int, torch.Tensor, torch.Tensor], None]
 
@@ -31,7 +33,7 @@ class Segment:
     cache and to itself only, under masks [rows, 1, width, C + width] (lopa.model.mask.row_masks);
     with rows == 1, as one sequence under a mask [1, 1, T, C + T].
 
-    With `lengths` (CPU), each row attends unpadded through fixed-shape products (attend_rows_exact):
+    With `row_groups` (CPU), each row attends unpadded through fixed-shape products (attend_rows_exact):
     its bits then depend on that row alone, not on the width its executor padded it to, the rows
     beside it or the thread count; in block_causal mode its first `head` (TO_CACHE) tokens attend
     apart, to the cache and the head only, so every row stages the very same K/V for them."""
@@ -42,7 +44,7 @@ class Segment:
     past: KVSource | None
     on_kv: KVCallback | None
     rows: int = 1
-    lengths: tuple[int, ...] | None = None
+    row_groups: tuple[RowGroup, ...] | None = None
     head: int = 0
 
 
@@ -80,7 +82,7 @@ class LayerSegment:
     past: tuple[torch.Tensor, torch.Tensor] | None
     on_kv: Callable[[torch.Tensor, torch.Tensor], None] | None
     rows: int = 1
-    lengths: tuple[int, ...] | None = None
+    row_groups: tuple[RowGroup, ...] | None = None
     head: int = 0
 
 
@@ -94,7 +96,7 @@ def attend_segments(
         qs, ks, vs = q[:, tokens], k[:, tokens], v[:, tokens]
         if s.rows > 1:  # [1, R * W, h, D] -> [R, W, h, D]: one batch element per row
             qs, ks, vs = (t.reshape(s.rows, -1, *t.shape[2:]) for t in (qs, ks, vs))
-        if s.lengths is not None:
+        if s.row_groups is not None:
             out = attend_rows_exact(qs, ks, vs, s)  # [R, heads, W, D]
         else:
             out = attend_with_past(qs, ks, vs, s.mask, s.past, s.on_kv)  # [R, heads, W, D]
@@ -120,27 +122,35 @@ def attend_uniform(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, s: LayerUn
 QUERY_TILE = 16  # attend_rows_exact: queries go through products of this many rows
 KEY_GRANULE = 8  # ... and keys in multiples of this (a product over 1 key changed with the batch)
 
+def row_groups(lengths: Sequence[int], device: torch.device) -> tuple[RowGroup, ...]:
+    """A segment's rows grouped by length, for attend_rows_exact: found once per forward, not per
+    layer."""
+    groups = []
+    for n in sorted(set(lengths)):
+        rows = [r for r, length in enumerate(lengths) if length == n]
+        index = slice(None) if len(rows) == len(lengths) else torch.tensor(rows, device=device)
+        groups.append((n, index))
+    return tuple(groups)
+
 
 def attend_rows_exact(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, s: LayerSegment) -> torch.Tensor:
-    """attend_with_past for rows [R, W, heads | kv_heads, D] of real lengths s.lengths, each row's
-    bits its own: SDPA's CPU kernel gives a query other bits with the number of queries and (masked)
-    keys of its call and with the thread count, so one request's rows split over several workers
-    (each padding its rows to its own width, with its own threads) decoded otherwise than on one.
-    Here a row attends without padding, its queries in tiles of QUERY_TILE and its keys padded
-    to a multiple of KEY_GRANULE (shapes that follow from the row alone), through two bmm whose
-    every product has that shape; rows of equal length share the calls. Returns [R, heads, W, D]
-    (zeros at padded queries)."""
-    assert s.lengths is not None and s.mask is not None
+    """attend_with_past for rows [R, W, heads | kv_heads, D] grouped by real length (s.row_groups),
+    each row's bits its own: SDPA's CPU kernel gives a query other bits with the number of queries
+    and (masked) keys of its call and with the thread count, so one request's rows split over
+    several workers (each padding its rows to its own width, with its own threads) decoded otherwise
+    than on one. Here a row attends without padding, its queries in tiles of QUERY_TILE and its keys
+    padded to a multiple of KEY_GRANULE (shapes that follow from the row alone), through two bmm
+    whose every product has that shape; rows of equal length share the calls. Returns
+    [R, heads, W, D] (zeros at padded queries)."""
+    assert s.row_groups is not None and s.mask is not None
     if s.on_kv is not None:
         s.on_kv(k, v)
     rows, width, heads, dim = q.shape
     past_k, past_v = s.past if s.past is not None else (k[0, :0], v[0, :0])
     cached = past_k.shape[0]
     out = q.new_zeros(rows, heads, width, dim)
-    for n in sorted(set(s.lengths)):
-        group = [r for r, length in enumerate(s.lengths) if length == n]
-        size = len(group)
-        index: slice | torch.Tensor = slice(None) if size == rows else torch.tensor(group, device=q.device)
+    for n, index in s.row_groups:
+        size = rows if isinstance(index, slice) else len(index)
         keys = torch.cat((past_k.unsqueeze(0).expand(size, -1, -1, -1), k[index, :n]), dim=1)
         values = torch.cat((past_v.unsqueeze(0).expand(size, -1, -1, -1), v[index, :n]), dim=1)
         mask = s.mask[index, 0]
@@ -230,5 +240,5 @@ def bind_segment(segment: Segment, index: int) -> LayerSegment:
     past = segment.past.cached(index) if segment.past is not None else None
     on_kv = None if segment.on_kv is None else bind(segment.on_kv, index)
     return LayerSegment(
-        segment.begin, segment.end, segment.mask, past, on_kv, segment.rows, segment.lengths, segment.head
+        segment.begin, segment.end, segment.mask, past, on_kv, segment.rows, segment.row_groups, segment.head
     )

@@ -27,7 +27,7 @@ import torch
 
 from lopa.execution.heap import keep_freed_memory
 from lopa.execution.protocol import WindowBatch
-from lopa.model.attention import Segment
+from lopa.model.attention import Segment, row_groups
 from lopa.model.cuda_graphs import WindowGraphs, bucket_for
 from lopa.model.dream import DreamModel
 from lopa.model.kv_cache import KVCache, cache_shape
@@ -194,10 +194,11 @@ class DreamWindowModel:
             batch.lengths, batch.block_ids, kv.length, batch.mode, dtype, device, by_row=by_row
         )
         kv.begin_stage(rows, batch.n_stage, batch.first_slot)
-        lengths = tuple(batch.lengths) if device.type == "cpu" else None
-        head = _closed_head(batch) if lengths is not None else 0
+        exact = device.type == "cpu"  # row-exact attention (attend_rows_exact)
+        groups = row_groups(batch.lengths, device) if exact else None
+        head = _closed_head(batch) if exact else 0
         end = offset + rows * batch.width
-        return Segment(offset, end, mask, kv, kv.stage, rows if by_row else 1, lengths, head)
+        return Segment(offset, end, mask, kv, kv.stage, rows if by_row else 1, groups, head)
 
     def _eager_many(self, batches: Sequence[WindowBatch]) -> list[torch.Tensor]:
         device = self.device
