@@ -102,17 +102,23 @@ def _rejection(
     post: EventFn,
     logger: logging.Logger | logging.LoggerAdapter,
 ) -> dict[str, Any]:
-    """The condition Reconciled=False for a spec the API server rejects (one Warning event per new
-    message)."""
+    """The status patch for a spec the API server rejects: its conditions with Reconciled=False last
+    (statuses.apply_failed). One Warning event per new message."""
     meta = obj["metadata"]
     message = error.message  # the API server's own words, naming the object and the field
-    failed = statuses.apply_failed(obj, message, dt.datetime.now(dt.timezone.utc))["conditions"][-1]
-    before = (obj.get("status") or {}).get("conditions") or []
-    old = next((c for c in before if c.get("type") == "Reconciled"), None)
+    patch = statuses.apply_failed(obj, message, dt.datetime.now(dt.timezone.utc))
+    failed = patch["conditions"][-1]
+    old = _reconciled(obj)
     if not old or old.get("status") != "False" or old.get("message") != failed["message"]:
         post(obj, "Warning", "ApplyFailed", failed["message"])
     logger.info("spec of generation %s rejected by the API server: %s", meta.get("generation"), message)
-    return failed
+    return patch
+
+
+def _reconciled(obj: dict[str, Any]) -> dict[str, Any] | None:
+    """The object's Reconciled condition as last written."""
+    conditions = (obj.get("status") or {}).get("conditions") or []
+    return next((c for c in conditions if c.get("type") == "Reconciled"), None)
 
 
 def _retry_later(failed: dict[str, Any]) -> NoReturn:
@@ -123,13 +129,12 @@ def _retry_later(failed: dict[str, Any]) -> NoReturn:
     )
 
 
-def _report_only(kube: Kube, obj: dict[str, Any], failed: dict[str, Any]) -> NoReturn:
-    """Writes just the condition, for a deployment with nothing deployed to look after yet."""
+def _report_only(kube: Kube, obj: dict[str, Any], patch: dict[str, Any]) -> NoReturn:
+    """Writes just the conditions, for a deployment with nothing deployed to look after yet."""
     meta = obj["metadata"]
-    conditions = (obj.get("status") or {}).get("conditions") or []
-    if failed not in conditions:
-        others = [c for c in conditions if c.get("type") != "Reconciled"]
-        kube.patch_status(meta["namespace"], meta["name"], {"conditions": [*others, failed]})
+    failed = patch["conditions"][-1]
+    if _reconciled(obj) != failed:
+        kube.patch_status(meta["namespace"], meta["name"], patch)
     _retry_later(failed)
 
 
@@ -214,9 +219,10 @@ def _reconcile(
     except KubeError as e:
         if not _spec_error(e):
             raise
-        rejected = _rejection(obj, e, post, logger)
+        patch = _rejection(obj, e, post, logger)
         if not deployed or not before.get("observedGeneration") or not before.get("configHash"):
-            _report_only(kube, obj, rejected)
+            _report_only(kube, obj, patch)
+        rejected = patch["conditions"][-1]
         # Nothing of the refused spec was applied (dry run first): the groups keep running what
         # they run, and a worker lost meanwhile must still be handled and reported.
         plan = rollout.hold_deployed(plan, deployed)
