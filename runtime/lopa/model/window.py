@@ -27,9 +27,10 @@ import torch
 
 from lopa.execution.heap import keep_freed_memory
 from lopa.execution.protocol import WindowBatch
-from lopa.model.attention import Segment, row_groups
+from lopa.model.attention import Segment
 from lopa.model.cuda_graphs import WindowGraphs, bucket_for
 from lopa.model.dream import DreamModel
+from lopa.model.exact_attention import row_spans
 from lopa.model.kv_cache import KVCache, cache_shape
 from lopa.model.mask import additive_window_mask
 from lopa.params import AttentionMode
@@ -185,7 +186,7 @@ class DreamWindowModel:
     def _segment(self, batch: WindowBatch, offset: int) -> Segment:
         """The batch's tokens at `offset` of a folded forward, its staging begun: on CPU its rows
         attend row by row, each unpadded (a row's bits then depend on that row alone, see
-        lopa.model.attention.attend_rows_exact), elsewhere as one sequence (the cache is read once
+        lopa.model.exact_attention), elsewhere as one sequence (the cache is read once
         for every row)."""
         kv = self._cache(batch.sequence)
         rows, dtype, device = batch.rows, self.model.dtype, self.device
@@ -194,11 +195,17 @@ class DreamWindowModel:
             batch.lengths, batch.block_ids, kv.length, batch.mode, dtype, device, by_row=by_row
         )
         kv.begin_stage(rows, batch.n_stage, batch.first_slot)
-        exact = device.type == "cpu"  # row-exact attention (attend_rows_exact)
-        groups = row_groups(batch.lengths, device) if exact else None
-        head = _closed_head(batch) if exact else 0
+        spans = None
+        if device.type == "cpu":  # row-exact attention (attend_rows_exact)
+            config = self.model.config
+            kv_heads = config.num_key_value_heads
+            head = _closed_head(batch)
+            shared = head > 0 and _same_head(batch, head)
+            spans = row_spans(
+                mask, batch.lengths, head, kv.length, kv_heads, config.num_attention_heads // kv_heads, shared
+            )
         end = offset + rows * batch.width
-        return Segment(offset, end, mask, kv, kv.stage, rows if by_row else 1, groups, head)
+        return Segment(offset, end, mask, kv, kv.stage, rows if by_row else 1, spans)
 
     def _eager_many(self, batches: Sequence[WindowBatch]) -> list[torch.Tensor]:
         device = self.device
@@ -323,3 +330,10 @@ def _closed_head(batch: WindowBatch) -> int:
         if length > n and int(batch.block_ids[row, n]) == int(batch.block_ids[row, n - 1]):
             return 0
     return n
+
+
+def _same_head(batch: WindowBatch, head: int) -> bool:
+    """Whether every row begins with the same `head` tokens in the same blocks (a decoder's
+    candidates share their TO_CACHE tokens): the head's attention is then computed once."""
+    tokens, blocks = batch.tokens[:, :head], batch.block_ids[:, :head]
+    return bool((tokens == tokens[:1]).all() and (blocks == blocks[:1]).all())

@@ -1,0 +1,129 @@
+"""Row-exact attention for CPU: a row's bits follow from that row alone.
+
+SDPA's CPU kernel gives a query other bits with the number of queries and (masked) keys of its call
+and with the thread count, so one request's rows split over several workers (each padding its rows
+to its own width, with its own threads) decoded otherwise than on one. Here each row attends
+unpadded through two bmm products per KV head, [M, D] x [D, keys] and [M, keys] x [keys, D], whose
+shapes follow from the row alone: M stacks the KV head's `repeat` query heads over the row's span of
+queries, rounded up to a multiple of ROWS_GRANULE; keys are the cache then the row's window, rounded
+up to a multiple of KEY_GRANULE. Rows of one length share the calls. bmm gives an item the same
+bits whatever the batch and threads for these shapes (on the machines we measured, a product of
+5-11 rows alone on 2 threads did not, hence the granule); test_model_ragged's
+test_a_rows_bits_follow_from_the_row_alone checks it end to end.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+
+ROWS_GRANULE = 16  # a product's query rows (heads x queries) are a multiple of this
+KEY_GRANULE = 8  # and its keys: a product over 1 key changed with the batch
+
+
+@dataclass(frozen=True)
+class RowSpan:
+    """Queries [lo, hi) of `rows`, rows of one length, each attending to the first `keys` keys of
+    its row (what the mask hides, the row's padding or zeros past its window, gets probability 0).
+    The queries are padded to `queries` (repeat * queries a multiple of ROWS_GRANULE). `mask` is
+    additive, [rows * kv_heads, repeat * queries, keys] (0 at padded queries), built once per forward
+    for every layer. A `shared` span (the block_causal TO_CACHE head, the same tokens in every row)
+    is computed on the first row and written to every row."""
+
+    rows: slice | torch.Tensor
+    lo: int
+    hi: int
+    queries: int
+    keys: int
+    mask: torch.Tensor
+    shared: bool = False
+
+
+def row_spans(
+    mask: torch.Tensor,
+    lengths: Sequence[int],
+    head: int,
+    cached: int,
+    kv_heads: int,
+    repeat: int,
+    shared_head: bool = False,
+) -> tuple[RowSpan, ...]:
+    """A segment's spans, from its additive mask [R, 1, W, cached + W]: rows grouped by length. In
+    block_causal mode with a closed TO_CACHE `head` (> 0), each group's head apart (it sees the
+    cache and itself only), then its tokens after it, which see the cache and their whole row; with
+    `shared_head` (the head's tokens and blocks are the same in every row, as in a decoder's
+    candidates) the head once for all rows."""
+    spans = []
+    if head and shared_head:
+        spans.append(_span(mask, slice(0, 1), 0, head, cached + head, kv_heads, repeat, shared=True))
+    for n in sorted(set(lengths)):
+        members = [r for r, length in enumerate(lengths) if length == n]
+        rows = slice(None) if len(members) == len(lengths) else torch.tensor(members, device=mask.device)
+        if head and not shared_head:
+            spans.append(_span(mask, rows, 0, head, cached + head, kv_heads, repeat))
+        if n > head:  # else a cache-only row: its head is all it has
+            spans.append(_span(mask, rows, head, n, cached + n, kv_heads, repeat))
+    return tuple(spans)
+
+
+def _span(
+    mask: torch.Tensor, rows: slice | torch.Tensor, lo: int, hi: int, seen: int, kv_heads: int, repeat: int,
+    shared: bool = False,
+) -> RowSpan:
+    granule = ROWS_GRANULE // math.gcd(ROWS_GRANULE, repeat)
+    queries = -(-(hi - lo) // granule) * granule
+    keys = -(-seen // KEY_GRANULE) * KEY_GRANULE
+    own = F.pad(mask[rows, 0, lo:hi, :seen], (0, keys - seen), value=float("-inf"))
+    own = F.pad(own, (0, 0, 0, queries - (hi - lo)))  # padded queries see every key: no NaN
+    group = own.shape[0]
+    expanded = own[:, None, None].expand(group, kv_heads, repeat, queries, keys)
+    expanded = expanded.reshape(group * kv_heads, repeat * queries, keys)
+    return RowSpan(rows, lo, hi, queries, keys, expanded, shared)
+
+
+def attend_rows_exact(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    spans: Sequence[RowSpan],
+    past: tuple[torch.Tensor, torch.Tensor] | None,
+    on_kv: Callable[[torch.Tensor, torch.Tensor], None] | None,
+    out: torch.Tensor,
+) -> None:
+    """Attention of rows [R, W, heads | kv_heads, D] over the cached prefix [C, kv_heads, D] and
+    their own window keys/values (staged first through on_kv), span by span, into `out`
+    [R, W, heads, D] (padded queries are left as they are)."""
+    if on_kv is not None:
+        on_kv(k, v)
+    rows, width, heads, dim = q.shape
+    kv_heads = k.shape[2]
+    past_k, past_v = past if past is not None else (k[0, :0], v[0, :0])
+    tail = max(0, max(span.keys for span in spans) - past_k.shape[0] - width)
+    keys, values = _keys_by_row(past_k, k, tail), _keys_by_row(past_v, v, tail)  # [R, kv_heads, N, D]
+    for span in spans:
+        index = span.rows
+        group = 1 if span.shared else rows if isinstance(index, slice) else len(index)
+        count = span.hi - span.lo
+        span_q = q[index, span.lo : span.hi].transpose(1, 2)
+        if span.queries > count:
+            span_q = F.pad(span_q, (0, 0, 0, span.queries - count))
+        span_k, span_v = (t[index, :, : span.keys].reshape(group * kv_heads, -1, dim) for t in (keys, values))
+        scores = torch.baddbmm(
+            span.mask, span_q.reshape(group * kv_heads, -1, dim), span_k.transpose(1, 2), alpha=dim**-0.5
+        )
+        part = torch.bmm(torch.softmax(scores, dim=-1), span_v).view(group, heads, span.queries, dim)
+        out[slice(None) if span.shared else index, span.lo : span.hi] = part[:, :, :count].transpose(1, 2)
+
+
+def _keys_by_row(past: torch.Tensor, window: torch.Tensor, tail: int) -> torch.Tensor:
+    """[R, kv_heads, C + W + tail, D]: the cached keys (or values) [C, kv_heads, D], then each row's
+    window [R, W, kv_heads, D], then `tail` zeros."""
+    rows, _, kv_heads, dim = window.shape
+    parts = [past.transpose(0, 1).unsqueeze(0).expand(rows, -1, -1, -1), window.transpose(1, 2)]
+    if tail:
+        parts.append(window.new_zeros(1, 1, 1, 1).expand(rows, kv_heads, tail, dim))
+    return torch.cat(parts, dim=2)
