@@ -158,6 +158,29 @@ def test_serve_checks_its_flags_before_starting_anything(
     assert code == 2 and one_line(err) == line
 
 
+@pytest.mark.parametrize("flag", ["--http-port", "--metrics-port"])
+def test_serve_names_the_flag_of_a_port_in_use_or_taken_twice(
+    capsys: pytest.CaptureFixture[str], flag: str
+) -> None:
+    """Before, the master found the port busy and the user read its config key (master.http_port)."""
+    with socket.socket() as held:
+        held.bind(("0.0.0.0", 0))
+        held.listen()
+        port = held.getsockname()[1]
+        code, err = run_cli(capsys, "serve", "--listen", closed_address(), flag, str(port))
+    assert code == 2
+    assert one_line(err).startswith(f"lopa serve: error: {flag}: cannot listen on 0.0.0.0:{port}: ")
+    listen = closed_address()
+    same = listen.rsplit(":", 1)[1]
+    code, err = run_cli(capsys, "serve", "--listen", listen, flag, same)
+    assert code == 2
+    assert one_line(err) == f"lopa serve: error: {flag}: must differ from --listen (both {same})"
+    free = closed_address().rsplit(":", 1)[1]
+    code, err = run_cli(capsys, "serve", "--listen", listen, "--http-port", free, "--metrics-port", free)
+    assert code == 2
+    assert one_line(err) == f"lopa serve: error: --metrics-port: must differ from --http-port (both {free})"
+
+
 def test_serve_with_a_config_file_without_decoding_uses_the_models_defaults(tmp_path: Path) -> None:
     """Not the paper's (block 32, 256 tokens): on the bundled model every request would fail."""
     config = tmp_path / "lopa.yaml"

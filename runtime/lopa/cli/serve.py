@@ -126,6 +126,24 @@ def check_flags(args: argparse.Namespace) -> None:
     problem = listen_problem(args.listen)
     if problem:
         raise InvalidParameter("listen", problem)
+    _check_ports(args)
+
+
+def _check_ports(args: argparse.Namespace) -> None:
+    """--http-port and --metrics-port (the master listens on 0.0.0.0) free and apart from --listen's
+    port, reported under their flags before any child starts (the master would name its config key)."""
+    taken = {"listen": int(args.listen.rsplit(":", 1)[1])}
+    for flag in ("http_port", "metrics_port"):
+        port = getattr(args, flag)
+        if not port:
+            continue
+        for other, used in taken.items():
+            if port == used:
+                raise InvalidParameter(flag, f"must differ from --{other.replace('_', '-')} (both {port})")
+        problem = listen_problem(f"0.0.0.0:{port}")
+        if problem:
+            raise InvalidParameter(flag, problem)
+        taken[flag] = port
 
 
 def serving_config(args: argparse.Namespace) -> ServingConfig:
