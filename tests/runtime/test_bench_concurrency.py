@@ -7,7 +7,7 @@ import threading
 
 import pytest
 
-from lopa.bench.concurrency import Answer, combine, percentile, sweep, with_ratios
+from lopa.bench.concurrency import Answer, combine, percentile, run_level, sweep, with_ratios
 from lopa.bench.rows import markdown_table
 
 
@@ -55,6 +55,15 @@ def test_combine_takes_each_quantity_s_median_and_the_speedup_range() -> None:
     assert combine([runs[0]]) == runs[0]  # one pass: as measured
     with pytest.raises(ValueError, match="same levels"):
         combine([runs[0], runs[1][:1]])
+
+
+def test_mean_branches_is_per_round_over_every_requests_rounds() -> None:
+    """A long request's rounds weigh as many as they are: 3 rounds at 0 and 1 round at 4 average 1,
+    not (0 + 4) / 2."""
+    answers = [Answer(tokens=6, forwards=3, mean_branches=0.0, verified_tokens=30),
+               Answer(tokens=8, forwards=1, mean_branches=4.0, verified_tokens=50)]
+    row = run_level(lambda index: answers[index], requests=2, concurrency=1)
+    assert row["mean_branches"] == 1.0 and row["tpf"] == 3.5
 
 
 def test_sweep_interleaves_its_passes_and_keeps_each_level_in_flight() -> None:

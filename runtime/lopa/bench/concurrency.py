@@ -3,7 +3,8 @@
 Closed loop: `concurrency` clients each send their next request as soon as the last one answered,
 until every request of the level was sent. Per level: aggregate tokens/s (all tokens over the
 level's wall time), per-request tokens/s (tokens over that request's own latency, averaged), p50 and
-p99 latency (queueing included), TPF, the lookahead branches granted per round, and the two factors
+p99 latency (queueing included), TPF, the lookahead branches granted per round (over every request's
+rounds), and the two factors
 of any speedup: work_per_token (verified window tokens per generated token) and us_per_verified
 (wall time per verified token). Every row holds its ratios to the first level (one request at a
 time), measured in the same run: speedup, p99_x_lone and p99_slowdown (see with_ratios).
@@ -79,7 +80,9 @@ def run_level(send: Send, requests: int, concurrency: int) -> dict:
         "p50_s": round(percentile(latencies, 50), 3),
         "p99_s": round(percentile(latencies, 99), 3),
         "tpf": round(tokens / forwards, 3) if forwards else 0.0,
-        "mean_branches": round(statistics.mean(a.mean_branches for a, _ in answers), 3),
+        # Per round of every request (a request's rounds are its forwards), not per request.
+        "mean_branches": round(sum(a.mean_branches * a.forwards for a, _ in answers) / forwards, 3)
+        if forwards else 0.0,
         # The two factors of a speedup: verified tokens per generated token (fewer when the budget
         # grants fewer branches) and wall time per verified token (lower when a batched forward
         # costs less per token than a lone one: an accelerator's gain, hardly a CPU's).
