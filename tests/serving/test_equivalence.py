@@ -78,7 +78,7 @@ def test_greedy_matches_local(
 def test_a_fuzzed_block_causal_request_decodes_alike_on_three_workers(tmp_logs: Path) -> None:
     """Found by fuzzing: alone on 3 workers this request picked other winners than on the local
     engine from round 45 on and changed a token (each worker padded its rows to its own width on
-    its own threads, and SDPA's CPU kernel gave the rows other bits; see attend_rows_exact)."""
+    its own threads, and SDPA's CPU kernel gave the rows other bits; see lopa.model.exact_attention)."""
     from lopa.engine import bundled_model_dir
 
     bundled = bundled_model_dir()
