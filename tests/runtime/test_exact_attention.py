@@ -23,13 +23,12 @@ def _inputs(seed: int, rows: int, width: int, heads: int, kv_heads: int) -> tupl
     return q, k, v, *past
 
 
-def _attend(q, k, v, past_k, past_v, lengths, head: int, causal: bool, shared: bool = False) -> torch.Tensor:
-    """attend_rows_exact on rows [R, W, ...] -> [R, W, heads, D]."""
+def _attend(q, k, v, past_k, past_v, lengths, head: int, causal: bool, shared: bool = False):
+    """attend_rows_exact on rows [R, W, ...] -> ([R, W, heads, D], the additive mask)."""
     rows, width, heads, _ = q.shape
-    kv_heads = k.shape[2]
     blocks = torch.tensor([[0] * head + [1 + (c - head) // 4 for c in range(head, width)]] * rows)
     mask = additive(row_masks(torch.tensor(lengths), blocks, CACHED, causal), q.dtype)
-    spans = row_spans(mask, lengths, head, CACHED, kv_heads, heads // kv_heads, shared)
+    spans = row_spans(mask, lengths, head, CACHED, heads // k.shape[2], shared_head=shared)
     out = q.new_zeros(q.shape)
     attend_rows_exact(q, k, v, spans, (past_k, past_v), None, out)
     return out, mask
@@ -53,18 +52,24 @@ def test_it_matches_sdpa(heads: int, kv_heads: int, causal: bool, shared: bool) 
 
 
 @pytest.mark.parametrize(("heads", "kv_heads"), [(1, 1), (2, 1), (4, 2), (7, 1)])
-def test_a_rows_bits_are_its_own(heads: int, kv_heads: int, thread_count) -> None:
+@pytest.mark.parametrize(("head", "shared"), [(0, False), (3, False), (3, True)])
+def test_a_rows_bits_are_its_own(heads: int, kv_heads: int, head: int, shared: bool, thread_count) -> None:
     """Every span length 1-12 (product rows from 1 upward: a lone product of 5-11 rows on 2 threads
     got other bits than in a batch on one of our machines), alone, beside other rows and padded
-    wider, on 1 and 2 threads."""
-    for n in range(1, 13):
+    wider, on 1 and 2 threads; with a block_causal TO_CACHE head attending apart, per row or shared
+    (the same bits either way)."""
+    causal = head > 0
+    for n in range(max(1, head), 13):
         q, k, v, past_k, past_v = _inputs(n, 3, 16, heads, kv_heads)
+        for t in (q, k, v):  # the head: the same tokens in every row
+            t[:, :head] = t[0, :head]
         reference = None
         for threads in (1, 2):
             thread_count(threads)
             for rows, width, lengths in ((1, n, [n]), (1, 16, [n]), (3, 16, [n, 16, 9]), (2, 14, [n, n])):
-                got, _ = _attend(q[:rows, :width], k[:rows, :width], v[:rows, :width], past_k, past_v,
-                                 lengths, 0, False)
-                if reference is None:
-                    reference = got[0, :n].clone()
-                assert torch.equal(got[0, :n], reference), (n, threads, rows, width)
+                for share in {shared, False}:
+                    got, _ = _attend(q[:rows, :width], k[:rows, :width], v[:rows, :width], past_k, past_v,
+                                     lengths, head, causal, share)
+                    if reference is None:
+                        reference = got[0, :n].clone()
+                    assert torch.equal(got[0, :n], reference), (n, threads, rows, width, share)

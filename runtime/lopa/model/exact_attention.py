@@ -7,9 +7,9 @@ unpadded through two bmm products per KV head, [M, D] x [D, keys] and [M, keys] 
 shapes follow from the row alone: M stacks the KV head's `repeat` query heads over the row's span of
 queries, rounded up to a multiple of ROWS_GRANULE; keys are the cache then the row's window, rounded
 up to a multiple of KEY_GRANULE. Rows of one length share the calls. bmm gives an item the same
-bits whatever the batch and threads for these shapes (on the machines we measured, a product of
-5-11 rows alone on 2 threads did not, hence the granule); test_model_ragged's
-test_a_rows_bits_follow_from_the_row_alone checks it end to end.
+bits whatever the batch and threads for these shapes (on the machine we measured, a product of
+5-11 rows alone on 2 threads did not, hence the granule); test_exact_attention checks it for
+single products, test_model_ragged's test_a_rows_bits_follow_from_the_row_alone end to end.
 """
 
 from __future__ import annotations
@@ -22,23 +22,24 @@ import torch
 import torch.nn.functional as F
 
 ROWS_GRANULE = 16  # a product's query rows (heads x queries) are a multiple of this
-KEY_GRANULE = 8  # and its keys: a product over 1 key changed with the batch
+KEY_GRANULE = 8  # and its keys (kept from the tile version, where a 1-key product changed with the batch)
 
 
 @dataclass(frozen=True)
 class RowSpan:
-    """Queries [lo, hi) of `rows`, rows of one length, each attending to the first `keys` keys of
-    its row (what the mask hides, the row's padding or zeros past its window, gets probability 0).
-    The queries are padded to `queries` (repeat * queries a multiple of ROWS_GRANULE). `mask` is
-    additive, [rows * kv_heads, repeat * queries, keys] (0 at padded queries), built once per forward
-    for every layer. A `shared` span (the block_causal TO_CACHE head, the same tokens in every row)
-    is computed on the first row and written to every row."""
+    """Queries [lo, hi) of the rows `index`, rows of one length, each attending to the first
+    `key_count` keys of its row; every key the mask hides there (tokens after a closed head, the
+    row's padding, the zero tail) gets probability 0. The queries are padded to `query_count`
+    (repeat * query_count a multiple of ROWS_GRANULE). `mask` is additive, [rows, query_count,
+    key_count] (0 at padded queries), built once per forward for every layer. A `shared` span (the
+    block_causal TO_CACHE head, the same tokens in every row) is computed on the first row and
+    written to every row."""
 
-    rows: slice | torch.Tensor
+    index: slice | torch.Tensor
     lo: int
     hi: int
-    queries: int
-    keys: int
+    query_count: int
+    key_count: int
     mask: torch.Tensor
     shared: bool = False
 
@@ -48,41 +49,38 @@ def row_spans(
     lengths: Sequence[int],
     head: int,
     cached: int,
-    kv_heads: int,
     repeat: int,
     shared_head: bool = False,
 ) -> tuple[RowSpan, ...]:
     """A segment's spans, from its additive mask [R, 1, W, cached + W]: rows grouped by length. In
-    block_causal mode with a closed TO_CACHE `head` (> 0), each group's head apart (it sees the
-    cache and itself only), then its tokens after it, which see the cache and their whole row; with
-    `shared_head` (the head's tokens and blocks are the same in every row, as in a decoder's
-    candidates) the head once for all rows."""
+    block_causal mode with a closed TO_CACHE `head` (> 0; decided for the whole segment, see
+    lopa.model.window._closed_head), each group's head apart (it sees the cache and itself only),
+    then its tokens after it, which see the cache and their whole row; with `shared_head` (the
+    head's tokens and blocks are the same in every row, as in a decoder's candidates) the head once
+    for all rows. `repeat`: query heads per KV head."""
     spans = []
     if head and shared_head:
-        spans.append(_span(mask, slice(0, 1), 0, head, cached + head, kv_heads, repeat, shared=True))
+        spans.append(_span(mask, slice(0, 1), 0, head, cached + head, repeat, shared=True))
     for n in sorted(set(lengths)):
         members = [r for r, length in enumerate(lengths) if length == n]
-        rows = slice(None) if len(members) == len(lengths) else torch.tensor(members, device=mask.device)
+        index = slice(None) if len(members) == len(lengths) else torch.tensor(members, device=mask.device)
         if head and not shared_head:
-            spans.append(_span(mask, rows, 0, head, cached + head, kv_heads, repeat))
+            spans.append(_span(mask, index, 0, head, cached + head, repeat))
         if n > head:  # else a cache-only row: its head is all it has
-            spans.append(_span(mask, rows, head, n, cached + n, kv_heads, repeat))
+            spans.append(_span(mask, index, head, n, cached + n, repeat))
     return tuple(spans)
 
 
 def _span(
-    mask: torch.Tensor, rows: slice | torch.Tensor, lo: int, hi: int, seen: int, kv_heads: int, repeat: int,
+    mask: torch.Tensor, index: slice | torch.Tensor, lo: int, hi: int, seen: int, repeat: int,
     shared: bool = False,
 ) -> RowSpan:
     granule = ROWS_GRANULE // math.gcd(ROWS_GRANULE, repeat)
-    queries = -(-(hi - lo) // granule) * granule
-    keys = -(-seen // KEY_GRANULE) * KEY_GRANULE
-    own = F.pad(mask[rows, 0, lo:hi, :seen], (0, keys - seen), value=float("-inf"))
-    own = F.pad(own, (0, 0, 0, queries - (hi - lo)))  # padded queries see every key: no NaN
-    group = own.shape[0]
-    expanded = own[:, None, None].expand(group, kv_heads, repeat, queries, keys)
-    expanded = expanded.reshape(group * kv_heads, repeat * queries, keys)
-    return RowSpan(rows, lo, hi, queries, keys, expanded, shared)
+    query_count = -(-(hi - lo) // granule) * granule
+    key_count = -(-seen // KEY_GRANULE) * KEY_GRANULE
+    own = F.pad(mask[index, 0, lo:hi, :seen], (0, key_count - seen), value=float("-inf"))
+    own = F.pad(own, (0, 0, 0, query_count - (hi - lo)))  # padded queries see every key: no NaN
+    return RowSpan(index, lo, hi, query_count, key_count, own.contiguous(), shared)
 
 
 def attend_rows_exact(
@@ -99,23 +97,25 @@ def attend_rows_exact(
     [R, W, heads, D] (padded queries are left as they are)."""
     if on_kv is not None:
         on_kv(k, v)
-    rows, width, heads, dim = q.shape
+    width, heads, dim = q.shape[1:]
     kv_heads = k.shape[2]
+    repeat = heads // kv_heads
     past_k, past_v = past if past is not None else (k[0, :0], v[0, :0])
-    tail = max(0, max(span.keys for span in spans) - past_k.shape[0] - width)
+    tail = max(0, max(span.key_count for span in spans) - past_k.shape[0] - width)
     keys, values = _keys_by_row(past_k, k, tail), _keys_by_row(past_v, v, tail)  # [R, kv_heads, N, D]
     for span in spans:
-        index = span.rows
-        group = 1 if span.shared else rows if isinstance(index, slice) else len(index)
-        count = span.hi - span.lo
-        span_q = q[index, span.lo : span.hi].transpose(1, 2)
-        if span.queries > count:
-            span_q = F.pad(span_q, (0, 0, 0, span.queries - count))
-        span_k, span_v = (t[index, :, : span.keys].reshape(group * kv_heads, -1, dim) for t in (keys, values))
-        scores = torch.baddbmm(
-            span.mask, span_q.reshape(group * kv_heads, -1, dim), span_k.transpose(1, 2), alpha=dim**-0.5
-        )
-        part = torch.bmm(torch.softmax(scores, dim=-1), span_v).view(group, heads, span.queries, dim)
+        index, count, queries, n = span.index, span.hi - span.lo, span.query_count, span.key_count
+        group = span.mask.shape[0]
+        span_q = q[index, span.lo : span.hi].transpose(1, 2)  # [G, heads, count, D]
+        if queries > count:
+            span_q = F.pad(span_q, (0, 0, 0, queries - count))
+        span_k, span_v = (t[index, :, :n].reshape(group * kv_heads, n, dim) for t in (keys, values))
+        # The mask broadcast over the query heads into the scores, then the product added in place
+        # (what baddbmm would do with a per-head copy of the mask, without keeping that copy).
+        scores = q.new_empty(group * kv_heads, repeat * queries, n)
+        scores.view(group, kv_heads, repeat, queries, n).copy_(span.mask[:, None, None])
+        scores.baddbmm_(span_q.reshape(group * kv_heads, -1, dim), span_k.transpose(1, 2), alpha=dim**-0.5)
+        part = torch.bmm(torch.softmax(scores, dim=-1), span_v).view(group, heads, queries, dim)
         out[slice(None) if span.shared else index, span.lo : span.hi] = part[:, :, :count].transpose(1, 2)
 
 

@@ -198,12 +198,10 @@ class DreamWindowModel:
         spans = None
         if device.type == "cpu":  # row-exact attention (attend_rows_exact)
             config = self.model.config
-            kv_heads = config.num_key_value_heads
+            repeat = config.num_attention_heads // config.num_key_value_heads
             head = _closed_head(batch)
             shared = head > 0 and _same_head(batch, head)
-            spans = row_spans(
-                mask, batch.lengths, head, kv.length, kv_heads, config.num_attention_heads // kv_heads, shared
-            )
+            spans = row_spans(mask, batch.lengths, head, kv.length, repeat, shared_head=shared)
         end = offset + rows * batch.width
         return Segment(offset, end, mask, kv, kv.stage, rows if by_row else 1, spans)
 
@@ -319,10 +317,12 @@ class DreamWindowModel:
 
 
 def _closed_head(batch: WindowBatch) -> int:
-    """The TO_CACHE tokens that attend apart (attend_rows_exact): in block_causal mode, when they end
-    at a block boundary in every row, they see only the cache and themselves, so computing them
-    alone gives every row the same bits. Otherwise (full attention; a head cutting a block, which a
-    decoder never stages) 0: they attend with their row under its mask."""
+    """The TO_CACHE tokens that attend apart (lopa.model.exact_attention.row_spans): in
+    block_causal mode, when they end at a block boundary in every row, they see only the cache and
+    themselves, so computing them alone gives every row the same bits. Otherwise (full attention; a
+    head cutting a block, which a decoder never stages) 0: they attend with their row under its
+    mask. Decided for the whole batch, so a row's split would follow its neighbours only in that
+    never-staged case."""
     n = batch.n_stage
     if batch.mode is not AttentionMode.BLOCK_CAUSAL or n == 0:
         return 0
