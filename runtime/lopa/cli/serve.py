@@ -25,6 +25,7 @@ from lopa.serving.shared.config import (
     ServingConfig,
     load_config,
     parse_config,
+    split_address,
     validate,
     with_model_defaults,
 )
@@ -132,7 +133,7 @@ def check_flags(args: argparse.Namespace) -> None:
 def _check_ports(args: argparse.Namespace) -> None:
     """--http-port and --metrics-port (the master listens on 0.0.0.0) free and apart from --listen's
     port, reported under their flags before any child starts (the master would name its config key)."""
-    taken = {"listen": int(args.listen.rsplit(":", 1)[1])}
+    taken = {"listen": split_address(args.listen)[1]}  # checked by listen_problem first
     for flag in ("http_port", "metrics_port"):
         port = getattr(args, flag)
         if not port:

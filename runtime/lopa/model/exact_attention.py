@@ -75,12 +75,15 @@ def _span(
     mask: torch.Tensor, index: slice | torch.Tensor, lo: int, hi: int, seen: int, repeat: int,
     shared: bool = False,
 ) -> RowSpan:
-    granule = ROWS_GRANULE // math.gcd(ROWS_GRANULE, repeat)
-    query_count = -(-(hi - lo) // granule) * granule
-    key_count = -(-seen // KEY_GRANULE) * KEY_GRANULE
+    query_count = _round_up(hi - lo, ROWS_GRANULE // math.gcd(ROWS_GRANULE, repeat))
+    key_count = _round_up(seen, KEY_GRANULE)
     own = F.pad(mask[index, 0, lo:hi, :seen], (0, key_count - seen), value=float("-inf"))
     own = F.pad(own, (0, 0, 0, query_count - (hi - lo)))  # padded queries see every key: no NaN
     return RowSpan(index, lo, hi, query_count, key_count, own.contiguous(), shared)
+
+
+def _round_up(n: int, granule: int) -> int:
+    return -(-n // granule) * granule
 
 
 def attend_rows_exact(
