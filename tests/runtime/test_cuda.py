@@ -164,6 +164,19 @@ def test_batched_rounds_replay_graphs_and_equal_eager_rounds() -> None:
     assert {bucket.requests for bucket in graphed.graphs.graphs} == {1, 2, 3, 4}
 
 
+def test_rounds_replay_the_graph_of_a_padded_request_count() -> None:
+    # 5 requests replay the captured graph of 6, its padding request over a cache that holds another
+    # sequence's prefix, read by the last round (the CPU runs the same rounds uncaptured in
+    # tests/runtime/test_model_round_graphs.py).
+    loaded = load_model(bundled_model_dir(), dtype="float32", device="cuda")
+    graphed = DreamWindowModel(loaded.model, MAX_LENGTH, max_batch=8)
+    eager = DreamWindowModel(loaded.model, MAX_LENGTH, max_batch=8, cuda_graphs=False)
+    play_rounds(eager, graphed, [[5, 6], [0, 1, 2, 3, 4], [4, 2, 0, 1, 3], [5, 6, 0]])
+    assert graphed.graphs is not None and not graphed.graphs.disabled
+    assert {bucket.requests for bucket in graphed.graphs.graphs} == {2, 6, 3}
+    assert graphed.forwards == {"graph": 4, "eager": 0}
+
+
 class _BatchSizes(Observer):
     def __init__(self) -> None:
         self.sizes: list[int] = []

@@ -12,6 +12,7 @@ from lopa.model.cuda_graphs import (
     Bucket,
     PackedInputs,
     bucket_for,
+    padded_requests,
 )
 
 
@@ -22,6 +23,9 @@ from lopa.model.cuda_graphs import (
         (3, 17, 1, Bucket(4, 2 * WIDTH_STEP, CACHE_STEP)),
         (4, 64, CACHE_STEP, Bucket(4, 64, CACHE_STEP)),
         (5, 64, CACHE_STEP + 1, Bucket(8, 64, 2 * CACHE_STEP)),
+        # The cache read grows by powers of two: fewer buckets as caches grow, each captured once.
+        (1, 32, 3 * CACHE_STEP - 1, Bucket(1, 32, 4 * CACHE_STEP)),
+        (1, 32, 4 * CACHE_STEP + 1, Bucket(1, 32, 8 * CACHE_STEP)),
     ],
 )
 def test_forwards_pad_up_to_their_bucket(rows: int, width: int, cache: int, expected: Bucket) -> None:
@@ -66,3 +70,13 @@ def test_packed_layout_of_several_requests() -> None:
     assert (layout.lengths.start, layout.lengths.stop) == (2 * tokens, 2 * tokens + rows)
     assert layout.outputs == layout.scalars + 3 * 3  # start, cache length, block_causal per request
     assert layout.size - layout.outputs == tokens + rows
+
+
+@pytest.mark.parametrize(
+    ("requests", "limit", "padded"),
+    [(1, 16, 1), (2, 16, 2), (3, 16, 3), (4, 16, 4), (5, 16, 6), (7, 16, 8), (9, 16, 12), (13, 16, 16),
+     (17, 64, 24), (25, 64, 32), (9, 10, 10), (9, 9, 9), (5, 4, 5)],
+)
+def test_request_counts_pad_to_a_third_at_most(requests: int, limit: int, padded: int) -> None:
+    # 1, 2, 3, 4, 6, 8, 12, 16, 24, 32...: never past the caches there are, never below the round.
+    assert padded_requests(requests, limit) == padded

@@ -17,7 +17,7 @@ from round_cases import MAX_LENGTH, ROUNDS, play_rounds, round_batch
 from lopa.engine import bundled_model_dir
 from lopa.execution.protocol import WindowBatch
 from lopa.model import DreamModel, DreamWindowModel
-from lopa.model.cuda_graphs import WindowGraphs
+from lopa.model.cuda_graphs import MAX_TOKENS, SPECIALIZE_AFTER, Bucket, WindowGraphs
 from lopa.model.loader import load_model
 from lopa.params import AttentionMode
 from lopa.synthetic.checkpoint import random_model, tiny_config
@@ -28,8 +28,8 @@ def model() -> DreamModel:
     return load_model(bundled_model_dir()).model
 
 
-def _graphed(model: DreamModel, max_length: int = MAX_LENGTH) -> DreamWindowModel:
-    window = DreamWindowModel(model, max_length, max_batch=4)
+def _graphed(model: DreamModel, max_length: int = MAX_LENGTH, max_batch: int = 4) -> DreamWindowModel:
+    window = DreamWindowModel(model, max_length, max_batch=max_batch)
     window.graphs = WindowGraphs(model, window._physical, window.kv_storage, capture=False)
 
     def no_eager(*args: object) -> None:
@@ -72,6 +72,40 @@ def test_graph_rounds_read_a_cache_width_inside_longer_caches() -> None:
         graphed.kv_storage[sequence, :, :, length:] = 1e3
     play_rounds(eager, graphed, [[3, 0, 1], [1, 2], [0, 1, 2, 3]])
     assert graphed.graphs is not None and {b.cache_width for b in graphed.graphs.graphs} == {512}
+
+def test_a_round_replays_the_graph_of_a_padded_request_count(model: DreamModel) -> None:
+    # 5 requests replay the graph of 6 and 3 of 8 the one of 3: the padding request runs over a
+    # cache holding another sequence's prefix (5 or 6, from the first round), which the last round
+    # then reads: its logits and every cache must still equal the eager model's.
+    eager, graphed = DreamWindowModel(model, MAX_LENGTH, max_batch=8), _graphed(model, max_batch=8)
+    play_rounds(eager, graphed, [[5, 6], [0, 1, 2, 3, 4], [4, 2, 0, 1, 3], [5, 6, 0]])
+    assert graphed.graphs is not None
+    assert {b.requests for b in graphed.graphs.graphs} == {2, 6, 3}
+    for sequence in range(7):
+        mine, theirs = graphed.caches[sequence], eager.caches[sequence]
+        assert mine.length == theirs.length > 0
+        torch.testing.assert_close(mine.cache[:, :, : mine.length], theirs.cache[:, :, : theirs.length],
+                                   rtol=1e-4, atol=1e-4)
+
+
+def test_a_request_count_met_often_gets_its_own_graph(model: DreamModel) -> None:
+    window = _graphed(model, max_batch=8)
+    graphs = window.graphs
+    assert graphs is not None
+    five = Bucket(2, 32, 0, requests=5)
+    six = Bucket(2, 32, 0, requests=6)
+    for _ in range(SPECIALIZE_AFTER):
+        assert graphs.choose(five) == six
+        graphs.get(six)
+    assert graphs.choose(five) == five  # met SPECIALIZE_AFTER times: captured for itself
+    graphs.get(five)
+    assert graphs.choose(five) == five and set(graphs.graphs) == {five, six}
+    # Padding never exceeds the largest graphed round, nor the caches there are.
+    wide = Bucket(4, 96, 0, requests=5)
+    assert wide.tokens <= MAX_TOKENS < Bucket(4, 96, 0, requests=6).tokens and graphs.choose(wide) == wide
+    few = _graphed(model, max_batch=5).graphs
+    assert few is not None and few.choose(five) == five
+
 
 def test_a_lone_request_moves_to_physical_cache_0(model: DreamModel) -> None:
     graphed = _graphed(model)

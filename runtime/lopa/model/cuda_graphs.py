@@ -3,9 +3,17 @@
 A 7B forward is ~600 kernels; launched one by one from Python they take longer than the GPU needs
 to run them. A graph replays them in one launch. Graphs have static shapes and addresses, so a
 round is padded up to a bucket (its requests' rows to one power of two, the window to a multiple
-of WIDTH_STEP, the cache read to a multiple of CACHE_STEP: the unused tail is masked) and its
-inputs are written into that bucket's static buffer: ONE host-to-device copy per round. The graph
-covers everything but the lm_head, which runs on the tokens whose logits are needed only.
+of WIDTH_STEP, the cache read to a power of two of at least CACHE_STEP: the unused tail is masked)
+and its inputs are written into that bucket's static buffer: ONE host-to-device copy per round.
+The graph covers everything but the lm_head, which runs on the tokens whose logits are needed only.
+
+Every bucket is captured on the round that first needs it (0.1-0.4 s for a 7B), so the fewer
+buckets a workload meets, the fewer rounds pay a capture. Hence powers of two for the cache read
+(attention over a masked tail costs little beside the linears), and a round of R requests first
+replays the graph of padded_requests(R) requests if it has been captured: the extra requests are
+one-token rows over caches no running round needs (a round commits before the next one runs, so
+nothing staged there is ever read). A count met SPECIALIZE_AFTER times gets its own graph, so a
+steady load does not pay the padding's tokens for good.
 
 A round of R requests (one, or several batched by the scheduler) replays the graph of R requests,
 which reads the KV caches of the model's first R physical sequences: the window model moves a
@@ -33,8 +41,9 @@ whole path without a GPU).
 from __future__ import annotations
 
 import logging
+from collections import Counter
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 
@@ -55,6 +64,8 @@ MAX_TOKENS = 2048  # tokens of the largest captured round (every request's padde
 # The widest window of a batched round's graph: each request's staging must hold rows x width, and a
 # prompt-sized window (a request's first round) would grow every cache's staging to that size.
 MAX_BATCHED_WIDTH = 128
+# Rounds of a request count that has no graph of its own replay a padded one this many times first.
+SPECIALIZE_AFTER = 16
 
 
 @dataclass(frozen=True)
@@ -76,15 +87,29 @@ class Bucket:
 def bucket_for(rows: int, width: int, cache_length: int, max_length: int, requests: int = 1) -> Bucket | None:
     """The bucket a round is padded to (rows, width, cache_length: the largest of its requests'),
     or None when it is too large to capture."""
-    padded_rows = 1 << max(0, rows - 1).bit_length()
-    padded_width = -(-width // WIDTH_STEP) * WIDTH_STEP
-    cache_width = min(max_length, -(-cache_length // CACHE_STEP) * CACHE_STEP)
-    tokens = requests * padded_rows * padded_width
-    widest = MAX_WIDTH if requests == 1 else MAX_BATCHED_WIDTH
-    too_large = padded_rows > MAX_ROWS or padded_width > widest or tokens > MAX_TOKENS
-    if too_large or padded_width > max_length:
-        return None
-    return Bucket(padded_rows, padded_width, cache_width, requests)
+    cache_width = 0 if cache_length <= 0 else min(max_length, max(CACHE_STEP, _power_of_two(cache_length)))
+    bucket = Bucket(_power_of_two(rows), -(-width // WIDTH_STEP) * WIDTH_STEP, cache_width, requests)
+    return bucket if fits(bucket, max_length) else None
+
+
+def fits(bucket: Bucket, max_length: int) -> bool:
+    """Whether a graph is captured for this bucket (larger rounds run eagerly)."""
+    widest = MAX_WIDTH if bucket.requests == 1 else MAX_BATCHED_WIDTH
+    too_large = bucket.rows > MAX_ROWS or bucket.width > widest or bucket.tokens > MAX_TOKENS
+    return not too_large and bucket.width <= max_length
+
+
+def padded_requests(requests: int, limit: int) -> int:
+    """The request count a round of `requests` may replay the graph of: the next of 1, 2, 3, 4, 6,
+    8, 12, 16, 24, ... (a power of two or three quarters of one: at most a third of its rows are
+    padding), at most `limit` (the physical caches there are)."""
+    power = _power_of_two(requests)
+    three_quarters = 3 * power // 4
+    return max(requests, min(limit, three_quarters if three_quarters >= requests else power))
+
+
+def _power_of_two(n: int) -> int:
+    return 1 << max(0, n - 1).bit_length()
 
 
 class _CacheView:
@@ -246,8 +271,21 @@ class WindowGraphs:
         self.device = model.device
         self.pool = torch.cuda.graph_pool_handle() if capture else None
         self.graphs: dict[Bucket, _Captured] = {}
+        self.seen: Counter[Bucket] = Counter()  # rounds per bucket that had no graph of their own
         self.disabled = False  # every round runs eagerly
         self.batched_disabled = False  # rounds of several requests do (lone ones keep their graphs)
+
+    def choose(self, exact: Bucket) -> Bucket:
+        """The bucket a round whose own bucket is `exact` replays (get() captures it if new): its
+        own once captured; before that, the padded request count's for its first SPECIALIZE_AFTER
+        rounds (a count met rarely never gets a graph of its own)."""
+        if exact in self.graphs:
+            return exact
+        self.seen[exact] += 1
+        padded = replace(exact, requests=padded_requests(exact.requests, len(self.caches)))
+        if padded.tokens > MAX_TOKENS or self.seen[exact] > SPECIALIZE_AFTER:
+            return exact
+        return padded
 
     def get(self, bucket: Bucket) -> _Captured | None:
         """The graph of `bucket` (captured now if new), or None when graphs are off."""

@@ -28,7 +28,7 @@ import torch
 from lopa.execution.heap import keep_freed_memory
 from lopa.execution.protocol import WindowBatch
 from lopa.model.attention import Segment
-from lopa.model.cuda_graphs import WindowGraphs, bucket_for
+from lopa.model.cuda_graphs import MAX_BATCHED_WIDTH, WindowGraphs, bucket_for
 from lopa.model.dream import DreamModel
 from lopa.model.exact_attention import row_spans
 from lopa.model.kv_cache import KVCache, cache_shape
@@ -39,7 +39,9 @@ log = logging.getLogger("lopa.model")
 
 GRAPHS_ENV = "LOPA_CUDA_GRAPHS"  # "0" turns CUDA graphs off (eager forwards on CUDA)
 _GRAPH_STAGING = (16, 256)  # staging reserved up front when graphs are on: slots x tokens
-_GRAPH_STAGING_BATCHED = (4, 64)  # the same for the other physical caches (batched rounds' rows)
+# The same for the other physical caches: batched rounds' rows (k <= 3) of any window they graph, so
+# no width grows a staging area (which would drop the graphs holding its address).
+_GRAPH_STAGING_BATCHED = (4, MAX_BATCHED_WIDTH)
 
 
 def graph_staging(index: int, num_slots: int, max_length: int) -> tuple[int, int]:
@@ -250,8 +252,9 @@ class DreamWindowModel:
         return all(b.outputs is not None and b.first_slot == 0 for b in batches)
 
     def _replay(self, batches: Sequence[WindowBatch]) -> list[torch.Tensor] | None:
-        """The round from its bucket's graph (request i of the bucket is physical sequence i), or
-        None when it has no graph: too large, or its capture failed."""
+        """The round from its bucket's graph (request i of the bucket is physical sequence i; a
+        padded bucket's requests past the round's are one-token padding), or None when it has no
+        graph: too large, or its capture failed."""
         assert self.graphs is not None
         bucket = bucket_for(
             max(b.rows for b in batches),
@@ -263,7 +266,7 @@ class DreamWindowModel:
         if bucket is None:
             return None
         physical = self._place_front([b.sequence for b in batches])
-        captured = self.graphs.get(bucket)
+        captured = self.graphs.get(self.graphs.choose(bucket))  # maybe a padded request count
         if captured is None:
             return None
         order = sorted(range(len(batches)), key=physical.__getitem__)  # bucket request i = physical i
