@@ -91,3 +91,18 @@ def test_sweep_interleaves_its_passes_and_keeps_each_level_in_flight() -> None:
     # 320 verified tokens per level: the wall time per verified token (a median over passes, so it
     # is checked per level against the median wall time within rounding, not recomputed exactly)
     assert all(r["us_per_verified"] == pytest.approx(r["wall_s"] * 1e6 / 320, rel=0.05) for r in rows)
+
+
+def test_a_level_counts_the_graph_captures_its_rounds_paid() -> None:
+    captured, lock = [(4, 0.5)], threading.Lock()  # the engine's start and warm-up captured before
+
+    def send(index: int) -> Answer:
+        with lock:  # each request's rounds need a new shape
+            count, seconds = captured[0]
+            captured[0] = (count + 1, seconds + 0.25)
+        threading.Event().wait(0.005)  # a latency the ratios can divide by
+        return Answer(tokens=10, forwards=2, mean_branches=1.0, verified_tokens=40)
+
+    rows = sweep(send, requests=3, levels=(1, 2), warmup=0, captures=lambda: captured[0])
+    assert [(r["captures"], r["capture_s"]) for r in rows] == [(3, 0.75), (3, 0.75)]
+    assert "captures" not in sweep(send, requests=3, levels=(1,), warmup=0)[0]  # no graphs: no column

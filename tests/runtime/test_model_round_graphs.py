@@ -81,6 +81,7 @@ def test_a_round_replays_the_graph_of_a_padded_request_count(model: DreamModel) 
     play_rounds(eager, graphed, [[5, 6], [0, 1, 2, 3, 4], [4, 2, 0, 1, 3], [5, 6, 0]])
     assert graphed.graphs is not None
     assert {b.requests for b in graphed.graphs.graphs} == {2, 6, 3}
+    assert graphed.graph_captures()[0] == len(graphed.graphs.graphs) and eager.graph_captures() == (0, 0.0)
     for sequence in range(7):
         mine, theirs = graphed.caches[sequence], eager.caches[sequence]
         assert mine.length == theirs.length > 0

@@ -15,3 +15,13 @@ def test_worker_metrics_export_forwards_by_path() -> None:
     text = generate_latest(metrics.registry).decode()
     assert 'lopa_worker_forwards_total{path="graph"} 3.0' in text
     assert 'lopa_worker_forwards_total{path="eager"} 6.0' in text
+
+
+def test_worker_metrics_export_graph_captures() -> None:
+    metrics = WorkerMetrics.create(0)
+    stats = [(0, 0.0)]
+    metrics.watch_captures(lambda: stats[0])
+    stats[0] = (7, 1.25)  # read at scrape time
+    text = generate_latest(metrics.registry).decode()
+    assert "lopa_worker_graph_captures_total 7.0" in text
+    assert "lopa_worker_graph_capture_seconds_total 1.25" in text

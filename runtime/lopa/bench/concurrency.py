@@ -41,6 +41,9 @@ class Answer:
 
 
 Send = Callable[[int], Answer]
+# CUDA graphs captured so far and the seconds they took (a local engine on a GPU): a level's row
+# holds the captures its rounds paid for (`captures`, `capture_s`).
+Captures = Callable[[], tuple[int, float]]
 
 
 def percentile(values: Sequence[float], q: float) -> float:
@@ -54,8 +57,9 @@ def percentile(values: Sequence[float], q: float) -> float:
     return ordered[low] + (ordered[high] - ordered[low]) * (position - low)
 
 
-def run_level(send: Send, requests: int, concurrency: int) -> dict:
+def run_level(send: Send, requests: int, concurrency: int, captures: Captures | None = None) -> dict:
     answers: list[tuple[Answer, float]] = []
+    captured_before = captures() if captures else (0, 0.0)
 
     def timed(index: int) -> tuple[Answer, float]:
         began = time.perf_counter()
@@ -66,6 +70,11 @@ def run_level(send: Send, requests: int, concurrency: int) -> dict:
     with ThreadPoolExecutor(concurrency) as pool:
         answers = list(pool.map(timed, range(requests)))
     wall = time.perf_counter() - began
+    captured = {}
+    if captures:
+        count, seconds = captures()
+        captured = {"captures": count - captured_before[0],
+                    "capture_s": round(seconds - captured_before[1], 2)}
     tokens = sum(a.tokens for a, _ in answers)
     forwards = sum(a.forwards for a, _ in answers)
     verified = sum(a.verified_tokens for a, _ in answers)
@@ -88,13 +97,14 @@ def run_level(send: Send, requests: int, concurrency: int) -> dict:
         # costs less per token than a lone one: an accelerator's gain, hardly a CPU's).
         "work_per_token": round(verified / tokens, 2) if tokens else 0.0,
         "us_per_verified": round(wall * 1e6 / verified, 2) if verified else 0.0,
+        **captured,
         "_latencies": latencies,  # by request index: for p99_slowdown (not shown, see lopa.bench.rows)
     }
 
 
 def sweep(
     send: Send, requests: int, levels: Sequence[int] = LEVELS, warmup: int = 2,
-    show: Callable[[dict], None] = lambda row: None, passes: int = 1,
+    show: Callable[[dict], None] = lambda row: None, passes: int = 1, captures: Captures | None = None,
 ) -> list[dict]:
     """One row per level, `warmup` requests first (not measured); see with_ratios and combine."""
     for index in range(warmup):
@@ -103,7 +113,7 @@ def sweep(
     for number in range(passes):
         rows: list[dict] = []
         for level in levels:
-            rows.append(run_level(send, requests, level))
+            rows.append(run_level(send, requests, level, captures))
             with_ratios(rows)
             show({"pass": number + 1, **rows[-1]} if passes > 1 else rows[-1])
         runs.append(rows)
@@ -114,7 +124,7 @@ def sweep(
 # level, counts) are the same in every pass.
 _MEDIAN_DIGITS = {"wall_s": 3, "tok_s": 1, "per_request_tok_s": 1, "p50_s": 3, "p99_s": 3, "tpf": 3,
                   "mean_branches": 3, "work_per_token": 2, "us_per_verified": 2, "speedup": 2,
-                  "p99_x_lone": 2, "p99_slowdown": 2}
+                  "p99_x_lone": 2, "p99_slowdown": 2, "captures": 1, "capture_s": 2}
 
 
 def combine(runs: Sequence[Sequence[dict]]) -> list[dict]:

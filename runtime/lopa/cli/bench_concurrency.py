@@ -85,7 +85,9 @@ def run(args: argparse.Namespace) -> int:
         return Answer(result.tokens, result.forwards, result.mean_branches, result.verified_tokens)
 
     try:
-        rows = sweep(send, args.requests, levels, show=show_row, passes=args.passes)
+        window = engine.window_model
+        captures = window.graph_captures if getattr(window, "graphs", None) is not None else None
+        rows = sweep(send, args.requests, levels, show=show_row, passes=args.passes, captures=captures)
     finally:
         engine.close()
     finish(rows, args.json)

@@ -41,6 +41,7 @@ whole path without a GPU).
 from __future__ import annotations
 
 import logging
+import time
 from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
@@ -272,6 +273,8 @@ class WindowGraphs:
         self.pool = torch.cuda.graph_pool_handle() if capture else None
         self.graphs: dict[Bucket, _Captured] = {}
         self.seen: Counter[Bucket] = Counter()  # rounds per bucket that had no graph of their own
+        self.captures = 0  # graphs captured (recaptures and failures included)
+        self.capture_seconds = 0.0  # the wall time they took, paid by the rounds that needed them
         self.disabled = False  # every round runs eagerly
         self.batched_disabled = False  # rounds of several requests do (lone ones keep their graphs)
 
@@ -302,7 +305,10 @@ class WindowGraphs:
             self.pool = torch.cuda.graph_pool_handle()
         captured = self.graphs.get(bucket)
         if captured is None:
+            began = time.perf_counter()
             captured = self._capture(bucket)
+            self.captures += 1
+            self.capture_seconds += time.perf_counter() - began
             if captured is None:
                 # A lone request's graphs were the first proven on a GPU: a failed batched capture
                 # does not take them down.
@@ -338,6 +344,7 @@ class WindowGraphs:
             capture = torch.cuda.graph(captured.graph, pool=self.pool, capture_error_mode="thread_local")
             with torch.no_grad(), capture:
                 captured.hidden = self._body(captured)
+            side.synchronize()  # the warm-up's kernels are part of what the capture costs its round
         except RuntimeError as error:
             which = "batched rounds" if bucket.requests > 1 else "this model"
             log.warning("cannot capture a CUDA graph for %s: %s; CUDA graphs are off for %s",

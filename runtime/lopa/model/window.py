@@ -139,6 +139,12 @@ class DreamWindowModel:
         """Bytes of the KV caches and staging areas allocated so far."""
         return sum(kv.reserved_bytes() for kv in self._physical)
 
+    def graph_captures(self) -> tuple[int, float]:
+        """CUDA graphs captured so far and the seconds they took ((0, 0.0) without graphs)."""
+        if self.graphs is None:
+            return 0, 0.0
+        return self.graphs.captures, self.graphs.capture_seconds
+
     def reset(self, num_slots: int, sequence: int = 0) -> None:
         self._cache(sequence).reset(num_slots)
 

@@ -136,6 +136,11 @@ class WorkerMetrics:
         read at every scrape: a GPU whose graphs fell back to eager forwards shows it here."""
         self.registry.register(_ForwardsByPath(counts))
 
+    def watch_captures(self, stats: Callable[[], tuple[int, float]]) -> None:
+        """Export the CUDA graphs captured (count, seconds), read at every scrape: a capture is paid by
+        the round that first needs its shape, so a latency spike beside a growing count is one."""
+        self.registry.register(_GraphCaptures(stats))
+
     def observe_step(self, forward_s: float, commit_s: float, branches: int, requests: int = 1) -> None:
         self.forward_seconds.observe(forward_s)
         self.commit_seconds.observe(commit_s)
@@ -154,6 +159,18 @@ class _ForwardsByPath(Collector):
         for path, count in sorted(self.counts().items()):
             family.add_metric([path], count)
         yield family
+
+
+class _GraphCaptures(Collector):
+    def __init__(self, stats: Callable[[], tuple[int, float]]) -> None:
+        self.stats = stats
+
+    def collect(self) -> Iterator[CounterMetricFamily]:
+        count, seconds = self.stats()
+        yield CounterMetricFamily("lopa_worker_graph_captures", "CUDA graphs captured", value=count)
+        yield CounterMetricFamily(
+            "lopa_worker_graph_capture_seconds", "Wall time spent capturing CUDA graphs", value=seconds
+        )
 
 
 def serve_registry(registry: CollectorRegistry, port: int, key: str) -> None:

@@ -239,6 +239,7 @@ def serve_worker(config: ServingConfig, rank: int, stop: threading.Event | None 
     if metrics is not None:
         metrics.reserved_bytes.set(reserved)
         metrics.watch_forwards(lambda: dict(window_model.forwards))
+        metrics.watch_captures(window_model.graph_captures)
     log.info(
         "rank %d: model %s loaded; %d KV slots (limits.max_batch) of %d tokens reserved %.1f MiB; "
         "worker API on %s", rank, path, config.limits.max_batch, max_length, reserved / (1 << 20), address,
