@@ -17,8 +17,9 @@ from round_cases import MAX_LENGTH, ROUNDS, play_rounds, round_batch
 from lopa.engine import bundled_model_dir
 from lopa.execution.protocol import WindowBatch
 from lopa.model import DreamModel, DreamWindowModel
-from lopa.model.cuda_graphs import MAX_TOKENS, SPECIALIZE_AFTER, Bucket, WindowGraphs
+from lopa.model.cuda_graphs import MAX_BATCHED_WIDTH, MAX_TOKENS, SPECIALIZE_AFTER, Bucket, WindowGraphs
 from lopa.model.loader import load_model
+from lopa.model.window import graph_staging
 from lopa.params import AttentionMode
 from lopa.synthetic.checkpoint import random_model, tiny_config
 
@@ -57,7 +58,6 @@ def test_rounds_through_the_graph_path_equal_eager_rounds(model: DreamModel) -> 
                                    rtol=1e-4, atol=1e-4)
 
 
-
 def test_graph_rounds_read_a_cache_width_inside_longer_caches() -> None:
     # The bundled model's caches are shorter than one CACHE_STEP, so the rounds above read widths of
     # 0 or the whole cache; here the bucket reads 512 of 700 positions of caches holding 5-410
@@ -87,6 +87,38 @@ def test_a_round_replays_the_graph_of_a_padded_request_count(model: DreamModel) 
         assert mine.length == theirs.length > 0
         torch.testing.assert_close(mine.cache[:, :, : mine.length], theirs.cache[:, :, : theirs.length],
                                    rtol=1e-4, atol=1e-4)
+
+
+def test_a_padded_round_discards_what_the_padding_caches_had_staged(model: DreamModel) -> None:
+    # Nothing staged there is to be committed (a round commits before the next forward), but should
+    # a late commit come, it must fail loudly rather than take the padding request's K/V.
+    window = _graphed(model, max_batch=8)
+    window.caches[5].begin_stage(1, 2)
+    window.forward_many([round_batch(s, s, 0) for s in range(5)])  # replays the graph of 6 requests
+    assert window.caches[5] is window._physical[5] and window.caches[5].staged_count(0) == 0
+    with pytest.raises(ValueError, match="staged tokens"):
+        window.commit(0, 2, sequence=5)
+
+
+def test_batched_caches_reserve_staging_for_any_graphed_window(model: DreamModel) -> None:
+    # A staging area that grows drops the graphs holding its address: the reservation made when
+    # graphs are on must hold k = 3 rows of the widest batched window (4 x 64 did not: recaptures).
+    assert graph_staging(1, 1, 4096) == (4, MAX_BATCHED_WIDTH)
+    window = _graphed(model)
+    for index, kv in enumerate(window._physical):
+        kv.ensure_staging(*graph_staging(index, 1, MAX_LENGTH))
+    generations = [kv.staging_generation for kv in window._physical]
+    generator = torch.Generator().manual_seed(3)
+    width = MAX_LENGTH - 6
+    batches = [
+        WindowBatch(torch.randint(0, 90, (4, width), generator=generator), [width] * 4,
+                    torch.zeros(4, width, dtype=torch.long), 0, 5, AttentionMode.FULL, outputs=(0, width),
+                    sequence=sequence)
+        for sequence in (0, 1)
+    ]
+    window.forward_many(batches)
+    assert window.graphs is not None and {b.width for b in window.graphs.graphs} == {MAX_LENGTH}
+    assert [kv.staging_generation for kv in window._physical] == generations
 
 
 def test_a_request_count_met_often_gets_its_own_graph(model: DreamModel) -> None:

@@ -194,7 +194,8 @@ class LocalExecutor:
     ) -> dict[int, DeviceStats]:
         """(x_hat, P, Conf) of the masked positions of every greedy part with the same distribution
         settings, reduced together: per part that was ~10 small ops (on an accelerator ~10 kernel
-        launches per request and round, as long as a small model's whole forward).
+        launches per request and round, as long as a small model's whole forward). The temporaries
+        are the round's masked positions x vocabulary, which the branch budget bounds.
         Each position's statistics are row-wise (softmax, max over its own logits), so a part's
         values are those it gets alone. A part that fails here is left to _part_stats (its error)."""
         groups: dict[tuple, list[int]] = {}

@@ -9,14 +9,17 @@ The graph covers everything but the lm_head, which runs on the tokens whose logi
 
 Every bucket is captured on the round that first needs it (0.1-0.4 s for a 7B), so the fewer
 buckets a workload meets, the fewer rounds pay a capture. Hence powers of two for the cache read
-(attention over a masked tail costs little beside the linears), and a round of R requests first
-replays the graph of padded_requests(R) requests if it has been captured: the extra requests are
-one-token rows over caches no running round needs (a round commits before the next one runs, so
-nothing staged there is ever read). A count met SPECIALIZE_AFTER times gets its own graph, so a
-steady load does not pay the padding's tokens for good.
+(attention over a masked tail costs little beside the linears), and a round of R requests without
+a graph of its own replays (capturing it if new) the graph of padded_requests(R) requests for its
+first SPECIALIZE_AFTER rounds, and then gets its own, so a steady load does not pay the padding's
+tokens for good. The padding requests are one-token rows over an empty cache read, run in the
+physical caches after the round's; those may hold other sequences, whose committed K/V they never
+touch. They overwrite those caches' staging, which holds nothing to keep: every round's commits
+precede the next forward (the window model discards those staged counts, so a late commit fails).
 
-A round of R requests (one, or several batched by the scheduler) replays the graph of R requests,
-which reads the KV caches of the model's first R physical sequences: the window model moves a
+A round of R requests (one, or several batched by the scheduler) replays the graph of R (or of
+padded_requests(R)) requests, which reads the KV caches of the model's first physical sequences:
+the window model moves a
 round's requests there first (DreamWindowModel._place_front; a copy of the committed prefix, only
 when the running set changed). Request i of the bucket is the one in physical sequence i; its
 tokens are the i-th block of rows x width tokens, attending only to its own cache and rows. The
@@ -344,7 +347,6 @@ class WindowGraphs:
             capture = torch.cuda.graph(captured.graph, pool=self.pool, capture_error_mode="thread_local")
             with torch.no_grad(), capture:
                 captured.hidden = self._body(captured)
-            side.synchronize()  # the warm-up's kernels are part of what the capture costs its round
         except RuntimeError as error:
             which = "batched rounds" if bucket.requests > 1 else "this model"
             log.warning("cannot capture a CUDA graph for %s: %s; CUDA graphs are off for %s",

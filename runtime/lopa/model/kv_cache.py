@@ -249,6 +249,11 @@ class KVCache:
         self._length = end
         self._forget_staged()
 
+    def discard_staged(self) -> None:
+        """Forget what is staged: another forward overwrote the staging (a padded CUDA graph round
+        ran over this cache), so a commit of it must fail rather than take that forward's K/V."""
+        self._forget_staged()
+
     def _staged_in_cache(self, slot: int) -> bool:
         return slot == 0 and self._in_tail
 

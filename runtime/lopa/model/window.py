@@ -283,6 +283,8 @@ class DreamWindowModel:
         hidden = captured.replay()
         for batch, kv in zip(ordered, kvs, strict=True):
             kv.mark_staged(batch.rows, batch.n_stage)
+        for padding in self._physical[len(batches) : captured.layout.bucket.requests]:
+            padding.discard_staged()  # the padding requests staged over whatever was there
         begin = captured.layout.outputs
         index = captured.inputs[begin : begin + sum(counts)]
         logits = self.model.lm_head(hidden.index_select(0, index)).float().split(counts)
