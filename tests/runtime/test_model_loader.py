@@ -238,3 +238,20 @@ def test_adapter_for_another_model(checkpoint: tuple[Path, dict[str, torch.Tenso
         CheckpointError, match=r"adapter_model.safetensors: model.layers.0.self_attn.\w_proj: lora_B @ lora_A"
     ):
         load_model(directory, adapter_dir=tmp_path)
+
+
+def test_loading_skips_the_random_init_whose_imports_cost_a_second() -> None:
+    # Every worker and master loads a checkpoint at start: Embedding's default init on the meta
+    # device imports torch._dynamo (~0.9 s) for a weight the files replace.
+    import subprocess
+    import sys
+
+    script = (
+        "import sys\n"
+        "from lopa.engine import bundled_model_dir\n"
+        "from lopa.model import load_model\n"
+        "load_model(bundled_model_dir())\n"
+        "print('torch._dynamo' in sys.modules)\n"
+    )
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "False"

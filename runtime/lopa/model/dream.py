@@ -202,7 +202,14 @@ class DreamBaseModel(nn.Module):
 
     def __init__(self, config: DreamConfig) -> None:
         super().__init__()
-        self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size)
+        if torch.get_default_device().type == "meta":
+            # Built to be loaded (lopa.model.loader): Embedding's random init costs ~0.9 s of lazy
+            # imports (torch._dynamo) on the meta device, for a weight the files replace.
+            self.embed_tokens = nn.Embedding.from_pretrained(
+                torch.empty(config.vocab_size, config.hidden_size), freeze=False
+            )
+        else:
+            self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size)
         self.layers = nn.ModuleList(DreamDecoderLayer(config) for _ in range(config.num_hidden_layers))
         self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
 
