@@ -14,6 +14,7 @@ import pytest
 import torch
 from round_cases import MAX_LENGTH, ROUNDS, play_rounds, round_batch
 
+from lopa.bench.concurrency import captures_of
 from lopa.engine import bundled_model_dir
 from lopa.execution.protocol import WindowBatch
 from lopa.model import DreamModel, DreamWindowModel
@@ -138,6 +139,14 @@ def test_a_request_count_met_often_gets_its_own_graph(model: DreamModel) -> None
     assert wide.tokens <= MAX_TOKENS < Bucket(4, 96, 0, requests=6).tokens and graphs.choose(wide) == wide
     few = _graphed(model, max_batch=5).graphs
     assert few is not None and few.choose(five) == five
+
+
+def test_the_concurrency_bench_reads_the_captures_of_a_graphed_window_model(model: DreamModel) -> None:
+    graphed, plain = _graphed(model), DreamWindowModel(model, MAX_LENGTH, max_batch=4)
+    probe = captures_of(graphed)
+    assert probe is not None and probe() == (0, 0.0)
+    graphed.forward_many([round_batch(s, s, 0) for s in (0, 1)])
+    assert probe()[0] == 1 and captures_of(plain) is None
 
 
 def test_a_lone_request_moves_to_physical_cache_0(model: DreamModel) -> None:

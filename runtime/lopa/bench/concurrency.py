@@ -57,6 +57,14 @@ def percentile(values: Sequence[float], q: float) -> float:
     return ordered[low] + (ordered[high] - ordered[low]) * (position - low)
 
 
+def captures_of(window: object) -> Captures | None:
+    """The graph-capture probe of a window model (lopa.model.window), None when it has no graphs
+    (a CPU, or LOPA_CUDA_GRAPHS=0): its rows then have no capture columns."""
+    if getattr(window, "graphs", None) is None:
+        return None
+    return window.graph_captures  # type: ignore[attr-defined]
+
+
 def run_level(send: Send, requests: int, concurrency: int, captures: Captures | None = None) -> dict:
     answers: list[tuple[Answer, float]] = []
     captured_before = captures() if captures else (0, 0.0)

@@ -9,7 +9,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from lopa.bench.concurrency import Answer, sweep, sweep_flags
+from lopa.bench.concurrency import Answer, captures_of, sweep, sweep_flags
 from lopa.bench.rows import check_json, finish, show_row
 from lopa.cli.preflight import device_problem
 from lopa.params import MAX_BRANCHES, InvalidParameter
@@ -85,9 +85,8 @@ def run(args: argparse.Namespace) -> int:
         return Answer(result.tokens, result.forwards, result.mean_branches, result.verified_tokens)
 
     try:
-        window = engine.window_model
-        captures = window.graph_captures if getattr(window, "graphs", None) is not None else None
-        rows = sweep(send, args.requests, levels, show=show_row, passes=args.passes, captures=captures)
+        rows = sweep(send, args.requests, levels, show=show_row, passes=args.passes,
+                     captures=captures_of(engine.window_model))
     finally:
         engine.close()
     finish(rows, args.json)
