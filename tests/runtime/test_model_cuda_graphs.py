@@ -2,7 +2,9 @@
 capture and replay run in tests/runtime/test_cuda.py on a GPU)."""
 
 import pytest
+import torch
 
+from lopa.execution.protocol import WindowBatch
 from lopa.model.cuda_graphs import (
     CACHE_STEP,
     MAX_BATCHED_WIDTH,
@@ -14,6 +16,7 @@ from lopa.model.cuda_graphs import (
     bucket_for,
     padded_requests,
 )
+from lopa.params import AttentionMode
 
 
 @pytest.mark.parametrize(
@@ -80,3 +83,36 @@ def test_packed_layout_of_several_requests() -> None:
 def test_request_counts_pad_to_a_third_at_most(requests: int, limit: int, padded: int) -> None:
     # 1, 2, 3, 4, 6, 8, 12, 16, 24, 32...: never past the caches there are, never below the round.
     assert padded_requests(requests, limit) == padded
+
+
+@pytest.mark.parametrize("widths", [(5, 5, 5), (5, 9, 3), (7,)])
+def test_a_round_is_written_into_its_bucket_request_by_request(widths: tuple[int, ...]) -> None:
+    # Each request's rows in its own block of the bucket, padding rows of one token, its scalars,
+    # and its output indices re-based from its [rows, width] layout onto the bucket's.
+    bucket = Bucket(4, 16, 256, requests=4)  # one request more than the round: padding
+    layout = PackedInputs(bucket)
+    batches = []
+    for i, width in enumerate(widths):
+        rows = 1 + i % 3
+        tokens = torch.arange(rows * width).view(rows, width) + 100 * (i + 1)
+        outputs = tuple(range(0, rows * width, 2))
+        mode = AttentionMode.BLOCK_CAUSAL if i % 2 else AttentionMode.FULL
+        batches.append(WindowBatch(tokens, [width - r for r in range(rows)], tokens % 3, 10 * i, 1, mode,
+                                   outputs=outputs))
+    host = torch.zeros(layout.size, dtype=torch.long)
+    counts = layout.write(host, batches, [7 * (i + 1) for i in range(len(widths))])
+    assert counts == [len(b.outputs) for b in batches]
+    tokens = host[layout.tokens].view(4, 4, 16)
+    lengths = host[layout.lengths].view(4, 4)
+    scalars = host[layout.scalars : layout.outputs].view(4, 3)
+    indices = host[layout.outputs : layout.outputs + sum(counts)].tolist()
+    expected = []
+    for i, batch in enumerate(batches):
+        assert torch.equal(tokens[i, : batch.rows, : batch.width], batch.tokens)
+        assert lengths[i].tolist() == batch.lengths + [1] * (4 - batch.rows)
+        assert scalars[i].tolist() == [10 * i, 7 * (i + 1), i % 2]
+        mine = [i * bucket.request_tokens + o // batch.width * 16 + o % batch.width for o in batch.outputs]
+        assert torch.equal(tokens.reshape(-1)[mine], batch.tokens.reshape(-1)[::2])  # the same tokens
+        expected += mine
+    assert indices == expected
+    assert lengths[len(widths):].eq(1).all() and scalars[len(widths):].eq(0).all()  # padding requests
