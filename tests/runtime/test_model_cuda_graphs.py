@@ -95,7 +95,7 @@ def test_a_round_is_written_into_its_bucket_request_by_request(widths: tuple[int
     for i, width in enumerate(widths):
         rows = 1 + i % 3
         tokens = torch.arange(rows * width).view(rows, width) + 100 * (i + 1)
-        outputs = tuple(range(0, rows * width, 2))
+        outputs = tuple(range(0, rows * width, 2)) if i != 1 else ()  # one request needs no logit
         mode = AttentionMode.BLOCK_CAUSAL if i % 2 else AttentionMode.FULL
         batches.append(WindowBatch(tokens, [width - r for r in range(rows)], tokens % 3, 10 * i, 1, mode,
                                    outputs=outputs))
@@ -103,16 +103,27 @@ def test_a_round_is_written_into_its_bucket_request_by_request(widths: tuple[int
     counts = layout.write(host, batches, [7 * (i + 1) for i in range(len(widths))])
     assert counts == [len(b.outputs) for b in batches]
     tokens = host[layout.tokens].view(4, 4, 16)
+    block_ids = host[layout.block_ids].view(4, 4, 16)
     lengths = host[layout.lengths].view(4, 4)
     scalars = host[layout.scalars : layout.outputs].view(4, 3)
     indices = host[layout.outputs : layout.outputs + sum(counts)].tolist()
     expected = []
     for i, batch in enumerate(batches):
         assert torch.equal(tokens[i, : batch.rows, : batch.width], batch.tokens)
+        assert torch.equal(block_ids[i, : batch.rows, : batch.width], batch.block_ids)
         assert lengths[i].tolist() == batch.lengths + [1] * (4 - batch.rows)
         assert scalars[i].tolist() == [10 * i, 7 * (i + 1), i % 2]
         mine = [i * bucket.request_tokens + o // batch.width * 16 + o % batch.width for o in batch.outputs]
-        assert torch.equal(tokens.reshape(-1)[mine], batch.tokens.reshape(-1)[::2])  # the same tokens
+        if mine:
+            assert torch.equal(tokens.reshape(-1)[mine], batch.tokens.reshape(-1)[::2])  # the same tokens
         expected += mine
     assert indices == expected
     assert lengths[len(widths):].eq(1).all() and scalars[len(widths):].eq(0).all()  # padding requests
+
+
+def test_a_request_s_lengths_must_match_its_rows() -> None:
+    layout = PackedInputs(Bucket(4, 16, 256, requests=2))
+    tokens = torch.zeros(2, 5, dtype=torch.long)
+    batch = WindowBatch(tokens, [5, 4, 3], tokens, 0, 1, AttentionMode.FULL, outputs=(0,))
+    with pytest.raises(ValueError, match="3 lengths for 2 rows"):
+        layout.write(torch.zeros(layout.size, dtype=torch.long), [batch], [0])

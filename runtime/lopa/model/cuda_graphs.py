@@ -161,6 +161,8 @@ class PackedInputs:
         for i, (batch, cache_length) in enumerate(zip(batches, cache_lengths, strict=True)):
             tokens[i, : batch.rows, : batch.width] = batch.tokens
             block_ids[i, : batch.rows, : batch.width] = batch.block_ids
+            if len(batch.lengths) != batch.rows:  # a list slice would silently resize
+                raise ValueError(f"write: {len(batch.lengths)} lengths for {batch.rows} rows")
             lengths[i * bucket.rows : i * bucket.rows + batch.rows] = batch.lengths
             block_causal = AttentionMode(batch.mode) is AttentionMode.BLOCK_CAUSAL
             scalars += (batch.start, cache_length, int(block_causal))
@@ -175,11 +177,13 @@ class PackedInputs:
         if len(widths) == 1:  # the usual round (a lone request's always): no per-index widths
             width: int | torch.Tensor = widths.pop()
         else:
-            width = torch.tensor([batch.width for batch in batches]).repeat_interleave(torch.tensor(counts))
+            width = torch.tensor([batch.width for batch in batches]).repeat_interleave(
+                torch.tensor(counts, dtype=torch.long)
+            )
         rebased = flat // width * bucket.width + flat % width
         if len(batches) > 1:  # request i's indices start at its block of the bucket
             starts = torch.arange(len(batches)) * bucket.request_tokens
-            rebased += starts.repeat_interleave(torch.tensor(counts))
+            rebased += starts.repeat_interleave(torch.tensor(counts, dtype=torch.long))
         host[self.outputs : self.outputs + flat.numel()] = rebased
         return counts
 
