@@ -1,0 +1,37 @@
+#!/usr/bin/env bash
+# The GPU checks of runtime/BENCHMARKS.md as one prepared run for a lent GPU machine (CI has none):
+# the CUDA tests, then the concurrency sweeps of the 7B-shaped random checkpoint and of the bundled
+# model (each prints its measured branch budget and, per level, the CUDA graphs it captured).
+# Every step has a time limit; the logs and JSON go to one tarball, ${OUT:-gpu-checks}/gpu-checks.tgz.
+# It uses the machine's python3 and torch. Wheels the machine lacks (grpcio >= 1.85.1,
+# grpcio-health-checking) are installed from .whl/ when present; get them where PyPI is reachable:
+#   pip download --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
+#       --platform manylinux_2_17_x86_64 -d .whl grpcio==1.85.3 grpcio-health-checking==1.85.1
+set -uo pipefail
+cd "$(dirname "$0")/.."
+out=${OUT:-gpu-checks}
+logs="$out/logs"
+mkdir -p "$logs"
+if compgen -G ".whl/*.whl" > /dev/null; then
+    python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
+        --target /tmp/lopa-site .whl/*.whl
+fi
+export PYTHONPATH="/tmp/lopa-site:$PWD/runtime" PYTHONUNBUFFERED=1
+
+step() {  # name, time limit in s, command...: its output in $logs/name.log, one summary line here
+    local name=$1 limit=$2 began=$SECONDS
+    shift 2
+    timeout "$limit" "$@" > "$logs/$name.log" 2>&1
+    echo "$name: exit $? after $((SECONDS - began)) s"
+    grep -E "passed|failed|skipped|error|budget|^\| [0-9]" "$logs/$name.log" | tail -6
+}
+
+nvidia-smi --query-gpu=name,memory.total --format=csv,noheader > "$logs/gpu.txt" 2>&1
+step cuda-tests 240 python3 -m pytest -q -p no:cacheprovider \
+    tests/runtime/test_cuda.py tests/serving/test_cuda_serving.py
+step checkpoint 120 python3 -m lopa bench write-checkpoint --preset dream-7b --out /tmp/lopa-d7b --device cuda
+step sweep-7b 150 python3 -m lopa bench concurrency --model /tmp/lopa-d7b --device cuda --dtype bfloat16 \
+    --levels 1,8,16 --requests 32 --branches 3 --max-new-tokens 64 --json "$logs/sweep-7b.json"
+step sweep-bundled 90 python3 -m lopa bench concurrency --device cuda --levels 1,8,16 --requests 256 \
+    --branches 3 --json "$logs/sweep-bundled.json"
+tar -czf "$out/gpu-checks.tgz" -C "$out" logs && rm -rf "$logs"
