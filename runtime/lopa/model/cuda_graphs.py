@@ -149,8 +149,6 @@ class PackedInputs:
         Per request only its tokens and block ids are copied (its rows keep their own width); the
         other fields are gathered in Python and written with one tensor each: small torch calls
         per request were ~26 us each round and request, host time on a GPU's critical path."""
-        if len(batches) != len(cache_lengths):
-            raise ValueError("write: one cache length per batch")
         bucket = self.bucket
         tokens = host[self.tokens].view(bucket.requests, bucket.rows, bucket.width)
         block_ids = host[self.block_ids].view(bucket.requests, bucket.rows, bucket.width)
@@ -173,17 +171,14 @@ class PackedInputs:
         host[self.scalars : self.scalars + len(scalars)] = torch.tensor(scalars)
         # Output indices are flat in each caller's [rows, width] layout: re-based on the bucket's.
         flat = torch.tensor(outputs, dtype=torch.long)
-        widths = {batch.width for batch in batches}
-        if len(widths) == 1:  # the usual round (a lone request's always): no per-index widths
-            width: int | torch.Tensor = widths.pop()
-        else:
-            width = torch.tensor([batch.width for batch in batches]).repeat_interleave(
-                torch.tensor(counts, dtype=torch.long)
-            )
-        rebased = flat // width * bucket.width + flat % width
-        if len(batches) > 1:  # request i's indices start at its block of the bucket
-            starts = torch.arange(len(batches)) * bucket.request_tokens
-            rebased += starts.repeat_interleave(torch.tensor(counts, dtype=torch.long))
+        if len(batches) == 1:  # a lone request: one width, its block starts the bucket
+            width = batches[0].width
+            rebased = flat // width * bucket.width + flat % width
+        else:  # each index with its request's width and block
+            repeats = torch.tensor(counts, dtype=torch.long)
+            widths = torch.tensor([batch.width for batch in batches]).repeat_interleave(repeats)
+            starts = (torch.arange(len(batches)) * bucket.request_tokens).repeat_interleave(repeats)
+            rebased = starts + flat // widths * bucket.width + flat % widths
         host[self.outputs : self.outputs + flat.numel()] = rebased
         return counts
 
