@@ -5,15 +5,17 @@ import pytest
 import torch
 
 from lopa.execution.protocol import WindowBatch
-from lopa.model.cuda_graphs import (
+from lopa.model.graph_layout import (
     CACHE_STEP,
     MAX_BATCHED_WIDTH,
+    MAX_LAYOUT_TOKENS,
     MAX_TOKENS,
     MAX_WIDTH,
     WIDTH_STEP,
     Bucket,
     PackedInputs,
     bucket_for,
+    compact_tokens,
     padded_requests,
 )
 from lopa.params import AttentionMode
@@ -55,24 +57,39 @@ def test_packed_layout_is_contiguous_and_sized_for_every_output() -> None:
     assert layout.size - layout.outputs == tokens + 4  # every masked position plus one last logit per row
 
 
-def test_a_round_of_several_requests_pads_to_one_bucket() -> None:
-    # The largest request's rows, window and cache; the token limit counts every request.
-    assert bucket_for(3, 20, 300, max_length=4096, requests=5) == Bucket(4, 32, 2 * CACHE_STEP, 5)
-    assert bucket_for(4, 64, 0, max_length=4096, requests=MAX_TOKENS // 256) is not None
-    assert bucket_for(4, 64, 0, max_length=4096, requests=MAX_TOKENS // 256 + 1) is None
+def test_a_round_of_several_requests_is_compact() -> None:
+    # Attention's layout: the largest request's rows and window (powers of two) and cache; the
+    # linear products: the real tokens, rounded up.
+    assert bucket_for(3, 20, 300, max_length=4096, requests=5, tokens=150) == Bucket(
+        4, 32, 2 * CACHE_STEP, 5, compact=192
+    )
+    assert bucket_for(1, 16, 0, max_length=4096, requests=2, tokens=20).compact == 32  # never past the layout
+    assert bucket_for(4, 64, 0, max_length=4096, requests=MAX_LAYOUT_TOKENS // 256, tokens=512) is not None
+    assert bucket_for(4, 64, 0, max_length=4096, requests=MAX_LAYOUT_TOKENS // 256 + 1, tokens=512) is None
+    assert bucket_for(4, 128, 0, max_length=4096, requests=8, tokens=MAX_TOKENS + 1) is None
     # A prompt-sized window beside other requests runs eagerly (its staging would grow every cache's).
-    assert bucket_for(1, MAX_BATCHED_WIDTH + 1, 0, max_length=4096, requests=2) is None
+    assert bucket_for(1, MAX_BATCHED_WIDTH + 1, 0, max_length=4096, requests=2, tokens=200) is None
     assert bucket_for(1, MAX_BATCHED_WIDTH + 1, 0, max_length=4096) is not None
 
 
-def test_packed_layout_of_several_requests() -> None:
-    bucket = Bucket(2, 16, 256, requests=3)
+@pytest.mark.parametrize(
+    ("tokens", "compact"), [(1, 64), (64, 64), (65, 128), (256, 256), (257, 384), (500, 512)]
+)
+def test_compact_rounds_round_their_tokens_to_few_sizes(tokens: int, compact: int) -> None:
+    assert compact_tokens(tokens) == compact
+
+
+def test_packed_layout_of_a_compact_round() -> None:
+    bucket = Bucket(2, 16, 256, requests=3, compact=64)
     layout = PackedInputs(bucket)
-    tokens, rows = 3 * 2 * 16, 3 * 2
-    assert bucket.tokens == tokens and bucket.request_tokens == 32
-    assert (layout.lengths.start, layout.lengths.stop) == (2 * tokens, 2 * tokens + rows)
+    slots, rows = 3 * 2 * 16, 3 * 2
+    assert bucket.tokens == slots and bucket.linear_tokens == 64 and bucket.request_tokens == 32
+    assert (layout.tokens.start, layout.tokens.stop) == (0, 64)
+    assert (layout.slots.start, layout.slots.stop) == (64, 128)
+    assert (layout.block_ids.start, layout.block_ids.stop) == (128, 128 + slots)
+    assert (layout.lengths.start, layout.lengths.stop) == (128 + slots, 128 + slots + rows)
     assert layout.outputs == layout.scalars + 3 * 3  # start, cache length, block_causal per request
-    assert layout.size - layout.outputs == tokens + rows
+    assert layout.size - layout.outputs == 64 + rows
 
 
 @pytest.mark.parametrize(
@@ -85,40 +102,77 @@ def test_request_counts_pad_to_a_third_at_most(requests: int, limit: int, padded
     assert padded_requests(requests, limit) == padded
 
 
-@pytest.mark.parametrize("widths", [(5, 5, 5), (5, 9, 3), (7,)])
-def test_a_round_is_written_into_its_bucket_request_by_request(widths: tuple[int, ...]) -> None:
-    # Each request's rows in its own block of the bucket, padding rows of one token, its scalars,
-    # and its output indices re-based from its [rows, width] layout onto the bucket's.
-    bucket = Bucket(4, 16, 256, requests=4)  # one request more than the round: padding
-    layout = PackedInputs(bucket)
+def _round(widths: tuple[int, ...]) -> list[WindowBatch]:
+    """Requests of 1, 2, 3, 1... rows of these widths, alternating modes, one needing no logit."""
     batches = []
     for i, width in enumerate(widths):
         rows = 1 + i % 3
         tokens = torch.arange(rows * width).view(rows, width) + 100 * (i + 1)
-        outputs = tuple(range(0, rows * width, 2)) if i != 1 else ()  # one request needs no logit
+        outputs = tuple(range(0, rows * width, 2)) if i != 1 else ()
         mode = AttentionMode.BLOCK_CAUSAL if i % 2 else AttentionMode.FULL
         batches.append(WindowBatch(tokens, [width - r for r in range(rows)], tokens % 3, 10 * i, 1, mode,
                                    outputs=outputs))
+    return batches
+
+
+@pytest.mark.parametrize("widths", [(5, 5, 5), (5, 9, 3), (16, 16, 16), (16, 16)])
+def test_a_compact_round_packs_its_tokens_and_places_each_in_its_block(widths: tuple[int, ...]) -> None:
+    # The linear products see the real tokens packed request after request; each token's slot is
+    # its place in its request's block of the padded layout, where attention runs: padding rows of
+    # one token, the request's scalars; output indices point at the packed tokens.
+    batches = _round(widths)
+    real = sum(b.rows * b.width for b in batches)
+    bucket = Bucket(4, 16, 256, requests=4, compact=compact_tokens(real))  # one padding request
+    layout = PackedInputs(bucket)
     host = torch.zeros(layout.size, dtype=torch.long)
     counts = layout.write(host, batches, [7 * (i + 1) for i in range(len(widths))])
     assert counts == [len(b.outputs) for b in batches]
-    tokens = host[layout.tokens].view(4, 4, 16)
+    packed, slots = host[layout.tokens], host[layout.slots]
+    padded = torch.zeros(bucket.tokens, dtype=torch.long).index_copy_(0, slots[:real], packed[:real])
+    padded = padded.view(4, 4, 16)
     block_ids = host[layout.block_ids].view(4, 4, 16)
     lengths = host[layout.lengths].view(4, 4)
     scalars = host[layout.scalars : layout.outputs].view(4, 3)
-    indices = host[layout.outputs : layout.outputs + sum(counts)].tolist()
-    expected = []
+    indices = host[layout.outputs : layout.outputs + sum(counts)]
+    assert torch.equal(packed[:real], torch.cat([b.tokens.reshape(-1) for b in batches]))
+    assert len(set(slots[:real].tolist())) == real  # one slot per real token
     for i, batch in enumerate(batches):
-        assert torch.equal(tokens[i, : batch.rows, : batch.width], batch.tokens)
+        assert torch.equal(padded[i, : batch.rows, : batch.width], batch.tokens)
         assert torch.equal(block_ids[i, : batch.rows, : batch.width], batch.block_ids)
         assert lengths[i].tolist() == batch.lengths + [1] * (4 - batch.rows)
         assert scalars[i].tolist() == [10 * i, 7 * (i + 1), i % 2]
-        mine = [i * bucket.request_tokens + o // batch.width * 16 + o % batch.width for o in batch.outputs]
-        if mine:
-            assert torch.equal(tokens.reshape(-1)[mine], batch.tokens.reshape(-1)[::2])  # the same tokens
-        expected += mine
-    assert indices == expected
-    assert lengths[len(widths):].eq(1).all() and scalars[len(widths):].eq(0).all()  # padding requests
+    expected = torch.cat([b.tokens.reshape(-1)[list(b.outputs)] for b in batches])
+    assert torch.equal(packed[indices], expected)  # the same tokens
+    assert lengths[len(widths):].eq(1).all() and scalars[len(widths):].eq(0).all()  # padding request
+    # Padding tokens share a slot no real token has, whose key every real query has masked.
+    spare = set(slots[real:].tolist())
+    assert len(spare) == 1 and not spare & set(slots[:real].tolist())
+    request, row, column = _place(slots[-1])
+    assert request >= len(batches) or row >= batches[request].rows or column >= batches[request].lengths[row]
+
+
+def _place(slot: torch.Tensor) -> tuple[int, int, int]:
+    """(request, row, column) of a slot of the 4 x 4 x 16 layout above."""
+    request, rest = divmod(int(slot), 4 * 16)
+    return (request, *divmod(rest, 16))
+
+
+def test_a_lone_request_pads_its_rows_and_window() -> None:
+    bucket = Bucket(4, 16, 256)
+    layout = PackedInputs(bucket)
+    (batch,) = _round((5,))
+    host = torch.zeros(layout.size, dtype=torch.long)
+    assert layout.write(host, [batch], [3]) == [len(batch.outputs)]
+    tokens = host[layout.tokens].view(4, 16)
+    assert torch.equal(tokens[:1, :5], batch.tokens) and layout.slots.start == layout.slots.stop
+    indices = host[layout.outputs : layout.outputs + len(batch.outputs)]
+    assert torch.equal(tokens.reshape(-1)[indices], batch.tokens.reshape(-1)[::2])
+
+
+def test_a_compact_bucket_refuses_more_tokens_than_it_holds() -> None:
+    layout = PackedInputs(Bucket(4, 16, 256, requests=3, compact=64))
+    with pytest.raises(ValueError, match="96 tokens for a bucket of 64"):
+        layout.write(torch.zeros(layout.size, dtype=torch.long), _round((16, 16, 16)), [0, 0, 0])
 
 
 def test_a_request_s_lengths_must_match_its_rows() -> None:

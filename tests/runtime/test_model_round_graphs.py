@@ -9,6 +9,7 @@ by row, so the two agree to rounding, not bit for bit.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import replace
 
 import pytest
 import torch
@@ -18,7 +19,8 @@ from lopa.bench.concurrency import captures_of
 from lopa.engine import bundled_model_dir
 from lopa.execution.protocol import WindowBatch
 from lopa.model import DreamModel, DreamWindowModel
-from lopa.model.cuda_graphs import MAX_BATCHED_WIDTH, MAX_TOKENS, SPECIALIZE_AFTER, Bucket, WindowGraphs
+from lopa.model.cuda_graphs import WindowGraphs
+from lopa.model.graph_layout import MAX_BATCHED_WIDTH, MAX_LAYOUT_TOKENS, Bucket
 from lopa.model.loader import load_model
 from lopa.model.window import graph_staging
 from lopa.params import AttentionMode
@@ -122,23 +124,45 @@ def test_batched_caches_reserve_staging_for_any_graphed_window(model: DreamModel
     assert [kv.staging_generation for kv in window._physical] == generations
 
 
-def test_a_request_count_met_often_gets_its_own_graph(model: DreamModel) -> None:
+def test_rounds_of_several_requests_replay_padded_request_counts(model: DreamModel) -> None:
+    # A compact round's padding requests have no tokens in the linear products, so a round of 5
+    # always replays the graph of 6 (fewer graphs); never past the caches there are, nor the
+    # largest attention layout; a lone request has its own.
     window = _graphed(model, max_batch=8)
     graphs = window.graphs
     assert graphs is not None
-    five = Bucket(2, 32, 0, requests=5)
-    six = Bucket(2, 32, 0, requests=6)
-    for _ in range(SPECIALIZE_AFTER):
-        assert graphs.choose(five) == six
-        graphs.get(six)
-    assert graphs.choose(five) == five  # met SPECIALIZE_AFTER times: captured for itself
-    graphs.get(five)
-    assert graphs.choose(five) == five and set(graphs.graphs) == {five, six}
-    # Padding never exceeds the largest graphed round, nor the caches there are.
-    wide = Bucket(4, 96, 0, requests=5)
-    assert wide.tokens <= MAX_TOKENS < Bucket(4, 96, 0, requests=6).tokens and graphs.choose(wide) == wide
+    five = Bucket(2, 32, 0, requests=5, compact=256)
+    for _ in range(40):
+        assert graphs.choose(five) == replace(five, requests=6)
+    wide = Bucket(8, 96, 0, requests=5, compact=512)
+    assert wide.tokens <= MAX_LAYOUT_TOKENS < replace(wide, requests=6).tokens and graphs.choose(wide) == wide
     few = _graphed(model, max_batch=5).graphs
     assert few is not None and few.choose(five) == five
+    assert graphs.choose(Bucket(4, 32, 0)) == Bucket(4, 32, 0)
+
+
+def test_a_compact_round_runs_its_linear_products_on_its_real_tokens(model: DreamModel) -> None:
+    # Requests of 1, 2 and 3 rows of different widths: attention pads each to 4 rows of the widest
+    # window, the linear products run on the 3 requests' real tokens only (rounded up to 64).
+    window = _graphed(model)
+    batches = [round_batch(seed, seed, 0) for seed in (0, 1, 2)]
+    real = sum(b.rows * b.width for b in batches)
+    ran: list[int] = []
+    hidden_states = model.hidden_states
+
+    def counted(tokens: torch.Tensor, *args: object, **kwargs: object) -> torch.Tensor:
+        ran.append(tokens.shape[1])
+        return hidden_states(tokens, *args, **kwargs)
+
+    model.hidden_states = counted  # type: ignore[method-assign]
+    try:
+        window.forward_many(batches)
+    finally:
+        del model.hidden_states
+    assert window.graphs is not None
+    (bucket,) = window.graphs.graphs
+    assert bucket.rows == 4 and bucket.tokens == 3 * 4 * 16 and real < 64 == bucket.compact
+    assert ran == [64]
 
 
 def test_the_concurrency_bench_reads_the_captures_of_a_graphed_window_model(model: DreamModel) -> None:

@@ -25,7 +25,7 @@ def test_the_fit_check_counts_the_staging_a_graphed_window_model_reserves() -> N
     # Graphs are CUDA-only; their reservation is applied by hand to a CPU window model here, so
     # the formula the check uses is compared with the bytes the caches really allocate.
     from lopa.model import DreamWindowModel
-    from lopa.model.cuda_graphs import MAX_BATCHED_WIDTH
+    from lopa.model.graph_layout import MAX_BATCHED_WIDTH
     from lopa.model.window import graph_staging, reserved_staging_tokens
     from lopa.synthetic.checkpoint import random_model
 

@@ -60,6 +60,9 @@ class UniformSegments:
     mask: torch.Tensor  # additive [requests, 1, T / requests, C + T / requests]
     past: Callable[[int], tuple[torch.Tensor, torch.Tensor]]  # layer -> K, V [requests, C, kv_heads, D]
     on_kv: KVCallback  # layer, K, V [requests, T / requests, kv_heads, D]: each request's to its cache
+    # Compact: the forward's N tokens are packed, token n at slot slots[n] of the T-token layout
+    # above (the other slots hold zeros); None: the forward's tokens are that layout.
+    slots: torch.Tensor | None = None
 
 
 @dataclass(frozen=True)
@@ -70,6 +73,7 @@ class LayerUniform:
     mask: torch.Tensor
     past: tuple[torch.Tensor, torch.Tensor]
     on_kv: Callable[[torch.Tensor, torch.Tensor], None]
+    slots: torch.Tensor | None = None
 
 
 @dataclass(frozen=True)
@@ -119,7 +123,10 @@ def _attend_segments_exact(
 
 def attend_uniform(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, s: LayerUniform) -> torch.Tensor:
     """Attention of a folded batch-1 forward of equal-sized requests (see UniformSegments), one
-    batch element per request; [1, heads, T, D]."""
+    batch element per request; [1, heads, T, D] (compact: [1, heads, N, D])."""
+    if s.slots is not None:  # scattered into the padded layout, where each request's block is its own
+        layout = s.requests * s.mask.shape[2]
+        q, k, v = (t.new_zeros((1, layout, *t.shape[2:])).index_copy_(1, s.slots, t) for t in (q, k, v))
     q, k, v = (t.reshape(s.requests, -1, *t.shape[2:]) for t in (q, k, v))  # [R, T / R, h, D]
     s.on_kv(k, v)
     past_k, past_v = s.past
@@ -127,7 +134,8 @@ def attend_uniform(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, s: LayerUn
         k = torch.cat((past_k, k), dim=1)
         v = torch.cat((past_v, v), dim=1)
     out = attend(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), s.mask)  # [R, heads, T / R, D]
-    return out.transpose(0, 1).reshape(1, out.shape[1], -1, out.shape[3])
+    out = out.transpose(0, 1).reshape(1, out.shape[1], -1, out.shape[3])
+    return out if s.slots is None else out.index_select(2, s.slots)
 
 
 def attend_with_past(
@@ -173,7 +181,7 @@ def bind_segments(
         return None
     if isinstance(segments, UniformSegments):
         on_kv = bind(segments.on_kv, index)
-        return LayerUniform(segments.requests, segments.mask, segments.past(index), on_kv)
+        return LayerUniform(segments.requests, segments.mask, segments.past(index), on_kv, segments.slots)
     return [bind_segment(s, index) for s in segments]
 
 

@@ -28,9 +28,10 @@ import torch
 from lopa.execution.heap import keep_freed_memory
 from lopa.execution.protocol import WindowBatch
 from lopa.model.attention import Segment
-from lopa.model.cuda_graphs import MAX_BATCHED_WIDTH, WindowGraphs, bucket_for
+from lopa.model.cuda_graphs import WindowGraphs
 from lopa.model.dream import DreamModel
 from lopa.model.exact_attention import row_spans
+from lopa.model.graph_layout import MAX_BATCHED_WIDTH, bucket_for
 from lopa.model.kv_cache import KVCache, cache_shape
 from lopa.model.mask import additive_window_mask
 from lopa.params import AttentionMode
@@ -268,6 +269,7 @@ class DreamWindowModel:
             max(self.caches[b.sequence].length for b in batches),
             self.max_length,
             len(batches),
+            sum(b.rows * b.width for b in batches),
         )
         if bucket is None:
             return None
