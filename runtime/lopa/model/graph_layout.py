@@ -2,13 +2,13 @@
 inputs are packed in (one host-to-device copy per round). See lopa.model.cuda_graphs.
 
 A lone request's round is padded as a whole: its rows to a power of two, its window to a multiple
-of WIDTH_STEP. A round of several requests is COMPACT: the linear products (~95 % of a 7B forward)
-run on the real tokens only, packed request after request (rounded up to a few sizes,
-compact_tokens), and only attention runs on the padded layout [requests x rows x width], each
-request padded to the widest one. Requests beside each other differ in rows (one was granted a
-lookahead, another not) and width (one window spans two blocks, another one): padded for the
-linears too, a 7B round of 8 requests computed ~1.5x its tokens (simulated on the sweep of
-runtime/BENCHMARKS.md), an H200 round ~18 ms where its ~500 real tokens take ~12.5 ms.
+of WIDTH_STEP. A round of several requests is COMPACT: the linear products (nearly all of a 7B
+forward's FLOPs) run on the real tokens only, packed request after request (rounded up to a few
+sizes, compact_tokens), and only attention runs on the padded layout [requests x rows x width],
+each request padded to the most rows and the widest window among them. Requests beside each other
+differ in rows (one was granted a lookahead, another not) and width (one window spans two blocks,
+another one): padded for the linears too, a 7B round of 8 requests computed ~1.5x its tokens
+(runtime/BENCHMARKS.md, H200 second session).
 """
 
 from __future__ import annotations
