@@ -4,11 +4,15 @@ interleaved passes), driven by a Send that answers from a table instead of a mod
 from __future__ import annotations
 
 import threading
+from pathlib import Path
 
 import pytest
+import torch
 
 from lopa.bench.concurrency import Answer, combine, percentile, run_level, sweep, with_ratios
+from lopa.bench.profiling import profiled
 from lopa.bench.rows import markdown_table
+from lopa.cli.bench_concurrency import write_profile
 
 
 def test_percentile_interpolates_between_ranks() -> None:
@@ -106,3 +110,24 @@ def test_a_level_counts_the_graph_captures_its_rounds_paid() -> None:
     rows = sweep(send, requests=3, levels=(1, 2), warmup=0, captures=lambda: captured[0])
     assert [(r["captures"], r["capture_s"]) for r in rows] == [(3, 0.75), (3, 0.75)]
     assert "captures" not in sweep(send, requests=3, levels=(1,), warmup=0)[0]  # no graphs: no column
+
+
+def test_a_profile_tables_the_ops_it_ran_and_the_device_time_on_an_accelerator() -> None:
+    x = torch.ones(64, 64)
+    profile = profiled(lambda: [x @ x for _ in range(3)], torch.device("cpu"))
+    assert "aten::mm" in profile.table and profile.wall_s > 0
+    assert profile.device_s is None and profile.device_busy is None  # no kernels on a CPU
+
+
+def test_the_concurrency_profile_reruns_the_level_and_writes_its_summary(tmp_path: Path) -> None:
+    sent: list[int] = []
+
+    def send(index: int) -> Answer:
+        sent.append(index)
+        return Answer(tokens=10, forwards=2, mean_branches=1.0, verified_tokens=40)
+
+    path = write_profile(send, requests=3, level=2, device=torch.device("cpu"), out=tmp_path / "p")
+    assert sorted(sent) == [0, 1, 2] and path == tmp_path / "p" / "concurrency_profile.txt"
+    summary = path.read_text().splitlines()[0]
+    assert summary.startswith("2 in flight, 3 requests, after the sweep: ") and "TPF 5.0" in summary
+    assert "device busy" not in summary  # a CPU has no kernel time to compare with the wall's

@@ -27,8 +27,11 @@ def test_bench_step_reports_forwards_steps_and_products(
     grid = ["--rows", "1,2", "--widths", "8,16", "--caches", "0,24"]
     steps = ["--ks", "0,1,3", "--step-widths", "8", "--step-cache", "16"]
     rounds = ["--batches", "1,3,2", "--batch-k", "2"]
-    args = ["bench", "step", "--preset", "tiny", *SMALL, *grid, *steps, *rounds, "--gemm", "--json", str(out)]
+    args = ["bench", "step", "--preset", "tiny", *SMALL, *grid, *steps, *rounds, "--gemm", "--json", str(out),
+            "--profile", str(tmp_path / "profile")]
     assert main(args) == 0
+    profile = (tmp_path / "profile" / "step_profile.txt").read_text()
+    assert profile.startswith("== ") and "aten::" in profile  # a table of the ops of each case
     report = json.loads(out.read_text())
     setup, rows = report["setup"], report["rows"]
     assert setup["device"] == "cpu" and setup["floor_ms"] > 0 and setup["copy_TBps"] > 0

@@ -218,22 +218,22 @@ def _autotuned(x: torch.Tensor, weight: torch.Tensor, repeat: int) -> dict:
 
 
 def profile_steps(bench: StepBench, cases: list[tuple[str, int, int, int]], out: Path) -> Path:
-    """A torch.profiler table (kernels by total device time) per case: (name, rows, width, n_stage)."""
-    from torch.profiler import ProfilerActivity, profile
+    """A torch.profiler table (kernels by self device time) per case: (name, rows, width, n_stage)."""
+    from lopa.bench.profiling import profiled
 
-    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if bench.device.type == "cuda" else [])
-    sort = "cuda_time_total" if bench.device.type == "cuda" else "cpu_time_total"
     out.mkdir(parents=True, exist_ok=True)
     path = out / "step_profile.txt"
     with path.open("w") as handle:
         for name, rows, width, n_stage in cases:
             bench.step_ms(rows, width, n_stage)  # warm: graphs captured outside the profile
-            with profile(activities=activities) as prof:
+
+            def five_steps(rows: int = rows, width: int = width, n_stage: int = n_stage) -> None:
                 for _ in range(5):
                     _one_step(bench, rows, width, n_stage)
-                synchronize(bench.device)
+
+            profile = profiled(five_steps, bench.device, rows=30)
             handle.write(f"== {name}: rows {rows}, window {width}, n_stage {n_stage}, 5 steps\n")
-            handle.write(prof.key_averages().table(sort_by=sort, row_limit=30) + "\n\n")
+            handle.write(profile.table + "\n\n")
     return path
 
 

@@ -8,12 +8,16 @@ from __future__ import annotations
 
 import argparse
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-from lopa.bench.concurrency import Answer, captures_of, sweep, sweep_flags
+from lopa.bench.concurrency import Answer, Send, captures_of, run_level, sweep, sweep_flags
 from lopa.bench.rows import check_json, finish, show_row
 from lopa.cli.preflight import device_problem
 from lopa.params import MAX_BRANCHES, InvalidParameter
 from lopa.serving.shared.config import DTYPES
+
+if TYPE_CHECKING:
+    import torch
 
 
 def add_parser(kinds: argparse._SubParsersAction) -> None:
@@ -40,6 +44,10 @@ def add_parser(kinds: argparse._SubParsersAction) -> None:
     parser.add_argument("--dtype", default="float32", choices=DTYPES,
                         help="weights dtype (default float32 on any device; pass bfloat16 on a GPU)")
     parser.add_argument("--json", default=None, help="also write the rows to this file")
+    parser.add_argument("--profile", default=None,
+                        help="directory (cuda only): after the sweep, run its highest level once more "
+                        "under torch.profiler and write concurrency_profile.txt (kernels by device time, "
+                        "and how busy the device was: below 100%% it waited for the host)")
     parser.set_defaults(handler=run)
 
 
@@ -55,6 +63,13 @@ def check(args: argparse.Namespace) -> list[int]:
     problem = device_problem(args.device)
     if problem:
         raise InvalidParameter("device", problem)
+    if args.profile is not None:
+        if not args.device.startswith("cuda"):
+            # torch.profiler records CPU ops on its own thread only, and the engine runs on its
+            # scheduler thread: a CPU table would be empty (kernels are recorded from any thread).
+            raise InvalidParameter("profile", f"needs --device cuda (the kernels' table), got {args.device}")
+        if Path(args.profile).exists() and not Path(args.profile).is_dir():
+            raise InvalidParameter("profile", f"{args.profile} exists and is not a directory")
     return levels
 
 
@@ -87,7 +102,29 @@ def run(args: argparse.Namespace) -> int:
     try:
         rows = sweep(send, args.requests, levels, show=show_row, passes=args.passes,
                      captures=captures_of(engine.window_model))
+        if args.profile:
+            device = engine.window_model.device
+            path = write_profile(send, args.requests, max(levels), device, Path(args.profile))
+            print(f"profile of {max(levels)} in flight: {path}", flush=True)
     finally:
         engine.close()
     finish(rows, args.json)
     return 0
+
+
+def write_profile(send: Send, requests: int, level: int, device: torch.device, out: Path) -> Path:
+    """The level once more (its graphs captured by the sweep) under torch.profiler, to
+    out/concurrency_profile.txt: a summary line, then the kernel table."""
+    from lopa.bench.profiling import profiled
+
+    rows: list[dict] = []
+    profile = profiled(lambda: rows.append(run_level(send, requests, level)), device)
+    row = rows[0]
+    busy = "" if profile.device_busy is None else f", device busy {profile.device_busy:.0%} of the wall time"
+    summary = (f"{level} in flight, {requests} requests, after the sweep: {row['wall_s']} s "
+               f"({profile.wall_s:.3f} s profiled), {row['tok_s']} tok/s, TPF {row['tpf']}{busy}")
+    out.mkdir(parents=True, exist_ok=True)
+    path = out / "concurrency_profile.txt"
+    path.write_text(summary + "\n\n" + profile.table + "\n")
+    print(summary, flush=True)
+    return path
