@@ -103,6 +103,25 @@ def test_a_padded_round_discards_what_the_padding_caches_had_staged(model: Dream
         window.commit(0, 2, sequence=5)
 
 
+def test_a_round_forgets_what_its_bucket_s_padding_rows_overwrote(model: DreamModel) -> None:
+    # A request of 1 row beside one of 4 runs in a bucket of 4 rows: its slots 1-3 were staged by
+    # its previous round, and the padding rows overwrote them, so committing one must fail loudly.
+    window = _graphed(model)
+    generator = torch.Generator().manual_seed(5)
+
+    def batch(sequence: int, rows: int) -> WindowBatch:
+        tokens = torch.randint(0, 90, (rows, 8), generator=generator)
+        return WindowBatch(tokens, [8] * rows, torch.zeros(rows, 8, dtype=torch.long), 0, 3,
+                           AttentionMode.FULL, outputs=(0,), sequence=sequence)
+
+    window.forward_many([batch(0, 4), batch(1, 1)])
+    assert window.caches[0].staged_count(3) == 3
+    window.forward_many([batch(0, 1), batch(1, 4)])
+    assert window.caches[0].staged_count(0) == 3 and window.caches[0].staged_count(3) == 0
+    with pytest.raises(ValueError, match="staged tokens"):
+        window.commit(3, 3, sequence=0)
+
+
 def test_batched_caches_reserve_staging_for_any_graphed_window(model: DreamModel) -> None:
     # A staging area that grows drops the graphs holding its address: the reservation made when
     # graphs are on must hold k = 3 rows of the widest batched window (4 x 64 did not: recaptures).

@@ -9,10 +9,11 @@ accelerator times lone forwards of growing size and takes the largest whose cost
 COST_FACTOR of the smallest: on those rounds 512 for the 7B (the budget that beat 2048 in its
 concurrency sweep; 1024 would need 2.5x more than 2.5x), for a launch-bound model 1024.
 
-At most 1024 tokens: a round is padded to its CUDA-graph bucket (rows to a power of two, windows to
-a multiple of 16) and one over 2048 padded tokens runs eagerly, so a 2048-token budget would send
-full rounds off the graphs. The timed forwards use rows of at most 16 (the staging reserved for
-cache 0's graphs, lopa.model.window.graph_staging), so measuring grows nothing.
+At most 1024 tokens: a round runs from a CUDA graph only up to 2048 tokens (a lone request's padded
+rows, a batched round's real tokens rounded up, lopa.model.graph_layout) and eagerly beyond, so a
+2048-token budget would send full rounds off the graphs. The timed forwards use rows of at most 16
+(the staging reserved for cache 0's graphs, lopa.model.window.graph_staging), so measuring grows
+nothing.
 """
 
 from __future__ import annotations

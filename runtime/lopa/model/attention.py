@@ -61,7 +61,7 @@ class UniformSegments:
     past: Callable[[int], tuple[torch.Tensor, torch.Tensor]]  # layer -> K, V [requests, C, kv_heads, D]
     on_kv: KVCallback  # layer, K, V [requests, T / requests, kv_heads, D]: each request's to its cache
     # Compact: the forward's N tokens are packed, token n at slot slots[n] of the T-token layout
-    # above (the other slots hold zeros); None: the forward's tokens are that layout.
+    # above (the other slots hold zeros, one the padding tokens'); None: the tokens are that layout.
     slots: torch.Tensor | None = None
 
 

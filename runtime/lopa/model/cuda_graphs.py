@@ -134,7 +134,7 @@ class _Captured:
         self.host = torch.zeros(self.layout.size, dtype=torch.long, pin_memory=pinned)
         self.graph = torch.cuda.CUDAGraph() if pinned else None
         self.run: Callable[[], torch.Tensor] | None = None  # the body, when not captured
-        self.hidden: torch.Tensor | None = None  # [T, hidden], the graph's static output
+        self.hidden: torch.Tensor | None = None  # [N, hidden] (linear tokens), the graph's static output
         self.staging: tuple[int, ...] = ()  # the generation of each staging area it writes
         self.copied = torch.cuda.Event() if pinned else None  # the last copy out of `host` is done
 

@@ -40,8 +40,9 @@ log = logging.getLogger("lopa.model")
 
 GRAPHS_ENV = "LOPA_CUDA_GRAPHS"  # "0" turns CUDA graphs off (eager forwards on CUDA)
 _GRAPH_STAGING = (16, 256)  # staging reserved up front when graphs are on: slots x tokens
-# The same for the other physical caches: batched rounds' rows (k <= 3) of any window they graph, so
-# no width grows a staging area (which would drop the graphs holding its address).
+# The same for the other physical caches: batched rounds' rows (k <= 3, the default; more rows grow
+# it once) of any window they graph, so no width grows a staging area (which would drop the graphs
+# holding its address).
 _GRAPH_STAGING_BATCHED = (4, MAX_BATCHED_WIDTH)
 
 
@@ -284,6 +285,7 @@ class DreamWindowModel:
         captured.write_inputs()
         hidden = captured.replay()
         for batch, kv in zip(ordered, kvs, strict=True):
+            kv.discard_staged()  # the bucket's rows past the request's staged padding there
             kv.mark_staged(batch.rows, batch.n_stage)
         for padding in self._physical[len(batches) : captured.layout.bucket.requests]:
             padding.discard_staged()  # the padding requests staged over whatever was there
