@@ -227,7 +227,11 @@ class LocalExecutor:
             # the stored last logit (uniform when nothing is cached yet).
             state = self.state(part.sequence)
             stored = state.last_logit if state.last_logit is not None else torch.zeros_like(masked[0])
-            masked[list(plan.from_stored)] = stored.to(masked.dtype)
+            stored = stored.to(masked.dtype)
+            # One row at a time: indexing with a list copies it to the device first, a copy that
+            # waits for the whole round's forward, before the statistics' kernels were even queued.
+            for index in plan.from_stored:
+                masked[index] = stored
         return masked
 
     def _part_stats(
