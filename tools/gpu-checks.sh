@@ -33,7 +33,7 @@ nvidia-smi --query-gpu=name,memory.total --format=csv,noheader > "$logs/gpu.txt"
 # GPU idles is held back by the host, one at ~100 % by the GPU.
 nvidia-smi --query-gpu=timestamp,utilization.gpu --format=csv,noheader -lms 100 > "$logs/gpu-util.csv" 2>&1 &
 sampler=$!
-step cuda-tests 170 python3 -m pytest -q -p no:cacheprovider \
+step cuda-tests 120 python3 -m pytest -q -p no:cacheprovider \
     tests/runtime/test_cuda.py tests/serving/test_cuda_serving.py
 step checkpoint 90 python3 -m lopa bench write-checkpoint --preset dream-7b --out /tmp/lopa-d7b --device cuda
 # Two passes: the first pays the graph captures (columns captures, capture_s), the second runs warm;
@@ -41,6 +41,10 @@ step checkpoint 90 python3 -m lopa bench write-checkpoint --preset dream-7b --ou
 step sweep-7b 240 python3 -m lopa bench concurrency --model /tmp/lopa-d7b --device cuda --dtype bfloat16 \
     --levels 1,8,16 --requests 32 --branches 3 --max-new-tokens 64 --passes 2 --json "$logs/sweep-7b.json" \
     --profile "$logs/profile-7b"
+# The same rounds uncaptured: each kernel of the profile belongs to its op and input shapes.
+LOPA_CUDA_GRAPHS=uncaptured step profile-7b-uncaptured 90 python3 -m lopa bench concurrency \
+    --model /tmp/lopa-d7b --device cuda --dtype bfloat16 --levels 16 --requests 16 --branches 3 \
+    --max-new-tokens 64 --profile "$logs/profile-7b-uncaptured"
 step sweep-bundled 80 python3 -m lopa bench concurrency --device cuda --levels 1,8,16 --requests 256 \
     --branches 3 --json "$logs/sweep-bundled.json"
 kill "$sampler" 2> /dev/null

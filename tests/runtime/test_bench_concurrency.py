@@ -116,6 +116,7 @@ def test_a_profile_tables_the_ops_it_ran_and_the_device_time_on_an_accelerator()
     x = torch.ones(64, 64)
     profile = profiled(lambda: [x @ x for _ in range(3)], torch.device("cpu"))
     assert "aten::mm" in profile.table and profile.wall_s > 0
+    assert "[64, 64]" in profile.ops_table  # the ops with their input shapes
     assert profile.device_s is None and profile.device_busy is None  # no kernels on a CPU
 
 

@@ -19,7 +19,7 @@ from lopa.decoding.decoder import Decoder
 from lopa.engine import LocalEngine, bundled_model_dir
 from lopa.execution.local import LocalExecutor, OutputPlan
 from lopa.model.loader import load_model
-from lopa.model.window import DreamWindowModel
+from lopa.model.window import GRAPHS_ENV, GRAPHS_UNCAPTURED, DreamWindowModel
 from lopa.params import DecodingParams
 from lopa.scheduling.scheduler import Observer
 
@@ -175,6 +175,18 @@ def test_rounds_replay_the_graph_of_a_padded_request_count() -> None:
     assert graphed.graphs is not None and not graphed.graphs.disabled
     assert {bucket.requests for bucket in graphed.graphs.graphs} == {2, 6, 3}
     assert graphed.forwards == {"graph": 4, "eager": 0}
+
+
+def test_uncaptured_graph_rounds_run_the_same_rounds_eagerly(monkeypatch: pytest.MonkeyPatch) -> None:
+    # LOPA_CUDA_GRAPHS=uncaptured (for profiling: every kernel then belongs to an op) takes the
+    # graphs' path, buckets and compact layout, without capturing.
+    monkeypatch.setenv(GRAPHS_ENV, GRAPHS_UNCAPTURED)
+    loaded = load_model(bundled_model_dir(), dtype="float32", device="cuda")
+    uncaptured = DreamWindowModel(loaded.model, MAX_LENGTH, max_batch=4)
+    eager = DreamWindowModel(loaded.model, MAX_LENGTH, max_batch=4, cuda_graphs=False)
+    play_rounds(eager, uncaptured, ROUNDS)
+    assert uncaptured.graphs is not None and not uncaptured.graphs.capture
+    assert uncaptured.forwards["eager"] == 0 and uncaptured.graphs.graphs
 
 
 class _BatchSizes(Observer):

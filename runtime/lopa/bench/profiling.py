@@ -14,6 +14,9 @@ class Profile:
     table: str  # torch.profiler's key_averages, by self device time (CPU: self CPU time)
     wall_s: float
     device_s: float | None  # kernel time summed (an accelerator's), None on CPU
+    # The ops by the device time of the kernels they launched, per input shapes (a CUDA graph's
+    # replayed kernels belong to no op: LOPA_CUDA_GRAPHS=uncaptured runs the same rounds eagerly).
+    ops_table: str = ""
 
     @property
     def device_busy(self) -> float | None:
@@ -29,7 +32,7 @@ def profiled(run: Callable[[], object], device: torch.device, rows: int = 40) ->
 
     on_cuda = device.type == "cuda"
     activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if on_cuda else [])
-    with profile(activities=activities) as prof:
+    with profile(activities=activities, record_shapes=True) as prof:
         began = time.perf_counter()
         run()
         if on_cuda:
@@ -38,4 +41,8 @@ def profiled(run: Callable[[], object], device: torch.device, rows: int = 40) ->
     events = prof.key_averages()
     device_s = sum(e.self_device_time_total for e in events) / 1e6 if on_cuda else None
     sort = "self_device_time_total" if on_cuda else "self_cpu_time_total"
-    return Profile(events.table(sort_by=sort, row_limit=rows, max_name_column_width=80), wall, device_s)
+    table = events.table(sort_by=sort, row_limit=rows, max_name_column_width=80)
+    by_op = prof.key_averages(group_by_input_shape=True)
+    total = "device_time_total" if on_cuda else "cpu_time_total"
+    ops = by_op.table(sort_by=total, row_limit=rows, max_name_column_width=60, max_shapes_column_width=100)
+    return Profile(table, wall, device_s, ops)

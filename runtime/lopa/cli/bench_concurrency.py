@@ -116,6 +116,7 @@ def write_profile(send: Send, requests: int, level: int, device: torch.device, o
     """The level once more (its graphs captured by the sweep) under torch.profiler, to
     out/concurrency_profile.txt: a summary line, then the kernel table."""
     from lopa.bench.profiling import profiled
+    from lopa.model.window import GRAPHS_ENV, GRAPHS_UNCAPTURED
 
     rows: list[dict] = []
     profile = profiled(lambda: rows.append(run_level(send, requests, level)), device)
@@ -125,6 +126,8 @@ def write_profile(send: Send, requests: int, level: int, device: torch.device, o
                f"({profile.wall_s:.3f} s profiled), {row['tok_s']} tok/s, TPF {row['tpf']}{busy}")
     out.mkdir(parents=True, exist_ok=True)
     path = out / "concurrency_profile.txt"
-    path.write_text(summary + "\n\n" + profile.table + "\n")
+    ops = "Ops by their kernels' device time, per input shapes (CUDA-graph replays' kernels belong to no op: "
+    ops += f"{GRAPHS_ENV}={GRAPHS_UNCAPTURED} runs the same rounds uncaptured)"
+    path.write_text(f"{summary}\n\n{profile.table}\n\n{ops}\n\n{profile.ops_table}\n")
     print(summary, flush=True)
     return path

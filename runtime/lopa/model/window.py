@@ -39,6 +39,9 @@ from lopa.params import AttentionMode
 log = logging.getLogger("lopa.model")
 
 GRAPHS_ENV = "LOPA_CUDA_GRAPHS"  # "0" turns CUDA graphs off (eager forwards on CUDA)
+# The graphs' rounds (buckets, packing, compact layout) without capture: each replay runs the body
+# eagerly, so a profile attributes every kernel to its op and shapes (slow: for profiling only).
+GRAPHS_UNCAPTURED = "uncaptured"
 _GRAPH_STAGING = (16, 256)  # staging reserved up front when graphs are on: slots x tokens
 # The same for the other physical caches: batched rounds' rows (k <= 3, the default; more rows grow
 # it once) of any window they graph, so no width grows a staging area (which would drop the graphs
@@ -117,7 +120,8 @@ class DreamWindowModel:
             # Staging reserved up front: graphs hold its address, growing it means recapturing.
             for index, kv in enumerate(self._physical):
                 kv.ensure_staging(*graph_staging(index, num_slots, max_length))
-            self.graphs = WindowGraphs(model, self._physical, self.kv_storage)
+            capture = os.environ.get(GRAPHS_ENV) != GRAPHS_UNCAPTURED
+            self.graphs = WindowGraphs(model, self._physical, self.kv_storage, capture=capture)
         if self.device.type == "cpu":
             keep_freed_memory()  # batched CPU forwards otherwise pay page faults (lopa.execution.heap)
             self._choose_cpu_products()
