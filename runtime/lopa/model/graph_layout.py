@@ -82,11 +82,10 @@ def compact_tokens(tokens: int) -> int:
 
 def fits(bucket: Bucket, max_length: int) -> bool:
     """Whether a graph is captured for this bucket (larger rounds run eagerly)."""
-    if bucket.compact:
+    if bucket.compact:  # several requests
         too_large = bucket.width > MAX_BATCHED_WIDTH or bucket.tokens > MAX_LAYOUT_TOKENS
-    else:
-        widest = MAX_WIDTH if bucket.requests == 1 else MAX_BATCHED_WIDTH
-        too_large = bucket.width > widest or bucket.tokens > MAX_TOKENS
+    else:  # a lone request, padded as a whole
+        too_large = bucket.width > MAX_WIDTH
     too_large = too_large or bucket.rows > MAX_ROWS or bucket.linear_tokens > MAX_TOKENS
     return not too_large and bucket.width <= max_length
 
@@ -162,9 +161,9 @@ class PackedInputs:
         host[self.scalars : self.scalars + len(scalars)] = torch.tensor(scalars)
         flat = torch.tensor(outputs, dtype=torch.long)  # flat in each caller's [rows, width] layout
         if bucket.compact:
-            real = torch.tensor(sizes)
-            begins = real.cumsum(0) - real  # where each request's compact tokens begin
-            self._write_slots(host, batches, real, begins)
+            per_request = torch.tensor(sizes)
+            begins = per_request.cumsum(0) - per_request  # where each request's compact tokens begin
+            self._write_slots(host, batches, per_request, begins)
             # A request's compact tokens are its own [rows, width] layout, after those before it.
             rebased = begins.repeat_interleave(torch.tensor(counts)) + flat
         else:  # a lone request (a round of several is compact): its block starts the bucket

@@ -288,11 +288,12 @@ class DreamWindowModel:
         counts = captured.layout.write(captured.host_inputs().zero_(), ordered, [kv.length for kv in kvs])
         captured.write_inputs()
         hidden = captured.replay()
+        # The graph staged every row of its bucket (padding rows and padding requests included)
+        # over whatever was there: only the round's real rows hold something to commit.
+        for kv in self._physical[: captured.layout.bucket.requests]:
+            kv.discard_staged()
         for batch, kv in zip(ordered, kvs, strict=True):
-            kv.discard_staged()  # the bucket's rows past the request's staged padding there
             kv.mark_staged(batch.rows, batch.n_stage)
-        for padding in self._physical[len(batches) : captured.layout.bucket.requests]:
-            padding.discard_staged()  # the padding requests staged over whatever was there
         begin = captured.layout.outputs
         index = captured.inputs[begin : begin + sum(counts)]
         logits = self.model.lm_head(hidden.index_select(0, index)).float().split(counts)
