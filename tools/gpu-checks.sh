@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # The GPU checks of runtime/BENCHMARKS.md as one prepared run for a lent GPU machine (CI has none):
-# the CUDA tests, then the concurrency sweeps of the 7B-shaped random checkpoint and of the bundled
-# model (each prints its measured branch budget and, per level, the CUDA graphs it captured), with
-# torch.profiler tables of the 7B's rounds, replayed and uncaptured, and the GPU's utilisation.
+# the CUDA tests, then the concurrency sweeps of the 7B-shaped random checkpoint
+# (it prints its measured branch budget and, per level, the CUDA graphs it captured), with every
+# round captured and with large rounds eager (LOPA_CUDA_GRAPH_TOKENS), torch.profiler tables of
+# both, and the GPU's utilisation.
 # Every step has a time limit; the logs and JSON go to one tarball, ${OUT:-gpu-checks}/gpu-checks.tgz.
 # It uses the machine's python3 and torch. Wheels the machine lacks (grpcio >= 1.85.1,
 # grpcio-health-checking) are installed from .whl/ when present; get them where PyPI is reachable:
@@ -39,14 +40,15 @@ step cuda-tests 100 python3 -m pytest -q -p no:cacheprovider \
 step checkpoint 90 python3 -m lopa bench write-checkpoint --preset dream-7b --out /tmp/lopa-d7b --device cuda
 # Two passes: the first pays the graph captures (columns captures, capture_s), the second runs warm;
 # then 16 in flight once more under torch.profiler (kernels by device time, how busy the GPU was).
-step sweep-7b 210 python3 -m lopa bench concurrency --model /tmp/lopa-d7b --device cuda --dtype bfloat16 \
+step sweep-7b 170 python3 -m lopa bench concurrency --model /tmp/lopa-d7b --device cuda --dtype bfloat16 \
     --levels 1,8,16 --requests 32 --branches 3 --max-new-tokens 64 --passes 2 --json "$logs/sweep-7b.json" \
     --profile "$logs/profile-7b"
-# The same rounds uncaptured: each kernel of the profile belongs to its op and input shapes.
-LOPA_CUDA_GRAPHS=uncaptured step profile-7b-uncaptured 120 python3 -m lopa bench concurrency \
-    --model /tmp/lopa-d7b --device cuda --dtype bfloat16 --levels 16 --requests 16 --branches 3 \
-    --max-new-tokens 64 --profile "$logs/profile-7b-uncaptured"
-step sweep-bundled 60 python3 -m lopa bench concurrency --device cuda --levels 1,8,16 --requests 256 \
-    --branches 3 --json "$logs/sweep-bundled.json"
+# The same with rounds of more than 256 linear tokens run eagerly (no captures for them; a lone
+# request's rounds stay captured): compare the speedups, each over its own run's lone level. Its
+# profile attributes the eager rounds' kernels to their ops and input shapes.
+LOPA_CUDA_GRAPH_TOKENS=256 step sweep-7b-eager-large 170 python3 -m lopa bench concurrency \
+    --model /tmp/lopa-d7b --device cuda --dtype bfloat16 --levels 1,8,16 --requests 32 --branches 3 \
+    --max-new-tokens 64 --passes 2 --json "$logs/sweep-7b-eager-large.json" \
+    --profile "$logs/profile-7b-eager-large"
 kill "$sampler" 2> /dev/null
 tar -czf "$out/gpu-checks.tgz" -C "$out" logs && rm -rf "$logs"

@@ -19,7 +19,7 @@ from lopa.decoding.decoder import Decoder
 from lopa.engine import LocalEngine, bundled_model_dir
 from lopa.execution.local import LocalExecutor, OutputPlan
 from lopa.model.loader import load_model
-from lopa.model.window import GRAPHS_ENV, GRAPHS_UNCAPTURED, DreamWindowModel
+from lopa.model.window import GRAPH_TOKENS_ENV, GRAPHS_ENV, GRAPHS_UNCAPTURED, DreamWindowModel
 from lopa.params import DecodingParams
 from lopa.scheduling.scheduler import Observer
 
@@ -187,6 +187,22 @@ def test_uncaptured_graph_rounds_run_the_same_rounds_eagerly(monkeypatch: pytest
     play_rounds(eager, uncaptured, ROUNDS)
     assert uncaptured.graphs is not None and not uncaptured.graphs.capture
     assert uncaptured.forwards["eager"] == 0 and uncaptured.graphs.graphs
+
+
+def test_rounds_past_the_capture_limit_run_uncaptured(monkeypatch: pytest.MonkeyPatch) -> None:
+    # LOPA_CUDA_GRAPH_TOKENS=64: buckets of more linear tokens run their body eagerly (no graph, no
+    # capture counted), smaller ones replay captured graphs; every round equals the eager model's.
+    monkeypatch.setenv(GRAPH_TOKENS_ENV, "64")
+    loaded = load_model(bundled_model_dir(), dtype="float32", device="cuda")
+    hybrid = DreamWindowModel(loaded.model, MAX_LENGTH, max_batch=4)
+    eager = DreamWindowModel(loaded.model, MAX_LENGTH, max_batch=4, cuda_graphs=False)
+    play_rounds(eager, hybrid, ROUNDS)
+    assert hybrid.graphs is not None and not hybrid.graphs.disabled
+    graphs = hybrid.graphs.graphs
+    captured = [b for b, c in graphs.items() if c.graph is not None]
+    assert captured and all(b.linear_tokens <= 64 for b in captured)
+    assert any(c.graph is None and b.linear_tokens > 64 for b, c in graphs.items())
+    assert hybrid.graph_captures()[0] == len(captured) and hybrid.forwards["eager"] == 0
 
 
 class _BatchSizes(Observer):

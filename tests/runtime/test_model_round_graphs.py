@@ -22,7 +22,7 @@ from lopa.model import DreamModel, DreamWindowModel
 from lopa.model.cuda_graphs import WindowGraphs
 from lopa.model.graph_layout import MAX_BATCHED_WIDTH, MAX_LAYOUT_TOKENS, Bucket
 from lopa.model.loader import load_model
-from lopa.model.window import graph_staging
+from lopa.model.window import GRAPH_TOKENS_ENV, graph_capture_tokens, graph_staging
 from lopa.params import AttentionMode
 from lopa.synthetic.checkpoint import random_model, tiny_config
 
@@ -32,9 +32,12 @@ def model() -> DreamModel:
     return load_model(bundled_model_dir()).model
 
 
-def _graphed(model: DreamModel, max_length: int = MAX_LENGTH, max_batch: int = 4) -> DreamWindowModel:
+def _graphed(
+    model: DreamModel, max_length: int = MAX_LENGTH, max_batch: int = 4, capture_tokens: int | None = None
+) -> DreamWindowModel:
     window = DreamWindowModel(model, max_length, max_batch=max_batch)
-    window.graphs = WindowGraphs(model, window._physical, window.kv_storage, capture=False)
+    window.graphs = WindowGraphs(model, window._physical, window.kv_storage, capture=False,
+                                 capture_tokens=capture_tokens)
 
     def no_eager(*args: object) -> None:
         raise AssertionError("an eager forward where the graph path was expected")
@@ -59,6 +62,32 @@ def test_rounds_through_the_graph_path_equal_eager_rounds(model: DreamModel) -> 
         assert mine.length == theirs.length > 0
         torch.testing.assert_close(mine.cache[:, :, : mine.length], theirs.cache[:, :, : theirs.length],
                                    rtol=1e-4, atol=1e-4)
+
+
+def test_rounds_larger_than_the_capture_limit_run_their_bucket_uncaptured(model: DreamModel) -> None:
+    # LOPA_CUDA_GRAPH_TOKENS: a bucket of more linear tokens than the limit is never captured (its
+    # body runs eagerly on every round, no capture counted); the others are, and every round still
+    # equals the eager model's.
+    eager, graphed = DreamWindowModel(model, MAX_LENGTH, max_batch=4), _graphed(model, capture_tokens=64)
+    play_rounds(eager, graphed, ROUNDS)
+    assert graphed.graphs is not None
+    captured = [b for b in graphed.graphs.graphs if b.linear_tokens <= 64]
+    uncaptured = [b for b in graphed.graphs.graphs if b.linear_tokens > 64]
+    assert captured and uncaptured
+    assert graphed.graph_captures()[0] == len(captured)
+    assert graphed.forwards == {"graph": len(ROUNDS), "eager": 0}
+    assert "up to 64 linear tokens" in graphed.graphs.describe()
+
+
+def test_the_capture_limit_comes_from_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv(GRAPH_TOKENS_ENV, raising=False)
+    assert graph_capture_tokens() is None
+    monkeypatch.setenv(GRAPH_TOKENS_ENV, " 256 ")
+    assert graph_capture_tokens() == 256
+    for bad in ("-1", "lots", "2.5"):
+        monkeypatch.setenv(GRAPH_TOKENS_ENV, bad)
+        with pytest.raises(ValueError, match=f"{GRAPH_TOKENS_ENV} must be an integer >= 0.*{bad!r}"):
+            graph_capture_tokens()
 
 
 def test_graph_rounds_read_a_cache_width_inside_longer_caches() -> None:

@@ -91,8 +91,10 @@ def run(args: argparse.Namespace) -> int:
         params = params.with_overrides(max_new_tokens=args.max_new_tokens)
     prompts = [e.prompt for e in tasks.held_out(args.requests)]
     budget = engine.scheduler.budget.describe()
+    graphs = getattr(engine.window_model, "graphs", None)
+    graphs = f", {graphs.describe()}" if graphs is not None else ""
     print(f"local engine, {model_dir.name} on {args.device} ({args.dtype}), k={args.branches}, "
-          f"budget {budget}, {torch.get_num_threads()} threads, "
+          f"budget {budget}{graphs}, {torch.get_num_threads()} threads, "
           f"{args.requests} requests per level, {args.passes} pass(es)", flush=True)
 
     def send(index: int) -> Answer:

@@ -36,7 +36,12 @@ eager forwards are always correct.
 
 `graph_body` and `PackedInputs.write` are plain torch and run on any device; WindowGraphs with
 capture=False runs the body on every replay instead of capturing it (how the CPU tests check the
-whole path without a GPU).
+whole path without a GPU). With `capture_tokens` only the buckets of at most that many linear tokens
+are captured; a larger round runs its bucket's body eagerly, the same layout and kernels launched
+one by one (LOPA_CUDA_GRAPH_TOKENS, lopa.model.window). Meant for rounds whose kernels keep the GPU
+busy longer than the host takes to launch them (a 7B round of ~512 tokens: ~16 ms of kernels, ~1,000
+launches): there a graph may save less than the captures of its many buckets cost (not yet
+measured on a GPU).
 """
 
 from __future__ import annotations
@@ -127,12 +132,12 @@ def _uniform(
 
 
 class _Captured:
-    def __init__(self, bucket: Bucket, device: torch.device) -> None:
+    def __init__(self, bucket: Bucket, device: torch.device, capture: bool) -> None:
         self.layout = PackedInputs(bucket)
         self.inputs = torch.zeros(self.layout.size, dtype=torch.long, device=device)
         pinned = device.type == "cuda"
         self.host = torch.zeros(self.layout.size, dtype=torch.long, pin_memory=pinned)
-        self.graph = torch.cuda.CUDAGraph() if pinned else None
+        self.graph = torch.cuda.CUDAGraph() if capture else None  # None: the body runs on every replay
         self.run: Callable[[], torch.Tensor] | None = None  # the body, when not captured
         self.hidden: torch.Tensor | None = None  # [N, hidden] (linear tokens), the graph's static output
         self.staging: tuple[int, ...] = ()  # the generation of each staging area it writes
@@ -170,9 +175,13 @@ class WindowGraphs:
         caches: Sequence[KVCache],
         stacked: torch.Tensor,
         capture: bool = True,
+        capture_tokens: int | None = None,
     ) -> None:
-        """stacked: the tensor the caches are slices of, in order (DreamWindowModel.kv_storage)."""
+        """stacked: the tensor the caches are slices of, in order (DreamWindowModel.kv_storage).
+        capture_tokens: rounds of more linear tokens run their bucket's body uncaptured (None: every
+        bucket is captured when `capture`)."""
         self.model, self.caches, self.capture = model, list(caches), capture
+        self.capture_tokens = capture_tokens
         if len(self.caches) > stacked.shape[0] or not all(
             kv.cache.data_ptr() == stacked[i].data_ptr() and kv.cache.shape == stacked.shape[1:]
             for i, kv in enumerate(self.caches)
@@ -180,7 +189,7 @@ class WindowGraphs:
             raise ValueError("WindowGraphs: caches[i] must be slice i of the stacked KV storage")
         self.stacked = stacked
         self.device = model.device
-        self.pool = torch.cuda.graph_pool_handle() if capture else None
+        self.pool = None  # opened by the first capture (and again after its last graph went)
         self.graphs: dict[Bucket, _Captured] = {}
         self.captures = 0  # graphs captured (recaptures and failures included)
         self.capture_seconds = 0.0  # the wall time they took, paid by the rounds that needed them
@@ -206,11 +215,14 @@ class WindowGraphs:
         stale = [b for b, c in self.graphs.items() if c.staging != staging[: b.requests]]
         for old in stale:
             del self.graphs[old]  # it writes to an old staging area
-        if stale and not self.graphs and self.capture:
+        if stale and not any(c.graph is not None for c in self.graphs.values()):
             # The pool was released with its last graph; capturing into its handle again is an error.
-            self.pool = torch.cuda.graph_pool_handle()
+            self.pool = None
         captured = self.graphs.get(bucket)
-        if captured is None:
+        if captured is None and not self.captures_bucket(bucket):
+            captured = self.graphs[bucket] = self._uncaptured(bucket)
+            captured.staging = staging[: bucket.requests]
+        elif captured is None:
             began = time.perf_counter()
             captured = self._capture(bucket)
             self.captures += 1
@@ -227,20 +239,39 @@ class WindowGraphs:
             self.graphs[bucket] = captured
         return captured
 
+    def describe(self) -> str:
+        """How rounds run, for logs and benchmark headers."""
+        how = "captured" if self.capture else "uncaptured"
+        if self.capture_tokens is not None:
+            how += f" up to {self.capture_tokens} linear tokens, larger rounds eager in the same layout"
+        return f"CUDA graphs {how}"
+
     def enabled_for(self, requests: int) -> bool:
         return not self.disabled and (requests == 1 or not self.batched_disabled)
+
+    def captures_bucket(self, bucket: Bucket) -> bool:
+        """Whether the bucket's rounds replay a graph captured for it (with capture=False: counted as
+        one, its body run on every replay), else its body runs eagerly, counted as no capture."""
+        return self.capture_tokens is None or bucket.linear_tokens <= self.capture_tokens
+
+    def _uncaptured(self, bucket: Bucket) -> _Captured:
+        captured = _Captured(bucket, self.device, capture=False)
+        captured.run = lambda: self._body(captured)
+        return captured
 
     def _body(self, captured: _Captured) -> torch.Tensor:
         return graph_body(self.model, self.caches, captured.layout, captured.inputs, self.stacked)
 
     def _capture(self, bucket: Bucket) -> _Captured | None:
-        captured = _Captured(bucket, self.device)
+        captured = _Captured(bucket, self.device, capture=self.capture)
         # Valid inputs for the warm-up run: one token per row, nothing cached.
         captured.inputs[captured.layout.lengths] = 1
-        if not self.capture:
+        if not self.capture:  # the stand-in of a capture (CPU tests, profiles)
             captured.run = lambda: self._body(captured)
             return captured
         try:
+            if self.pool is None:
+                self.pool = torch.cuda.graph_pool_handle()
             side = torch.cuda.Stream(self.device)
             side.wait_stream(torch.cuda.current_stream(self.device))
             with torch.cuda.stream(side), torch.no_grad():

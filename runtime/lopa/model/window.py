@@ -42,6 +42,9 @@ GRAPHS_ENV = "LOPA_CUDA_GRAPHS"  # "0" turns CUDA graphs off (eager forwards on 
 # The graphs' rounds (buckets, packing, compact layout) without capture: each replay runs the body
 # eagerly, so a profile attributes every kernel to its op and shapes (slow: for profiling only).
 GRAPHS_UNCAPTURED = "uncaptured"
+# Rounds of more linear tokens than this run their bucket's body eagerly instead of a captured graph
+# (lopa.model.cuda_graphs.WindowGraphs.captures_bucket); unset: every bucket is captured.
+GRAPH_TOKENS_ENV = "LOPA_CUDA_GRAPH_TOKENS"
 _GRAPH_STAGING = (16, 256)  # staging reserved up front when graphs are on: slots x tokens
 # The same for the other physical caches: batched rounds' rows (k <= 3, the default; more rows grow
 # it once) of any window they graph, so no width grows a staging area (which would drop the graphs
@@ -63,6 +66,21 @@ def reserved_staging_tokens(max_batch: int, num_slots: int, max_length: int, gra
         return 0
     reserved = (graph_staging(index, num_slots, max_length) for index in range(max_batch))
     return sum(slots * tokens for slots, tokens in reserved)
+
+
+def graph_capture_tokens() -> int | None:
+    """LOPA_CUDA_GRAPH_TOKENS as an int >= 0 (None when unset); ValueError naming it otherwise."""
+    text = os.environ.get(GRAPH_TOKENS_ENV, "").strip()
+    if not text:
+        return None
+    try:
+        tokens = int(text)
+    except ValueError:
+        tokens = -1
+    if tokens < 0:
+        raise ValueError(f"{GRAPH_TOKENS_ENV} must be an integer >= 0 (linear tokens of the largest "
+                         f"captured round), got {text!r}")
+    return tokens
 
 
 def graphs_wanted(device: torch.device, requested: bool | None) -> bool:
@@ -121,7 +139,8 @@ class DreamWindowModel:
             for index, kv in enumerate(self._physical):
                 kv.ensure_staging(*graph_staging(index, num_slots, max_length))
             capture = os.environ.get(GRAPHS_ENV) != GRAPHS_UNCAPTURED
-            self.graphs = WindowGraphs(model, self._physical, self.kv_storage, capture=capture)
+            self.graphs = WindowGraphs(model, self._physical, self.kv_storage, capture=capture,
+                                       capture_tokens=graph_capture_tokens())
         if self.device.type == "cpu":
             keep_freed_memory()  # batched CPU forwards otherwise pay page faults (lopa.execution.heap)
             self._choose_cpu_products()
