@@ -161,17 +161,30 @@ def test_caches_stored_in_one_tensor_commit_into_their_own_slice() -> None:
         KVCache(LAYERS, HEADS, DIM, 41, storage=stacked[0])
 
 
-def test_stage_pair_stages_what_stage_does() -> None:
+def test_rows_staged_in_a_shared_buffer_commit_and_pack_from_there() -> None:
+    # A batched graph round stages every request's rows in one buffer [layers, 2, requests, rows,
+    # width, heads, dim]; stage_from points a cache at its request's part.
     generator = torch.Generator().manual_seed(11)
-    for rows, n in ((3, 4), (1, 30)):  # 1 x 30: beyond the staging capacity, staged in the tail
-        apart, paired = _cache(), _cache()
-        for cache in (apart, paired):
-            cache.reset(3)
-            cache.begin_stage(rows, n)
-        for layer in range(LAYERS):
-            keys, values = torch.randn(2, rows, n + 2, HEADS, DIM, generator=generator)
-            apart.stage(layer, keys, values)
-            paired.stage_pair(layer, torch.stack((keys, values), dim=1))
-        for cache in (apart, paired):
-            cache.commit(rows - 1, n)
-        assert torch.equal(paired.cache[:, :, :n], apart.cache[:, :, :n]) and apart.cache[:, :, :n].any()
+    buffer = torch.randn(LAYERS, 2, 2, 4, 8, HEADS, DIM, generator=generator)
+    cache, other = _cache(), _cache()
+    cache.reset(1)  # fewer slots of its own than the round's rows
+    cache.stage_from(buffer[:, :, 1], rows=3, n=5)
+    assert cache.stages_in(buffer) and not other.stages_in(buffer)
+    assert cache.staged_count(2) == 5
+    keys, values = cache.staged(2, layer=1)
+    assert torch.equal(keys, buffer[1, 0, 1, 2, :5]) and torch.equal(values, buffer[1, 1, 1, 2, :5])
+    assert torch.equal(cache.pack_staged(2, 5), buffer[:, :, 1, 2, :5])
+    cache.commit(2, 5)
+    assert cache.length == 5 and torch.equal(cache.cache[:, :, :5], buffer[:, :, 1, 2, :5])
+    assert not cache.stages_in(buffer)  # a commit consumes what was staged
+    cache.stage_from(buffer[:, :, 0], rows=2, n=3)
+    cache.begin_stage(1, 2)  # its own staging again: the buffer's rows are forgotten
+    assert not cache.stages_in(buffer) and cache.staged_count(0) == 2
+    cache.stage_from(buffer[:, :, 0], rows=2, n=3)
+    cache.discard_staged()
+    with pytest.raises(ValueError, match="staged tokens"):
+        cache.commit(1, 3)
+    with pytest.raises(ValueError, match="4 rows of 9 tokens in a source of 4 x 8"):
+        cache.stage_from(buffer[:, :, 0], rows=4, n=9)
+    with pytest.raises(ValueError, match="stage_from: staged K/V of shape"):
+        cache.stage_from(buffer[:1, :, 0], rows=1, n=1)

@@ -20,7 +20,7 @@ from lopa.engine import bundled_model_dir
 from lopa.execution.protocol import WindowBatch
 from lopa.model import DreamModel, DreamWindowModel
 from lopa.model.cuda_graphs import WindowGraphs
-from lopa.model.graph_layout import MAX_BATCHED_WIDTH, MAX_LAYOUT_TOKENS, Bucket
+from lopa.model.graph_layout import MAX_LAYOUT_TOKENS, Bucket
 from lopa.model.loader import load_model
 from lopa.model.window import GRAPH_TOKENS_ENV, graph_capture_tokens, graph_staging
 from lopa.params import AttentionMode
@@ -121,15 +121,34 @@ def test_a_round_replays_the_graph_of_a_padded_request_count(model: DreamModel) 
                                    rtol=1e-4, atol=1e-4)
 
 
-def test_a_padded_round_discards_what_the_padding_caches_had_staged(model: DreamModel) -> None:
-    # Nothing staged there is to be committed (a round commits before the next forward), but should
-    # a late commit come, it must fail loudly rather than take the padding request's K/V.
+def test_a_padded_round_leaves_the_padding_caches_staging_alone(model: DreamModel) -> None:
+    # The padding request stages only in the round's own buffer: what the cache beyond the round
+    # had staged is still its own, and a commit of it still takes it.
     window = _graphed(model, max_batch=8)
-    window.caches[5].begin_stage(1, 2)
+    kv = window.caches[5]
+    kv.begin_stage(1, 2)
+    generator = torch.Generator().manual_seed(2)
+    staged = torch.randn(kv.num_layers, 1, 3, kv.kv_heads, kv.head_dim, generator=generator)
+    for layer in range(kv.num_layers):
+        kv.stage(layer, staged[layer], -staged[layer])
     window.forward_many([round_batch(s, s, 0) for s in range(5)])  # replays the graph of 6 requests
-    assert window.caches[5] is window._physical[5] and window.caches[5].staged_count(0) == 0
+    assert window.graphs is not None and {b.requests for b in window.graphs.graphs} == {6}
+    assert window.caches[5] is window._physical[5] and kv.staged_count(0) == 2
+    window.commit(0, 2, sequence=5)
+    assert torch.equal(kv.cache[:, 0, :2], staged[:, 0, :2])
+    assert torch.equal(kv.cache[:, 1, :2], -staged[:, 0, :2])
+
+
+def test_a_batched_round_forgets_what_the_previous_one_staged_for_others(model: DreamModel) -> None:
+    # Rounds of several requests share one staging buffer: a cache that staged there in one round
+    # and was left out of the next cannot commit what the next overwrote.
+    window = _graphed(model)
+    window.forward_many([round_batch(s, s, 0) for s in (0, 1, 2)])
+    assert window.caches[2].staged_count(0) > 0
+    window.forward_many([round_batch(s + 3, s, 0) for s in (0, 1)])
+    assert window.caches[2].staged_count(0) == 0
     with pytest.raises(ValueError, match="staged tokens"):
-        window.commit(0, 2, sequence=5)
+        window.commit(0, 1, sequence=2)
 
 
 def test_a_round_forgets_what_its_bucket_s_padding_rows_overwrote(model: DreamModel) -> None:
@@ -151,13 +170,12 @@ def test_a_round_forgets_what_its_bucket_s_padding_rows_overwrote(model: DreamMo
         window.commit(3, 3, sequence=0)
 
 
-def test_batched_caches_reserve_staging_for_any_graphed_window(model: DreamModel) -> None:
-    # A staging area that grows drops the graphs holding its address: the reservation made when
-    # graphs are on must hold k = 3 rows of the widest batched window (4 x 64 did not: recaptures).
-    assert graph_staging(1, 1, 4096) == (4, MAX_BATCHED_WIDTH)
+def test_batched_rounds_stage_in_their_own_buffer_whatever_their_width(model: DreamModel) -> None:
+    # A staging area that grows drops the graphs holding its address. Batched rounds stage in one
+    # buffer of the largest layout, so no batched window grows any cache's staging, and only cache
+    # 0 (lone rounds) reserves some when graphs are on.
+    assert graph_staging(1, 1, 4096) == (1, 0)
     window = _graphed(model)
-    for index, kv in enumerate(window._physical):
-        kv.ensure_staging(*graph_staging(index, 1, MAX_LENGTH))
     generations = [kv.staging_generation for kv in window._physical]
     generator = torch.Generator().manual_seed(3)
     width = MAX_LENGTH - 6
@@ -170,6 +188,7 @@ def test_batched_caches_reserve_staging_for_any_graphed_window(model: DreamModel
     window.forward_many(batches)
     assert window.graphs is not None and {b.width for b in window.graphs.graphs} == {MAX_LENGTH}
     assert [kv.staging_generation for kv in window._physical] == generations
+    assert window.caches[1].staged_count(3) == 5
 
 
 def test_rounds_of_several_requests_replay_padded_request_counts(model: DreamModel) -> None:
@@ -230,17 +249,20 @@ def test_a_lone_request_moves_to_physical_cache_0(model: DreamModel) -> None:
 
 
 def test_a_reallocated_staging_area_drops_the_graphs_that_write_it(model: DreamModel) -> None:
+    # A lone round's graph writes cache 0's staging; a batched round's does not.
     graphed = _graphed(model)
     batches = [round_batch(s, s, 0) for s in (0, 1)]
+    graphed.forward(batches[0])
+    graphed.caches[0].truncate(0)
     before = graphed.forward_many(batches)
     graphs = graphed.graphs
-    assert graphs is not None and len(graphs.graphs) == 1
-    stale = next(iter(graphs.graphs.values()))
-    graphed._physical[1].ensure_staging(40, 90)  # past what is reserved: the staging area moves
+    assert graphs is not None and {b.requests for b in graphs.graphs} == {1, 2}
+    lone, batched = (next(c for b, c in graphs.graphs.items() if b.requests == n) for n in (1, 2))
+    graphed._physical[0].ensure_staging(40, 90)  # past what is reserved: the staging area moves
     for batch in batches:
         graphed.caches[batch.sequence].truncate(0)
     after = graphed.forward_many(batches)
-    assert len(graphs.graphs) == 1 and next(iter(graphs.graphs.values())) is not stale
+    assert batched in graphs.graphs.values() and lone not in graphs.graphs.values()
     for b, a in zip(before, after, strict=True):
         assert torch.equal(a, b)
 

@@ -25,7 +25,8 @@ def test_the_fit_check_counts_the_staging_a_graphed_window_model_reserves() -> N
     # Graphs are CUDA-only; their reservation is applied by hand to a CPU window model here, so
     # the formula the check uses is compared with the bytes the caches really allocate.
     from lopa.model import DreamWindowModel
-    from lopa.model.graph_layout import MAX_BATCHED_WIDTH
+    from lopa.model.cuda_graphs import WindowGraphs
+    from lopa.model.graph_layout import MAX_LAYOUT_TOKENS
     from lopa.model.window import graph_staging, reserved_staging_tokens
     from lopa.synthetic.checkpoint import random_model
 
@@ -33,8 +34,10 @@ def test_the_fit_check_counts_the_staging_a_graphed_window_model_reserves() -> N
     window = DreamWindowModel(model, 200, max_batch=3)
     for index, kv in enumerate(window._physical):
         kv.ensure_staging(*graph_staging(index, 1, 200))
+    window.graphs = WindowGraphs(model, window._physical, window.kv_storage, capture=False)
     staging = reserved_staging_tokens(3, 1, 200, graphs=True)
-    assert staging == 16 * 200 + 2 * 4 * MAX_BATCHED_WIDTH  # cache 0's capped at the length
+    # cache 0's capped at the length, and the batched rounds' buffer
+    assert staging == 16 * 200 + MAX_LAYOUT_TOKENS
     assert window.reserved_bytes() == kv_cache_bytes(model.config, 200, 3, 4, staging)
     assert reserved_staging_tokens(3, 1, 200, graphs=False) == 0
 

@@ -48,18 +48,26 @@ class Segment:
     spans: tuple[RowSpan, ...] | None = None
 
 
+# layer -> where that layer's window keys and values go, each [T, kv_heads, D] (see UniformSegments)
+StagingOf = Callable[[int], tuple[torch.Tensor, torch.Tensor]]
+
+
 @dataclass(frozen=True)
 class UniformSegments:
     """`requests` requests of equal token count folded into one batch-1 sequence (a CUDA-graph
     bucket pads them so), each attending to its own cache and tokens under its own mask; their
     caches are slices of one tensor, so each layer attends once with batch = request. Per request
     and layer that saves a K and a V concatenation and an attention call: measured on an H100 with a
-    7B model, such small kernels were ~9 ms of a 31 ms round of 16 requests."""
+    7B model, such small kernels were ~9 ms of a 31 ms round of 16 requests.
+
+    The window's keys and values are laid out straight into `staging` (request after request,
+    T / requests tokens each), which the round leaves there for its commits: no copy per request
+    and layer into each request's own staging."""
 
     requests: int
     mask: torch.Tensor  # additive [requests, 1, T / requests, C + T / requests]
     past: Callable[[int], tuple[torch.Tensor, torch.Tensor]]  # layer -> K, V [requests, C, kv_heads, D]
-    on_kv: KVCallback  # layer, K, V [requests, T / requests, kv_heads, D]: each request's to its cache
+    staging: StagingOf
     # Compact: the forward's N tokens are packed, token n at slot slots[n] of the T-token layout
     # above (the other slots hold zeros, one the padding tokens'); None: the tokens are that layout.
     slots: torch.Tensor | None = None
@@ -72,7 +80,7 @@ class LayerUniform:
     requests: int
     mask: torch.Tensor
     past: tuple[torch.Tensor, torch.Tensor]
-    on_kv: Callable[[torch.Tensor, torch.Tensor], None]
+    staging: tuple[torch.Tensor, torch.Tensor]  # K, V [T, kv_heads, D]
     slots: torch.Tensor | None = None
 
 
@@ -124,11 +132,14 @@ def _attend_segments_exact(
 def attend_uniform(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, s: LayerUniform) -> torch.Tensor:
     """Attention of a folded batch-1 forward of equal-sized requests (see UniformSegments), one
     batch element per request; [1, heads, T, D] (compact: [1, heads, N, D])."""
+    staged_k, staged_v = s.staging
     if s.slots is not None:  # scattered into the padded layout, where each request's block is its own
         layout = s.requests * s.mask.shape[2]
-        q, k, v = (t.new_zeros((1, layout, *t.shape[2:])).index_copy_(1, s.slots, t) for t in (q, k, v))
-    q, k, v = (t.reshape(s.requests, -1, *t.shape[2:]) for t in (q, k, v))  # [R, T / R, h, D]
-    s.on_kv(k, v)
+        q = q.new_zeros((1, layout, *q.shape[2:])).index_copy_(1, s.slots, q)
+        k, v = (staged.zero_().index_copy_(0, s.slots, t[0]) for staged, t in ((staged_k, k), (staged_v, v)))
+    else:
+        k, v = staged_k.copy_(k[0]), staged_v.copy_(v[0])
+    q, k, v = (t.reshape(s.requests, -1, *t.shape[-2:]) for t in (q, k, v))  # [R, T / R, h, D]
     past_k, past_v = s.past
     if past_k.shape[1] > 0:
         k = torch.cat((past_k, k), dim=1)
@@ -180,8 +191,9 @@ def bind_segments(
     if segments is None:
         return None
     if isinstance(segments, UniformSegments):
-        on_kv = bind(segments.on_kv, index)
-        return LayerUniform(segments.requests, segments.mask, segments.past(index), on_kv, segments.slots)
+        return LayerUniform(
+            segments.requests, segments.mask, segments.past(index), segments.staging(index), segments.slots
+        )
     return [bind_segment(s, index) for s in segments]
 
 

@@ -13,17 +13,20 @@ buckets a workload meets, the fewer rounds pay a capture. Hence powers of two fo
 (attention over a masked tail costs little beside the linears), and a round of R requests replays
 the graph of padded_requests(R) requests. The padding requests have no tokens of their own: they
 are one-token rows of attention over an empty cache read, in the physical caches after the
-round's; those may hold other sequences, whose committed K/V they never touch. They overwrite
-those caches' staging, which holds nothing to keep: every round's commits precede the next forward
-(the window model discards those staged counts, so a late commit fails).
+round's; those may hold other sequences, whose committed K/V and staging they never touch.
 
 A round of R requests reads the KV caches of the model's first physical sequences: the window model
 moves a round's requests there first (DreamWindowModel._place_front; a copy of the committed
 prefix, only when the running set changed). Request i of the bucket is the one in physical
 sequence i; in attention its tokens are the i-th block of rows x width slots, attending only to its
 own cache and rows. The physical caches are slices of one tensor and every request of a bucket has
-the same padded shape, so a layer attends for all of them in one call (batch = request), builds
-their masks together and stages their K/V with one copy each.
+the same padded shape, so a layer attends for all of them in one call (batch = request) and builds
+their masks together. Their window K/V are laid out straight into one staging buffer of the round
+(`round_kv`, the padded layout of every layer), where each request's commit then reads its winner's
+(KVCache.stage_from): no copy per request and layer into each cache's own staging (on an H200,
+~8 small kernels per layer of a round of 8), and no staging reserved per cache for batched rounds.
+The next batched round overwrites that buffer, so it first forgets what any cache had staged there
+(a late commit fails); every round's commits precede the next forward.
 
 What a graph captures: the embedding, the masks (built on the device from the packed inputs),
 every layer, the staging of every row's K/V (all `width` tokens of each row: the caller records
@@ -56,7 +59,7 @@ import torch
 from lopa.model.attention import UniformSegments
 from lopa.model.dream import DreamModel
 from lopa.model.graph_layout import MAX_LAYOUT_TOKENS, Bucket, PackedInputs, padded_requests
-from lopa.model.kv_cache import KVCache
+from lopa.model.kv_cache import KVCache, cache_shape
 from lopa.model.mask import additive, window_masks
 
 log = logging.getLogger("lopa.model")
@@ -78,9 +81,11 @@ def graph_body(
     layout: PackedInputs,
     ints: torch.Tensor,
     stacked: torch.Tensor,
+    round_kv: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """The hidden states [N, hidden] of the round packed in `ints` (on the model's device; N: the
-    bucket's linear tokens), request i over caches[i]; stages every row's K/V. Only tensor
+    bucket's linear tokens), request i over caches[i]; stages every row's K/V: a lone request's in
+    its cache's staging, several requests' in `round_kv` (round_staging's layout). Only tensor
     operations: a CUDA graph can capture it. stacked: the tensor whose slice i is caches[i].cache
     (DreamWindowModel.kv_storage): several requests attend in one call per layer (UniformSegments),
     not one call each."""
@@ -94,41 +99,46 @@ def graph_body(
     slots = ints[layout.slots] if bucket.compact else None
     if slots is not None:
         positions = positions.index_select(0, slots)
-    kvs = caches[: bucket.requests]
-    for kv in kvs:
-        kv.stage_rows(bucket.rows, bucket.width)
     bool_masks = window_masks(lengths, block_ids, scalars[:, 1], bucket.cache_width, scalars[:, 2].bool())
     masks = additive(bool_masks, model.dtype)  # [R, 1, rows x width, cache_width + rows x width]
-    if len(kvs) == 1:  # a lone request: one sequence, as its eager forward runs it
-        view = _CacheView(kvs[0], bucket.cache_width)
-        hidden = model.hidden_states(tokens, positions, masks, view, kvs[0].stage)
+    if bucket.requests == 1:  # a lone request: one sequence, as its eager forward runs it
+        kv = caches[0]
+        kv.stage_rows(bucket.rows, bucket.width)
+        hidden = model.hidden_states(tokens, positions, masks, _CacheView(kv, bucket.cache_width), kv.stage)
     else:
-        segments = _uniform(kvs, masks, stacked, bucket, slots)
+        if round_kv is None:
+            raise ValueError("graph_body: a round of several requests needs the round's staging")
+        segments = _uniform(masks, stacked, round_kv, bucket, slots)
         hidden = model.hidden_states(tokens, positions, segments=segments)
     return hidden.view(bucket.linear_tokens, -1)
 
 
+def round_staging(round_kv: torch.Tensor, bucket: Bucket) -> torch.Tensor:
+    """The K/V a batched round staged, [layers, 2, requests, rows, width, kv_heads, head_dim]: request
+    i's rows are KVCache.stage_from's source for its cache."""
+    layers, _, _, kv_heads, head_dim = round_kv.shape
+    shape = (layers, 2, bucket.requests, bucket.rows, bucket.width, kv_heads, head_dim)
+    return round_kv[:, :, : bucket.tokens].view(shape)
+
+
 def _uniform(
-    kvs: Sequence[KVCache],
     masks: torch.Tensor,
     stacked: torch.Tensor,
+    round_kv: torch.Tensor,
     bucket: Bucket,
     slots: torch.Tensor | None,
 ) -> UniformSegments:
-    """The bucket's requests as UniformSegments over the first R slices of `stacked` (slots: each
-    compact token's place in the padded layout)."""
-    requests, width = bucket.requests, bucket.cache_width
+    """The bucket's requests as UniformSegments over the first R slices of `stacked`, staging into
+    `round_kv` (slots: each compact token's place in the padded layout)."""
+    requests, width, tokens = bucket.requests, bucket.cache_width, bucket.tokens
 
     def past(layer: int) -> tuple[torch.Tensor, torch.Tensor]:
         return stacked[:requests, layer, 0, :width], stacked[:requests, layer, 1, :width]
 
-    def stage(layer: int, keys: torch.Tensor, values: torch.Tensor) -> None:
-        shape = (requests, bucket.rows, bucket.width, *keys.shape[2:])
-        pairs = torch.stack((keys.view(shape), values.view(shape)), dim=2)  # [R, rows, 2, width, ...]
-        for i, kv in enumerate(kvs):
-            kv.stage_pair(layer, pairs[i])
+    def staging(layer: int) -> tuple[torch.Tensor, torch.Tensor]:
+        return round_kv[layer, 0, :tokens], round_kv[layer, 1, :tokens]
 
-    return UniformSegments(requests, masks, past, stage, slots)
+    return UniformSegments(requests, masks, past, staging, slots)
 
 
 class _Captured:
@@ -140,7 +150,7 @@ class _Captured:
         self.graph = torch.cuda.CUDAGraph() if capture else None  # None: the body runs on every replay
         self.run: Callable[[], torch.Tensor] | None = None  # the body, when not captured
         self.hidden: torch.Tensor | None = None  # [N, hidden] (linear tokens), the graph's static output
-        self.staging: tuple[int, ...] = ()  # the generation of each staging area it writes
+        self.staging: tuple[int, ...] = ()  # the generation of the staging area it writes (lone rounds)
         self.copied = torch.cuda.Event() if pinned else None  # the last copy out of `host` is done
 
     def write_inputs(self) -> None:
@@ -189,6 +199,15 @@ class WindowGraphs:
             raise ValueError("WindowGraphs: caches[i] must be slice i of the stacked KV storage")
         self.stacked = stacked
         self.device = model.device
+        # Where batched rounds stage every request's window K/V (round_staging): one buffer of the
+        # largest layout, at a fixed address, so that a graph writes it in place of a copy per request
+        # and layer into each cache's own staging. Allocated at start (its bytes are known up front).
+        kv = self.caches[0]
+        self.round_kv = (
+            torch.zeros(cache_shape(kv.num_layers, kv.kv_heads, kv.head_dim, MAX_LAYOUT_TOKENS),
+                        dtype=kv.dtype, device=self.device)
+            if len(self.caches) > 1 else None
+        )
         self.pool = None  # opened by the first capture (and again after its last graph went)
         self.graphs: dict[Bucket, _Captured] = {}
         self.captures = 0  # graphs captured (recaptures and failures included)
@@ -209,10 +228,9 @@ class WindowGraphs:
         """The graph of `bucket` (captured now if new), or None when graphs are off."""
         if not self.enabled_for(bucket.requests) or bucket.requests > len(self.caches):
             return None
-        for kv in self.caches[: bucket.requests]:
-            kv.ensure_staging(bucket.rows, bucket.width)  # may move a staging area
-        staging = tuple(kv.staging_generation for kv in self.caches)
-        stale = [b for b, c in self.graphs.items() if c.staging != staging[: b.requests]]
+        if bucket.requests == 1:  # only a lone round stages in its cache's own area
+            self.caches[0].ensure_staging(bucket.rows, bucket.width)  # may move the staging area
+        stale = [b for b, c in self.graphs.items() if c.staging != self._staging_of(b)]
         for old in stale:
             del self.graphs[old]  # it writes to an old staging area
         if stale and not any(c.graph is not None for c in self.graphs.values()):
@@ -221,7 +239,7 @@ class WindowGraphs:
         captured = self.graphs.get(bucket)
         if captured is None and not self.captures_bucket(bucket):
             captured = self.graphs[bucket] = self._uncaptured(bucket)
-            captured.staging = staging[: bucket.requests]
+            captured.staging = self._staging_of(bucket)
         elif captured is None:
             began = time.perf_counter()
             captured = self._capture(bucket)
@@ -235,7 +253,7 @@ class WindowGraphs:
                 else:
                     self.disabled = True
                 return None
-            captured.staging = staging[: bucket.requests]
+            captured.staging = self._staging_of(bucket)
             self.graphs[bucket] = captured
         return captured
 
@@ -245,6 +263,11 @@ class WindowGraphs:
         if self.capture_tokens is not None:
             how += f" up to {self.capture_tokens} linear tokens, larger rounds eager in the same layout"
         return f"CUDA graphs {how}"
+
+    def _staging_of(self, bucket: Bucket) -> tuple[int, ...]:
+        """What a bucket's graph holds the address of: cache 0's staging for a lone round (batched
+        rounds stage in round_kv, allocated once)."""
+        return (self.caches[0].staging_generation,) if bucket.requests == 1 else ()
 
     def enabled_for(self, requests: int) -> bool:
         return not self.disabled and (requests == 1 or not self.batched_disabled)
@@ -259,8 +282,27 @@ class WindowGraphs:
         captured.run = lambda: self._body(captured)
         return captured
 
+    def stage_round(
+        self, bucket: Bucket, kvs: Sequence[KVCache], rows_and_counts: Sequence[tuple[int, int]]
+    ) -> None:
+        """After a batched round's replay: kvs[i] (request i of the bucket) staged its first
+        rows_and_counts[i] = (rows, n) tokens in the round's buffer. Whatever an earlier round
+        staged there for other caches is forgotten (overwritten: a late commit of it fails)."""
+        assert self.round_kv is not None
+        for kv in self.caches:
+            if kv.stages_in(self.round_kv):
+                kv.discard_staged()
+        staged = round_staging(self.round_kv, bucket)
+        for i, (kv, (rows, n)) in enumerate(zip(kvs, rows_and_counts, strict=True)):
+            kv.stage_from(staged[:, :, i], rows, n)
+
+    def reserved_bytes(self) -> int:
+        """Bytes of the batched rounds' staging buffer."""
+        return 0 if self.round_kv is None else self.round_kv.numel() * self.round_kv.element_size()
+
     def _body(self, captured: _Captured) -> torch.Tensor:
-        return graph_body(self.model, self.caches, captured.layout, captured.inputs, self.stacked)
+        layout, inputs = captured.layout, captured.inputs
+        return graph_body(self.model, self.caches, layout, inputs, self.stacked, self.round_kv)
 
     def _capture(self, bucket: Bucket) -> _Captured | None:
         captured = _Captured(bucket, self.device, capture=self.capture)

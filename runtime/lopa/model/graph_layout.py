@@ -28,8 +28,8 @@ MAX_WIDTH = 256  # wider windows (a prefill) gain nothing from a graph: they run
 MAX_TOKENS = 2048  # tokens of the largest captured round's linear products; larger run eagerly
 # A compact round's padded attention layout (requests x rows x width) holds at most this many.
 MAX_LAYOUT_TOKENS = 4096
-# The widest window of a batched round's graph: each request's staging must hold rows x width, and a
-# prompt-sized window (a request's first round) would grow every cache's staging to that size.
+# The widest window of a batched round's graph: a prompt-sized window (a request's first round)
+# would pad every request of its round to that width in attention, and its bucket would rarely recur.
 MAX_BATCHED_WIDTH = 128
 
 

@@ -14,6 +14,10 @@ A lone row staging more tokens than the staging area holds (a prompt's first rou
 the cache itself, at the positions its commit would copy them to: the staging area is
 slots x capacity, so growing it to a prompt's length for one row would reserve that length for
 every slot (16 slots of a 2k-token prompt: 1.8 GB for a 7B model, per request's cache).
+
+A batched CUDA-graph round lays every request's window K/V out in one buffer shared by the round
+(lopa.model.cuda_graphs); `stage_from` records that a cache's staged rows are there instead, and its
+commit or pack reads them from there until the next staging of any kind forgets them.
 """
 
 from __future__ import annotations
@@ -69,6 +73,7 @@ class KVCache:
         self._stage_first = 0  # slot of its row 0
         self._stage_rows = 0  # rows of the forward in progress
         self._in_tail = False  # slot 0's staged K/V are in the cache (see above)
+        self._external: torch.Tensor | None = None  # staged K/V held elsewhere (stage_from)
         self._stage_in_tail = False  # the forward in progress stages its row into the cache
         self.staging_generation = 0  # bumped whenever the staging area is reallocated (graphs hold it)
         self.ensure_staging(num_slots, 0)
@@ -129,10 +134,11 @@ class KVCache:
         if self._staged_in_cache(slot):
             tail = slice(self._length, self._length + n)
             return self.cache[layer, 0, tail], self.cache[layer, 1, tail]
-        return self._staging[slot, layer, 0, :n], self._staging[slot, layer, 1, :n]
+        staging = self._staged_area()
+        return staging[slot, layer, 0, :n], staging[slot, layer, 1, :n]
 
     def staged_count(self, slot: int) -> int:
-        return self._staged[slot]
+        return self._staged[slot] if 0 <= slot < len(self._staged) else 0
 
     # ---- staging during a forward ----------------------------------------------------------
 
@@ -142,6 +148,7 @@ class KVCache:
             raise ValueError(f"staging {n} tokens after {self._length} exceeds max_length {self.max_length}")
         in_tail = rows == 1 and first_slot == 0 and n > self.staging_capacity
         self.ensure_staging(first_slot + rows, 0 if in_tail else n)
+        self._external = None
         self._stage_n, self._stage_first, self._stage_rows = n, first_slot, rows
         self._stage_in_tail = in_tail
         self.mark_staged(rows, n, first_slot, in_tail)
@@ -151,12 +158,35 @@ class KVCache:
         (a CUDA graph stages whole padded rows; mark_staged records the real count afterwards)."""
         self._stage_n, self._stage_first, self._stage_rows = n, 0, rows
         self._stage_in_tail = False
+        self._external = None
+
+    def stage_from(self, source: torch.Tensor, rows: int, n: int) -> None:
+        """Record that rows 0..rows-1 staged their first n tokens in `source` [layers, 2, >= rows,
+        >= n, kv_heads, head_dim] (a batched graph round's shared staging; row r is slot r): a
+        commit or pack of them reads it there. What this cache had staged is forgotten."""
+        layers, pair, capacity_rows, capacity, *head = source.shape
+        if (layers, pair, *head) != (self.num_layers, 2, self.kv_heads, self.head_dim):
+            raise ValueError(f"stage_from: staged K/V of shape {tuple(source.shape)} for this cache")
+        if rows > capacity_rows or n > capacity:
+            raise ValueError(
+                f"stage_from: {rows} rows of {n} tokens in a source of {capacity_rows} x {capacity}"
+            )
+        self._forget_staged()
+        self._external = source
+        self._staged = [n] * rows + [0] * max(0, self.num_slots - rows)
+
+    def stages_in(self, source: torch.Tensor) -> bool:
+        """Whether what this cache has staged lies in `source`'s storage (stage_from)."""
+        return self._external is not None and (
+            self._external.untyped_storage().data_ptr() == source.untyped_storage().data_ptr()
+        )
 
     def mark_staged(self, rows: int, n: int, first_slot: int = 0, in_tail: bool = False) -> None:
         """Record that slots first_slot.. hold n staged tokens (after a CUDA graph staged them);
         in_tail: slot 0's are in the cache (rows forwarded one at a time leave slot 0 as it was)."""
         if first_slot == 0:
             self._in_tail = in_tail
+        self._external = None
         for slot in range(first_slot, first_slot + rows):
             self._staged[slot] = n
 
@@ -176,27 +206,16 @@ class KVCache:
         self._staging[first : first + rows, layer, 0, :n] = keys[:, :n]
         self._staging[first : first + rows, layer, 1, :n] = values[:, :n]
 
-    def stage_pair(self, layer: int, pair: torch.Tensor) -> None:
-        """stage() with one layer's keys and values stacked, [rows, 2, L, kv_heads, head_dim]: one
-        copy instead of two (a batched graph round stacks every request's once per layer)."""
-        rows, n, first = self._stage_rows, self._stage_n, self._stage_first
-        if n == 0:
-            return
-        if self._stage_in_tail:
-            self.stage(layer, pair[:, 0], pair[:, 1])
-            return
-        self._staging[first : first + rows, layer, :, :n] = pair[:, :, :n]
-
     # ---- commits -----------------------------------------------------------------------------
 
     def commit(self, slot: int, n: int) -> None:
         """Append the first n staged tokens of `slot` to the cache."""
         self._check_commit(n)
-        if n > self._staged[slot]:
-            raise ValueError(f"slot {slot} holds {self._staged[slot]} staged tokens, cannot commit {n}")
+        if n > self.staged_count(slot):
+            raise ValueError(f"slot {slot} holds {self.staged_count(slot)} staged tokens, cannot commit {n}")
         end = self._length + n
         if not self._staged_in_cache(slot):  # else already in place
-            self.cache[:, :, self._length : end] = self._staging[slot, :, :, :n]
+            self.cache[:, :, self._length : end] = self._staged_area()[slot, :, :, :n]
         self._advance(end)
 
     def packed_shape(self, n: int) -> torch.Size:
@@ -205,11 +224,11 @@ class KVCache:
 
     def pack_staged(self, slot: int, n: int) -> torch.Tensor:
         """All layers' K and V of the first n staged tokens of `slot`, as one contiguous tensor."""
-        if n > self._staged[slot]:
-            raise ValueError(f"slot {slot} holds {self._staged[slot]} staged tokens, cannot pack {n}")
+        if n > self.staged_count(slot):
+            raise ValueError(f"slot {slot} holds {self.staged_count(slot)} staged tokens, cannot pack {n}")
         if self._staged_in_cache(slot):
             return self.cache[:, :, self._length : self._length + n].contiguous()
-        return self._staging[slot, :, :, :n].contiguous()
+        return self._staged_area()[slot, :, :, :n].contiguous()
 
     def append_packed(self, packed: torch.Tensor, n: int) -> None:
         """Inverse of pack_staged: append n tokens' K/V (from any rank) to the cache."""
@@ -257,9 +276,14 @@ class KVCache:
     def _staged_in_cache(self, slot: int) -> bool:
         return slot == 0 and self._in_tail
 
+    def _staged_area(self) -> torch.Tensor:
+        """[slots, layers, 2, tokens, kv_heads, head_dim]: this cache's staging, or stage_from's."""
+        return self._staging if self._external is None else self._external.permute(2, 0, 1, 3, 4, 5)
+
     def _forget_staged(self) -> None:
         self._staged = [0] * self.num_slots
         self._in_tail = self._stage_in_tail = False
+        self._external = None
 
     def _check_commit(self, n: int) -> None:
         if n < 0 or self._length + n > self.max_length:

@@ -31,7 +31,7 @@ from lopa.model.attention import Segment
 from lopa.model.cuda_graphs import WindowGraphs
 from lopa.model.dream import DreamModel
 from lopa.model.exact_attention import row_spans
-from lopa.model.graph_layout import MAX_BATCHED_WIDTH, bucket_for
+from lopa.model.graph_layout import MAX_LAYOUT_TOKENS, bucket_for
 from lopa.model.kv_cache import KVCache, cache_shape
 from lopa.model.mask import additive_window_mask
 from lopa.params import AttentionMode
@@ -45,27 +45,26 @@ GRAPHS_UNCAPTURED = "uncaptured"
 # Rounds of more linear tokens than this run their bucket's body eagerly instead of a captured graph
 # (lopa.model.cuda_graphs.WindowGraphs.captures_bucket); unset: every bucket is captured.
 GRAPH_TOKENS_ENV = "LOPA_CUDA_GRAPH_TOKENS"
-_GRAPH_STAGING = (16, 256)  # staging reserved up front when graphs are on: slots x tokens
-# The same for the other physical caches: batched rounds' rows (k <= 3, the default; more rows grow
-# it once) of any window they graph, so no width grows a staging area (which would drop the graphs
-# holding its address).
-_GRAPH_STAGING_BATCHED = (4, MAX_BATCHED_WIDTH)
+_GRAPH_STAGING = (16, 256)  # staging reserved up front for cache 0 when graphs are on: slots x tokens
 
 
 def graph_staging(index: int, num_slots: int, max_length: int) -> tuple[int, int]:
-    """(slots, tokens) of staging reserved at start for physical cache `index` when graphs are on: a
-    lone request's rounds use cache 0; batched rounds share a token budget, and more rows than
-    reserved grow a cache's staging (its graphs are then recaptured)."""
-    slots, tokens = _GRAPH_STAGING if index == 0 else _GRAPH_STAGING_BATCHED
+    """(slots, tokens) of staging reserved at start for physical cache `index` when graphs are on:
+    a lone request's rounds replay over cache 0 (graphs hold its staging's address); batched rounds
+    stage in one buffer of their own (WindowGraphs.round_kv), so the other caches reserve none."""
+    if index > 0:
+        return num_slots, 0
+    slots, tokens = _GRAPH_STAGING
     return max(slots, num_slots), min(tokens, max_length)
 
 
 def reserved_staging_tokens(max_batch: int, num_slots: int, max_length: int, graphs: bool) -> int:
-    """Staging tokens (slots x capacity, all caches) a window model reserves at start."""
+    """Staging tokens (slots x capacity, all caches, and the batched rounds' buffer) a window model
+    reserves at start."""
     if not graphs:
         return 0
     reserved = (graph_staging(index, num_slots, max_length) for index in range(max_batch))
-    return sum(slots * tokens for slots, tokens in reserved)
+    return sum(slots * tokens for slots, tokens in reserved) + (MAX_LAYOUT_TOKENS if max_batch > 1 else 0)
 
 
 def graph_capture_tokens() -> int | None:
@@ -162,7 +161,8 @@ class DreamWindowModel:
 
     def reserved_bytes(self) -> int:
         """Bytes of the KV caches and staging areas allocated so far."""
-        return sum(kv.reserved_bytes() for kv in self._physical)
+        graphs = self.graphs.reserved_bytes() if self.graphs is not None else 0
+        return sum(kv.reserved_bytes() for kv in self._physical) + graphs
 
     def graph_captures(self) -> tuple[int, float]:
         """CUDA graphs captured so far and the seconds they took ((0, 0.0) without graphs)."""
@@ -307,12 +307,14 @@ class DreamWindowModel:
         counts = captured.layout.write(captured.host_inputs().zero_(), ordered, [kv.length for kv in kvs])
         captured.write_inputs()
         hidden = captured.replay()
-        # The graph staged every row of its bucket (padding rows and padding requests included)
-        # over whatever was there: only the round's real rows hold something to commit.
-        for kv in self._physical[: captured.layout.bucket.requests]:
-            kv.discard_staged()
-        for batch, kv in zip(ordered, kvs, strict=True):
-            kv.mark_staged(batch.rows, batch.n_stage)
+        bucket = captured.layout.bucket
+        if bucket.requests == 1:
+            # The graph staged every row of its bucket (padding rows included) over whatever was
+            # there: only the round's real rows hold something to commit.
+            kvs[0].discard_staged()
+            kvs[0].mark_staged(ordered[0].rows, ordered[0].n_stage)
+        else:  # in the round's own buffer (padding rows and requests too, where no cache reads)
+            self.graphs.stage_round(bucket, kvs, [(batch.rows, batch.n_stage) for batch in ordered])
         begin = captured.layout.outputs
         index = captured.inputs[begin : begin + sum(counts)]
         logits = self.model.lm_head(hidden.index_select(0, index)).float().split(counts)
