@@ -44,7 +44,8 @@ step sweep-7b 170 python3 -m lopa bench concurrency --model /tmp/lopa-d7b --devi
     --levels 1,8,16 --requests 32 --branches 3 --max-new-tokens 64 --passes 2 --json "$logs/sweep-7b.json" \
     --profile "$logs/profile-7b"
 # The same with rounds of more than 256 linear tokens run eagerly (no captures for them; a lone
-# request's rounds stay captured): compare the speedups, each over its own run's lone level. Its
+# request's rounds stay captured while its 4 rows' window is at most 64 wide): compare the speedups,
+# each over its own run's lone level. Its
 # profile attributes the eager rounds' kernels to their ops and input shapes.
 LOPA_CUDA_GRAPH_TOKENS=256 step sweep-7b-eager-large 170 python3 -m lopa bench concurrency \
     --model /tmp/lopa-d7b --device cuda --dtype bfloat16 --levels 1,8,16 --requests 32 --branches 3 \

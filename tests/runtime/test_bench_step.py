@@ -153,6 +153,9 @@ def test_round_rows_say_whether_the_rounds_replayed_a_graph() -> None:
     graphs = window.graphs = WindowGraphs(loaded.model, window._physical, window.kv_storage, capture=False)
     bench.round_ms(2, 2, 16, 4)
     assert _replayed(bench, 2) and not _replayed(bench, 1)
+    graphs.capture_tokens = 0  # LOPA_CUDA_GRAPH_TOKENS=0: the same buckets now run eagerly
+    assert not _replayed(bench, 2)
+    graphs.capture_tokens = None
     graphs.batched_disabled = True
     assert not _replayed(bench, 2)
 

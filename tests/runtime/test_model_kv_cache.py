@@ -177,9 +177,9 @@ def test_rows_staged_in_a_shared_buffer_commit_and_pack_from_there() -> None:
     cache.commit(2, 5)
     assert cache.length == 5 and torch.equal(cache.cache[:, :, :5], buffer[:, :, 1, 2, :5])
     assert not cache.stages_in(buffer)  # a commit consumes what was staged
-    cache.stage_from(buffer[:, :, 0], rows=2, n=3)
-    cache.begin_stage(1, 2)  # its own staging again: the buffer's rows are forgotten
-    assert not cache.stages_in(buffer) and cache.staged_count(0) == 2
+    cache.stage_from(buffer[:, :, 1], rows=3, n=5)
+    cache.begin_stage(1, 2)  # its own staging again: the buffer's rows are forgotten, every one
+    assert not cache.stages_in(buffer) and cache.staged_count(0) == 2 and cache.staged_count(2) == 0
     cache.stage_from(buffer[:, :, 0], rows=2, n=3)
     cache.discard_staged()
     with pytest.raises(ValueError, match="staged tokens"):

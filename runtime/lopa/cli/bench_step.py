@@ -281,4 +281,5 @@ def _replayed(bench: step.StepBench, requests: int) -> bool:
     graphs = bench.window.graphs
     if graphs is None:
         return False
-    return graphs.enabled_for(requests) and any(b.requests == requests for b in graphs.graphs)
+    captured = (b for b in graphs.graphs if graphs.captures_bucket(b))  # not LOPA_CUDA_GRAPH_TOKENS' eager
+    return graphs.enabled_for(requests) and any(b.requests == requests for b in captured)

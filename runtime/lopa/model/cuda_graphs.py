@@ -166,12 +166,10 @@ class _Captured:
         return self.host
 
     def replay(self) -> torch.Tensor:
-        if self.run is not None:
-            self.hidden = self.run()
-        else:
-            assert self.graph is not None
-            self.graph.replay()
-        assert self.hidden is not None
+        if self.run is not None:  # uncaptured: nothing static to keep alive between rounds
+            return self.run()
+        assert self.graph is not None and self.hidden is not None
+        self.graph.replay()
         return self.hidden
 
 
@@ -230,6 +228,11 @@ class WindowGraphs:
             return None
         if bucket.requests == 1:  # only a lone round stages in its cache's own area
             self.caches[0].ensure_staging(bucket.rows, bucket.width)  # may move the staging area
+        else:
+            # Whatever runs next writes round_kv (a replay, or a capture's warm-up even when the
+            # capture then fails): what an earlier round staged there is gone. Every round's commits
+            # precede the next forward, so this only makes a late commit fail.
+            self._forget_round_staging()
         stale = [b for b, c in self.graphs.items() if c.staging != self._staging_of(b)]
         for old in stale:
             del self.graphs[old]  # it writes to an old staging area
@@ -286,15 +289,18 @@ class WindowGraphs:
         self, bucket: Bucket, kvs: Sequence[KVCache], rows_and_counts: Sequence[tuple[int, int]]
     ) -> None:
         """After a batched round's replay: kvs[i] (request i of the bucket) staged its first
-        rows_and_counts[i] = (rows, n) tokens in the round's buffer. Whatever an earlier round
-        staged there for other caches is forgotten (overwritten: a late commit of it fails)."""
+        rows_and_counts[i] = (rows, n) tokens in the round's buffer (get() forgot what earlier rounds
+        had staged there)."""
         assert self.round_kv is not None
-        for kv in self.caches:
-            if kv.stages_in(self.round_kv):
-                kv.discard_staged()
         staged = round_staging(self.round_kv, bucket)
         for i, (kv, (rows, n)) in enumerate(zip(kvs, rows_and_counts, strict=True)):
             kv.stage_from(staged[:, :, i], rows, n)
+
+    def _forget_round_staging(self) -> None:
+        if self.round_kv is not None:
+            for kv in self.caches:
+                if kv.stages_in(self.round_kv):
+                    kv.discard_staged()
 
     def reserved_bytes(self) -> int:
         """Bytes of the batched rounds' staging buffer."""

@@ -148,7 +148,7 @@ class KVCache:
             raise ValueError(f"staging {n} tokens after {self._length} exceeds max_length {self.max_length}")
         in_tail = rows == 1 and first_slot == 0 and n > self.staging_capacity
         self.ensure_staging(first_slot + rows, 0 if in_tail else n)
-        self._external = None
+        self._leave_external()
         self._stage_n, self._stage_first, self._stage_rows = n, first_slot, rows
         self._stage_in_tail = in_tail
         self.mark_staged(rows, n, first_slot, in_tail)
@@ -156,9 +156,9 @@ class KVCache:
     def stage_rows(self, rows: int, n: int) -> None:
         """Make `stage` write the first n tokens of rows 0..rows-1 without recording them as staged
         (a CUDA graph stages whole padded rows; mark_staged records the real count afterwards)."""
+        self._leave_external()
         self._stage_n, self._stage_first, self._stage_rows = n, 0, rows
         self._stage_in_tail = False
-        self._external = None
 
     def stage_from(self, source: torch.Tensor, rows: int, n: int) -> None:
         """Record that rows 0..rows-1 staged their first n tokens in `source` [layers, 2, >= rows,
@@ -184,9 +184,9 @@ class KVCache:
     def mark_staged(self, rows: int, n: int, first_slot: int = 0, in_tail: bool = False) -> None:
         """Record that slots first_slot.. hold n staged tokens (after a CUDA graph staged them);
         in_tail: slot 0's are in the cache (rows forwarded one at a time leave slot 0 as it was)."""
+        self._leave_external()
         if first_slot == 0:
             self._in_tail = in_tail
-        self._external = None
         for slot in range(first_slot, first_slot + rows):
             self._staged[slot] = n
 
@@ -279,6 +279,12 @@ class KVCache:
     def _staged_area(self) -> torch.Tensor:
         """[slots, layers, 2, tokens, kv_heads, head_dim]: this cache's staging, or stage_from's."""
         return self._staging if self._external is None else self._external.permute(2, 0, 1, 3, 4, 5)
+
+    def _leave_external(self) -> None:
+        """Staging in this cache's own area again: every row stage_from recorded is forgotten (a
+        count left for a slot the new forward does not write would commit the wrong K/V)."""
+        if self._external is not None:
+            self._forget_staged()
 
     def _forget_staged(self) -> None:
         self._staged = [0] * self.num_slots

@@ -51,7 +51,9 @@ _GRAPH_STAGING = (16, 256)  # staging reserved up front for cache 0 when graphs 
 def graph_staging(index: int, num_slots: int, max_length: int) -> tuple[int, int]:
     """(slots, tokens) of staging reserved at start for physical cache `index` when graphs are on:
     a lone request's rounds replay over cache 0 (graphs hold its staging's address); batched rounds
-    stage in one buffer of their own (WindowGraphs.round_kv), so the other caches reserve none."""
+    stage in one buffer of their own (WindowGraphs.round_kv), so the other caches reserve none. A
+    round too large for a graph runs eagerly and grows its caches' staging on first use, as every
+    round does with graphs off: that memory is not reserved."""
     if index > 0:
         return num_slots, 0
     slots, tokens = _GRAPH_STAGING
