@@ -10,6 +10,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import os
+import random
 import signal
 import socket
 import subprocess
@@ -27,16 +28,46 @@ from lopa.serving.shared.parent_watch import Lifeline
 log = logging.getLogger("lopa.serve")
 
 
+_EPHEMERAL_RANGE = Path("/proc/sys/net/ipv4/ip_local_port_range")
+_BELOW_EPHEMERAL = 8192  # ports tried below the ephemeral range
+
+
 def free_ports(n: int, host: str = "127.0.0.1") -> list[int]:
-    """Distinct free ports on `host` (held open together so none is handed out twice)."""
-    sockets = [socket.socket() for _ in range(n)]
+    """Distinct free ports on `host` (held open together so none is handed out twice), below the
+    kernel's ephemeral range where it leaves room. A port the kernel hands out (bind to port 0) lies
+    in that range, where any outgoing connection may take it as its local port before its server
+    listens: a master once failed to start because a worker's connection held its port."""
+    sockets: list[socket.socket] = []
     try:
-        for s in sockets:
+        low = _ephemeral_low()
+        candidates = list(range(max(1024, low - _BELOW_EPHEMERAL), low))
+        random.shuffle(candidates)
+        for port in candidates:
+            if len(sockets) == n:
+                break
+            s = socket.socket()
+            try:
+                s.bind((host, port))
+            except OSError:
+                s.close()
+                continue
+            sockets.append(s)
+        while len(sockets) < n:  # no room below the range: let the kernel choose
+            s = socket.socket()
+            sockets.append(s)
             s.bind((host, 0))
         return [s.getsockname()[1] for s in sockets]
     finally:
         for s in sockets:
             s.close()
+
+
+def _ephemeral_low() -> int:
+    """The first port of the kernel's ephemeral range (Linux; 32768 when unreadable)."""
+    try:
+        return int(_EPHEMERAL_RANGE.read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        return 32768
 
 
 def worker_threads(workers: int) -> int:
