@@ -2,9 +2,12 @@
 # The GPU checks of runtime/BENCHMARKS.md as one prepared run for a lent GPU machine (CI has none):
 # the CUDA tests, then the concurrency sweeps of the 7B-shaped random checkpoint
 # (it prints its measured branch budget and, per level, the CUDA graphs it captured), with every
-# round captured and with large rounds eager (LOPA_CUDA_GRAPH_TOKENS), torch.profiler tables of
-# both, and the GPU's utilisation.
-# Every step has a time limit; the logs and JSON go to one tarball, ${OUT:-gpu-checks}/gpu-checks.tgz.
+# round captured, with large rounds eager (LOPA_CUDA_GRAPH_TOKENS) and with the layers' elementwise
+# steps compiled (LOPA_TORCH_COMPILE), torch.profiler tables of the first two, and the GPU's
+# utilisation.
+# Every step has a time limit (690 s in all: a device call of 600 s cuts the last sweep short, whose
+# logs still come back under $OUT/logs); the logs and JSON go to one tarball,
+# ${OUT:-gpu-checks}/gpu-checks.tgz, when the script finishes.
 # It uses the machine's python3 and torch. Wheels the machine lacks (grpcio >= 1.85.1,
 # grpcio-health-checking) are installed from .whl/ when present; get them where PyPI is reachable:
 #   pip download --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
@@ -35,7 +38,7 @@ nvidia-smi --query-gpu=name,memory.total --format=csv,noheader > "$logs/gpu.txt"
 # GPU idles is held back by the host, one at ~100 % by the GPU.
 nvidia-smi --query-gpu=timestamp,utilization.gpu --format=csv,noheader -lms 100 > "$logs/gpu-util.csv" 2>&1 &
 sampler=$!
-step cuda-tests 100 python3 -m pytest -q -p no:cacheprovider \
+step cuda-tests 130 python3 -m pytest -q -p no:cacheprovider \
     tests/runtime/test_cuda.py tests/serving/test_cuda_serving.py
 step checkpoint 90 python3 -m lopa bench write-checkpoint --preset dream-7b --out /tmp/lopa-d7b --device cuda
 # Two passes: the first pays the graph captures (columns captures, capture_s), the second runs warm;
@@ -51,5 +54,10 @@ LOPA_CUDA_GRAPH_TOKENS=256 step sweep-7b-eager-large 170 python3 -m lopa bench c
     --model /tmp/lopa-d7b --device cuda --dtype bfloat16 --levels 1,8,16 --requests 32 --branches 3 \
     --max-new-tokens 64 --passes 2 --json "$logs/sweep-7b-eager-large.json" \
     --profile "$logs/profile-7b-eager-large"
+# The layers' elementwise steps fused by torch.compile (every round captured): last, as the least
+# sure to fit; the logs come back even when the device call's limit cuts it short.
+LOPA_TORCH_COMPILE=1 step sweep-7b-compiled 130 python3 -m lopa bench concurrency --model /tmp/lopa-d7b \
+    --device cuda --dtype bfloat16 --levels 1,8 --requests 32 --branches 3 --max-new-tokens 64 \
+    --passes 2 --json "$logs/sweep-7b-compiled.json"
 kill "$sampler" 2> /dev/null
 tar -czf "$out/gpu-checks.tgz" -C "$out" logs && rm -rf "$logs"

@@ -18,6 +18,7 @@ from lopa.bundled.defaults import model_defaults
 from lopa.decoding.decoder import Decoder
 from lopa.engine import LocalEngine, bundled_model_dir
 from lopa.execution.local import LocalExecutor, OutputPlan
+from lopa.model.layer_steps import COMPILE_ENV
 from lopa.model.loader import load_model
 from lopa.model.window import GRAPH_TOKENS_ENV, GRAPHS_ENV, GRAPHS_UNCAPTURED, DreamWindowModel
 from lopa.params import DecodingParams
@@ -203,6 +204,22 @@ def test_rounds_past_the_capture_limit_run_uncaptured(monkeypatch: pytest.Monkey
     assert captured and all(b.linear_tokens <= 64 for b in captured)
     assert any(c.graph is None and b.linear_tokens > 64 for b, c in graphs.items())
     assert hybrid.graph_captures()[0] == len(captured) and hybrid.forwards["eager"] == 0
+
+
+def test_compiled_layer_steps_replay_in_graphs_and_equal_eager_rounds(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # LOPA_TORCH_COMPILE=1: the layers' elementwise steps compiled by inductor (triton kernels),
+    # captured inside the rounds' graphs; rounds of 1-4 requests equal the eager model's.
+    monkeypatch.setenv(COMPILE_ENV, "1")
+    compiled = load_model(bundled_model_dir(), dtype="float32", device="cuda")
+    window = DreamWindowModel(compiled.model, MAX_LENGTH, max_batch=4)
+    assert compiled.model.steps.compiled
+    monkeypatch.delenv(COMPILE_ENV)
+    plain = load_model(bundled_model_dir(), dtype="float32", device="cuda")
+    eager = DreamWindowModel(plain.model, MAX_LENGTH, max_batch=4, cuda_graphs=False)
+    play_rounds(eager, window, ROUNDS)
+    assert window.graphs is not None and not window.graphs.disabled and window.forwards["eager"] == 0
 
 
 class _BatchSizes(Observer):

@@ -98,7 +98,8 @@ def test_a_replaced_projection_is_used_instead_of_the_stale_fused_weight() -> No
 
 
 def test_rotary_by_roll_equals_rotate_half() -> None:
-    from lopa.model.dream import apply_rotary, rotary_cos_sin, signed_sin
+    from lopa.model.dream import rotary_cos_sin, signed_sin
+    from lopa.model.layer_steps import apply_rotary
 
     x = torch.randn(2, 5, 3, 8, generator=torch.Generator().manual_seed(6))
     cos, sin = rotary_cos_sin(torch.arange(5).expand(2, 5), 8, 10000.0, torch.float32)

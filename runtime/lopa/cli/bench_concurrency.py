@@ -93,6 +93,8 @@ def run(args: argparse.Namespace) -> int:
     budget = engine.scheduler.budget.describe()
     graphs = getattr(engine.window_model, "graphs", None)
     graphs = f", {graphs.describe()}" if graphs is not None else ""
+    if engine.loaded.model.steps.compiled:
+        graphs += ", layer steps compiled"
     print(f"local engine, {model_dir.name} on {args.device} ({args.dtype}), k={args.branches}, "
           f"budget {budget}{graphs}, {torch.get_num_threads()} threads, "
           f"{args.requests} requests per level, {args.passes} pass(es)", flush=True)

@@ -33,6 +33,7 @@ from lopa.model.attention import (
     bind_segments,
 )
 from lopa.model.config import DreamConfig
+from lopa.model.layer_steps import EAGER, LayerSteps, compiled_steps
 
 
 class RMSNorm(nn.Module):
@@ -63,16 +64,6 @@ def signed_sin(sin: torch.Tensor) -> torch.Tensor:
     """sin with its first half negated: rotate_half(x) * sin == roll(x, half) * signed_sin(sin)."""
     half = sin.shape[-1] // 2
     return torch.cat((-sin[..., :half], sin[..., half:]), dim=-1)
-
-
-def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin_signed: torch.Tensor) -> torch.Tensor:
-    """x [B, T, heads, head_dim]; cos / signed_sin(sin) [B, T, head_dim] (rotate-half layout).
-
-    x * cos + rotate_half(x) * sin, as three kernels: rotate_half(x) is x rolled by half a head
-    with its first half negated, and the sign lives in sin_signed (computed once per forward).
-    """
-    cos, sin_signed = cos.unsqueeze(2), sin_signed.unsqueeze(2)
-    return torch.addcmul(x * cos, x.roll(x.shape[-1] // 2, dims=-1), sin_signed)
 
 
 def fuse_linears(linears: list[nn.Linear]) -> tuple[torch.Tensor, torch.Tensor | None]:
@@ -118,7 +109,7 @@ class DreamAttention(nn.Module):
         self.fused_qkv = fuse_linears([self.q_proj, self.k_proj, self.v_proj])
 
     def _qkv(
-        self, x: torch.Tensor, cos: torch.Tensor, sin_signed: torch.Tensor
+        self, x: torch.Tensor, cos: torch.Tensor, sin_signed: torch.Tensor, steps: LayerSteps
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """Queries and keys after RoPE, values: [B, T, heads | kv_heads, head_dim]."""
         batch, length, _ = x.shape
@@ -126,12 +117,12 @@ class DreamAttention(nn.Module):
             assert self.fused_qkv is not None
             qkv = invariant.linear(x, *self.fused_qkv).view(batch, length, self.heads + 2 * self.kv_heads, -1)
             # q and k rotate together: one set of rotary kernels per layer.
-            qk = apply_rotary(qkv[:, :, : self.heads + self.kv_heads], cos, sin_signed)
+            qk = steps.rotary(qkv[:, :, : self.heads + self.kv_heads], cos, sin_signed)
             return qk[:, :, : self.heads], qk[:, :, self.heads :], qkv[:, :, self.heads + self.kv_heads :]
         q = invariant.apply(self.q_proj, x).view(batch, length, self.heads, self.head_dim)
         k = invariant.apply(self.k_proj, x).view(batch, length, self.kv_heads, self.head_dim)
         v = invariant.apply(self.v_proj, x).view(batch, length, self.kv_heads, self.head_dim)
-        return apply_rotary(q, cos, sin_signed), apply_rotary(k, cos, sin_signed), v
+        return steps.rotary(q, cos, sin_signed), steps.rotary(k, cos, sin_signed), v
 
     def forward(
         self,
@@ -142,9 +133,10 @@ class DreamAttention(nn.Module):
         past: tuple[torch.Tensor, torch.Tensor] | None,
         on_kv: Callable[[torch.Tensor, torch.Tensor], None] | None,
         segments: Sequence[LayerSegment] | LayerUniform | None = None,
+        steps: LayerSteps = EAGER,
     ) -> torch.Tensor:
         batch, length, _ = x.shape
-        q, k, v = self._qkv(x, cos, sin_signed)
+        q, k, v = self._qkv(x, cos, sin_signed, steps)
         if segments is None:
             out = attend_with_past(q, k, v, mask, past, on_kv)
         elif isinstance(segments, LayerUniform):
@@ -166,13 +158,13 @@ class DreamMLP(nn.Module):
     def fuse(self) -> None:
         self.fused_gate_up = fuse_linears([self.gate_proj, self.up_proj])
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, steps: LayerSteps = EAGER) -> torch.Tensor:
         if still_fused(self.fused_gate_up, [self.gate_proj, self.up_proj]):
             assert self.fused_gate_up is not None
             gate, up = invariant.linear(x, self.fused_gate_up[0]).chunk(2, dim=-1)
         else:
             gate, up = invariant.apply(self.gate_proj, x), invariant.apply(self.up_proj, x)
-        return invariant.apply(self.down_proj, F.silu(gate) * up)
+        return invariant.apply(self.down_proj, steps.swiglu(gate, up))
 
 
 class DreamDecoderLayer(nn.Module):
@@ -192,9 +184,13 @@ class DreamDecoderLayer(nn.Module):
         past: tuple[torch.Tensor, torch.Tensor] | None,
         on_kv: Callable[[torch.Tensor, torch.Tensor], None] | None,
         segments: Sequence[LayerSegment] | LayerUniform | None = None,
+        steps: LayerSteps = EAGER,
     ) -> torch.Tensor:
-        x = x + self.self_attn(self.input_layernorm(x), cos, sin_signed, mask, past, on_kv, segments)
-        return x + self.mlp(self.post_attention_layernorm(x))
+        normed = self.input_layernorm(x)
+        attended = self.self_attn(normed, cos, sin_signed, mask, past, on_kv, segments, steps)
+        norm = self.post_attention_layernorm
+        x, normed = steps.add_rms_norm(x, attended, norm.weight, norm.eps)
+        return x + self.mlp(normed, steps)
 
 
 class DreamBaseModel(nn.Module):
@@ -222,6 +218,7 @@ class DreamModel(nn.Module):
         self.config = config
         self.model = DreamBaseModel(config)
         self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
+        self.steps = EAGER  # the layers' elementwise steps (lopa.model.layer_steps)
 
     @property
     def dtype(self) -> torch.dtype:
@@ -230,6 +227,12 @@ class DreamModel(nn.Module):
     @property
     def device(self) -> torch.device:
         return self.lm_head.weight.device
+
+    def compile_steps(self, backend: str = "inductor") -> DreamModel:
+        """Run the layers' elementwise steps through torch.compile (lopa.model.layer_steps)."""
+        if not self.steps.compiled:
+            self.steps = compiled_steps(backend)
+        return self
 
     def fuse_projections(self) -> DreamModel:
         """Inference layout: one q/k/v and one gate/up product per layer (same parameters)."""
@@ -284,5 +287,5 @@ class DreamModel(nn.Module):
             layer_past = past.cached(index) if past is not None else None
             layer_kv = None if on_kv is None else bind(on_kv, index)
             bound = bind_segments(segments, index)
-            x = layer(x, cos, sin_signed, attn_mask, layer_past, layer_kv, bound)
+            x = layer(x, cos, sin_signed, attn_mask, layer_past, layer_kv, bound, self.steps)
         return self.model.norm(x)

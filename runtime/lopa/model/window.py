@@ -33,6 +33,7 @@ from lopa.model.dream import DreamModel
 from lopa.model.exact_attention import row_spans
 from lopa.model.graph_layout import MAX_LAYOUT_TOKENS, bucket_for
 from lopa.model.kv_cache import KVCache, cache_shape
+from lopa.model.layer_steps import COMPILE_ENV, compile_wanted
 from lopa.model.mask import additive_window_mask
 from lopa.params import AttentionMode
 
@@ -134,6 +135,9 @@ class DreamWindowModel:
         ]
         self.caches = list(self._physical)  # by sequence: the physical cache that holds it
         self.forwards = {"graph": 0, "eager": 0}  # forward calls by path (a worker exports them)
+        if compile_wanted(self.device):
+            model.compile_steps()  # compiled on the first forwards (the start-up calibration's)
+            log.info("%s=1: the layers' elementwise steps run through torch.compile", COMPILE_ENV)
         self.graphs: WindowGraphs | None = None
         if graphs_wanted(self.device, cuda_graphs):
             # Staging reserved up front: graphs hold its address, growing it means recapturing.
