@@ -41,7 +41,9 @@ def test_sigterm_drains_every_request_in_flight_then_exits(tmp_path: Path) -> No
     try:
         with LopaClient(cluster.address) as client, ThreadPoolExecutor(10) as pool:
             futures = [pool.submit(client.generate, p, 120, branches=3) for p in PROMPTS]
-            wait_for_gauges(cluster, running=4, queued=4)  # a batch decoding, more waiting
+            # A batch decoding, more waiting, and every request received (else a request still on
+            # its way is refused by the drain, as any new one is).
+            wait_for_gauges(cluster, running=4, queued=1, arrived=len(PROMPTS))
             signalled = time.monotonic()
             for process in [cluster.master, *cluster.workers]:
                 process.send_signal(signal.SIGTERM)
