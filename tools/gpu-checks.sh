@@ -5,8 +5,9 @@
 # round captured, with large rounds eager (LOPA_CUDA_GRAPH_TOKENS) and with the layers' elementwise
 # steps compiled (LOPA_TORCH_COMPILE), torch.profiler tables of the first two, and the GPU's
 # utilisation.
-# Every step has a time limit (690 s in all: a device call of 600 s cuts the last sweep short, whose
-# logs still come back under $OUT/logs); the logs and JSON go to one tarball,
+# Every step has a time limit (670 s in all, most steps finish well within theirs: a device call of
+# 600 s may cut the last sweep short, whose log still comes back under $OUT/logs); the logs and JSON
+# go to one tarball,
 # ${OUT:-gpu-checks}/gpu-checks.tgz, when the script finishes.
 # It uses the machine's python3 and torch. Wheels the machine lacks (grpcio >= 1.85.1,
 # grpcio-health-checking) are installed from .whl/ when present; get them where PyPI is reachable:
@@ -50,8 +51,8 @@ step sweep-7b 170 python3 -m lopa bench concurrency --model /tmp/lopa-d7b --devi
 # request's rounds stay captured while its 4 rows' window is at most 64 wide): compare the speedups,
 # each over its own run's lone level. Its
 # profile attributes the eager rounds' kernels to their ops and input shapes.
-LOPA_CUDA_GRAPH_TOKENS=256 step sweep-7b-eager-large 170 python3 -m lopa bench concurrency \
-    --model /tmp/lopa-d7b --device cuda --dtype bfloat16 --levels 1,8,16 --requests 32 --branches 3 \
+LOPA_CUDA_GRAPH_TOKENS=256 step sweep-7b-eager-large 150 python3 -m lopa bench concurrency \
+    --model /tmp/lopa-d7b --device cuda --dtype bfloat16 --levels 1,8 --requests 32 --branches 3 \
     --max-new-tokens 64 --passes 2 --json "$logs/sweep-7b-eager-large.json" \
     --profile "$logs/profile-7b-eager-large"
 # The layers' elementwise steps fused by torch.compile (every round captured): last, as the least

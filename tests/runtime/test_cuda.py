@@ -211,6 +211,7 @@ def test_compiled_layer_steps_replay_in_graphs_and_equal_eager_rounds(
 ) -> None:
     # LOPA_TORCH_COMPILE=1: the layers' elementwise steps compiled by inductor (triton kernels),
     # captured inside the rounds' graphs; rounds of 1-4 requests equal the eager model's.
+    torch._dynamo.reset()
     monkeypatch.setenv(COMPILE_ENV, "1")
     compiled = load_model(bundled_model_dir(), dtype="float32", device="cuda")
     window = DreamWindowModel(compiled.model, MAX_LENGTH, max_batch=4)
@@ -218,8 +219,13 @@ def test_compiled_layer_steps_replay_in_graphs_and_equal_eager_rounds(
     monkeypatch.delenv(COMPILE_ENV)
     plain = load_model(bundled_model_dir(), dtype="float32", device="cuda")
     eager = DreamWindowModel(plain.model, MAX_LENGTH, max_batch=4, cuda_graphs=False)
-    play_rounds(eager, window, ROUNDS)
-    assert window.graphs is not None and not window.graphs.disabled and window.forwards["eager"] == 0
+    try:
+        play_rounds(eager, window, ROUNDS)
+        assert window.graphs is not None and not window.graphs.disabled and window.forwards["eager"] == 0
+        # Inductor compiled the three steps (at start), recompiling a few times at most.
+        assert 3 <= torch._dynamo.utils.counters["stats"]["unique_graphs"] <= 8
+    finally:
+        torch._dynamo.reset()
 
 
 class _BatchSizes(Observer):

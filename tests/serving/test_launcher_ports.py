@@ -30,6 +30,8 @@ def test_ports_lie_below_the_ephemeral_range(tmp_path: Path, monkeypatch: pytest
     assert len(set(ports)) == 6
     assert all(32768 - launcher._BELOW_EPHEMERAL <= p < 32768 for p in ports)
     assert all(_bindable(p) for p in ports)
+    # Free until their servers bind them: a later call does not hand them out again.
+    assert not set(free_ports(200)) & set(ports)
 
 
 def test_without_room_below_the_range_the_kernel_chooses(

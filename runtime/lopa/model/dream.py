@@ -33,7 +33,7 @@ from lopa.model.attention import (
     bind_segments,
 )
 from lopa.model.config import DreamConfig
-from lopa.model.layer_steps import EAGER, LayerSteps, compiled_steps
+from lopa.model.layer_steps import EAGER, LayerSteps, check_compiles, compiled_steps
 
 
 class RMSNorm(nn.Module):
@@ -228,10 +228,13 @@ class DreamModel(nn.Module):
     def device(self) -> torch.device:
         return self.lm_head.weight.device
 
-    def compile_steps(self, backend: str = "inductor") -> DreamModel:
-        """Run the layers' elementwise steps through torch.compile (lopa.model.layer_steps)."""
+    def compile_steps(self, backend: str | Callable = "inductor") -> DreamModel:
+        """Run the layers' elementwise steps through torch.compile (lopa.model.layer_steps); a
+        RuntimeError naming LOPA_TORCH_COMPILE when they cannot compile on this device."""
         if not self.steps.compiled:
-            self.steps = compiled_steps(backend)
+            steps = compiled_steps(backend)
+            check_compiles(steps, self.config, self.dtype, self.device)
+            self.steps = steps
         return self
 
     def fuse_projections(self) -> DreamModel:

@@ -18,6 +18,8 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
+from lopa.model.config import DreamConfig
+
 COMPILE_ENV = "LOPA_TORCH_COMPILE"  # "1": a GPU's window model compiles its layers' steps
 
 
@@ -57,7 +59,7 @@ class LayerSteps:
 EAGER = LayerSteps(swiglu, apply_rotary, add_rms_norm)
 
 
-def compiled_steps(backend: str = "inductor") -> LayerSteps:
+def compiled_steps(backend: str | Callable = "inductor") -> LayerSteps:
     """The same steps through torch.compile (dynamic shapes: one compilation serves every round's
     token count; fullgraph: a step that cannot be traced whole fails here, not silently slow)."""
 
@@ -65,6 +67,27 @@ def compiled_steps(backend: str = "inductor") -> LayerSteps:
         return torch.compile(step, backend=backend, dynamic=True, fullgraph=True)
 
     return LayerSteps(compile_step(swiglu), compile_step(apply_rotary), compile_step(add_rms_norm), True)
+
+
+def check_compiles(steps: LayerSteps, config: DreamConfig, dtype: torch.dtype, device: torch.device) -> None:
+    """Run each step once on a few tokens laid out as a forward passes them (slices of one
+    projection's output), so that a step which cannot compile here (no C compiler for Triton's
+    launcher, an unsupported op) fails at start, naming LOPA_TORCH_COMPILE, rather than in the
+    start-up calibration (which carries on without a budget) and then in every request."""
+    tokens = 3  # >= 2 and unlike any model dimension (dynamo specializes sizes 0, 1 and equal sizes)
+    heads, kv_heads, dim = config.num_attention_heads, config.num_key_value_heads, config.head_dim
+    hidden, make = config.hidden_size, {"dtype": dtype, "device": device}
+    try:
+        gate, up = torch.randn(1, tokens, 2 * config.intermediate_size, **make).chunk(2, dim=-1)
+        steps.swiglu(gate, up)
+        qkv = torch.randn(1, tokens, heads + 2 * kv_heads, dim, **make)
+        cos, sin = torch.randn(2, 1, tokens, dim, **make)
+        steps.rotary(qkv[:, :, : heads + kv_heads], cos, sin)
+        x, delta = torch.randn(2, 1, tokens, hidden, **make)
+        steps.add_rms_norm(x, delta, torch.ones(hidden, **make), config.rms_norm_eps)
+    except Exception as error:
+        problem = f"{COMPILE_ENV}=1: the layers' steps do not compile on {device}: {error}"
+        raise RuntimeError(problem) from error
 
 
 def compile_wanted(device: torch.device) -> bool:

@@ -136,7 +136,7 @@ class DreamWindowModel:
         self.caches = list(self._physical)  # by sequence: the physical cache that holds it
         self.forwards = {"graph": 0, "eager": 0}  # forward calls by path (a worker exports them)
         if compile_wanted(self.device):
-            model.compile_steps()  # compiled on the first forwards (the start-up calibration's)
+            model.compile_steps()  # compiled now on a few tokens: a step that cannot, fails the start
             log.info("%s=1: the layers' elementwise steps run through torch.compile", COMPILE_ENV)
         self.graphs: WindowGraphs | None = None
         if graphs_wanted(self.device, cuda_graphs):

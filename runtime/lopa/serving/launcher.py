@@ -7,6 +7,7 @@ workers with backoff, and the master attaches to the new group.
 
 from __future__ import annotations
 
+import collections
 import dataclasses
 import logging
 import os
@@ -30,6 +31,10 @@ log = logging.getLogger("lopa.serve")
 
 _EPHEMERAL_RANGE = Path("/proc/sys/net/ipv4/ip_local_port_range")
 _BELOW_EPHEMERAL = 8192  # ports tried below the ephemeral range
+# Ports this process handed out lately: free until their server binds them, so not handed out again
+# meanwhile (two calls, e.g. a metrics port and then a group's ports, must not collide).
+_handed_out: collections.deque[int] = collections.deque(maxlen=512)
+_handed_out_lock = threading.Lock()
 
 
 def free_ports(n: int, host: str = "127.0.0.1") -> list[int]:
@@ -40,7 +45,9 @@ def free_ports(n: int, host: str = "127.0.0.1") -> list[int]:
     sockets: list[socket.socket] = []
     try:
         low = _ephemeral_low()
-        candidates = list(range(max(1024, low - _BELOW_EPHEMERAL), low))
+        with _handed_out_lock:
+            recent = set(_handed_out)
+        candidates = [p for p in range(max(1024, low - _BELOW_EPHEMERAL), low) if p not in recent]
         random.shuffle(candidates)
         for port in candidates:
             if len(sockets) == n:
@@ -56,7 +63,10 @@ def free_ports(n: int, host: str = "127.0.0.1") -> list[int]:
             s = socket.socket()
             sockets.append(s)
             s.bind((host, 0))
-        return [s.getsockname()[1] for s in sockets]
+        ports = [s.getsockname()[1] for s in sockets]
+        with _handed_out_lock:
+            _handed_out.extend(ports)
+        return ports
     finally:
         for s in sockets:
             s.close()
