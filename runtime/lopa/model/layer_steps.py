@@ -5,8 +5,9 @@ requests spent ~6 ms of its ~16 ms of kernels in them (runtime/BENCHMARKS.md). T
 fuse into one kernel each: the SwiGLU (silu, then the product with up), RoPE (a product, a roll and
 an addcmul) and the residual add with the norm that follows it. A model runs them through one
 `LayerSteps`: EAGER (the ops the model always ran, so a CPU's bits do not move) or, with
-LOPA_TORCH_COMPILE=1 on a GPU, `compiled_steps()`: each compiled once for dynamic shapes, which a
-CUDA graph's capture then records like any kernel (the capture's warm-up run compiles first).
+LOPA_TORCH_COMPILE=1 on a GPU, `compiled_steps()`: each compiled for dynamic shapes at start
+(`check_compiles`), its kernels then recorded by a CUDA graph's capture like any other (a
+recompilation for another layout of the inputs happens in the capture's warm-up run, before it).
 """
 
 from __future__ import annotations
