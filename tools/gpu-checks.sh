@@ -6,9 +6,8 @@
 # steps compiled (LOPA_TORCH_COMPILE), torch.profiler tables of the first two, and the GPU's
 # utilisation.
 # Every step has a time limit (670 s in all, most steps finish well within theirs: a device call of
-# 600 s may cut the last sweep short, whose log still comes back under $OUT/logs); the logs and JSON
-# go to one tarball,
-# ${OUT:-gpu-checks}/gpu-checks.tgz, when the script finishes.
+# 600 s may cut the last sweep short, whose log still comes back under $OUT/logs); when the script
+# finishes, the logs and JSON go to one tarball, ${OUT:-gpu-checks}/gpu-checks.tgz.
 # It uses the machine's python3 and torch. Wheels the machine lacks (grpcio >= 1.85.1,
 # grpcio-health-checking) are installed from .whl/ when present; get them where PyPI is reachable:
 #   pip download --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
@@ -49,8 +48,8 @@ step sweep-7b 170 python3 -m lopa bench concurrency --model /tmp/lopa-d7b --devi
     --profile "$logs/profile-7b"
 # The same with rounds of more than 256 linear tokens run eagerly (no captures for them; a lone
 # request's rounds stay captured while its 4 rows' window is at most 64 wide): compare the speedups,
-# each over its own run's lone level. Its
-# profile attributes the eager rounds' kernels to their ops and input shapes.
+# each over its own run's lone level. Its profile attributes the eager rounds' kernels to their ops
+# and input shapes.
 LOPA_CUDA_GRAPH_TOKENS=256 step sweep-7b-eager-large 150 python3 -m lopa bench concurrency \
     --model /tmp/lopa-d7b --device cuda --dtype bfloat16 --levels 1,8 --requests 32 --branches 3 \
     --max-new-tokens 64 --passes 2 --json "$logs/sweep-7b-eager-large.json" \
