@@ -68,9 +68,9 @@ class UniformSegments:
     mask: torch.Tensor  # additive [requests, 1, T / requests, C + T / requests]
     past: Callable[[int], tuple[torch.Tensor, torch.Tensor]]  # layer -> K, V [requests, C, kv_heads, D]
     staging: StagingOf
-    # Compact: the forward's N tokens are packed, token n at slot slots[n] of the T-token layout
-    # above (the other slots hold zeros, one the padding tokens'); None: the tokens are that layout.
-    slots: torch.Tensor | None = None
+    # The forward's N tokens are packed (compact), token n at slot slots[n] of the T-token layout
+    # above (the other slots hold zeros, one the padding tokens').
+    slots: torch.Tensor
 
 
 @dataclass(frozen=True)
@@ -81,7 +81,7 @@ class LayerUniform:
     mask: torch.Tensor
     past: tuple[torch.Tensor, torch.Tensor]
     staging: tuple[torch.Tensor, torch.Tensor]  # K, V [T, kv_heads, D]
-    slots: torch.Tensor | None = None
+    slots: torch.Tensor
 
 
 @dataclass(frozen=True)
@@ -131,14 +131,11 @@ def _attend_segments_exact(
 
 def attend_uniform(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, s: LayerUniform) -> torch.Tensor:
     """Attention of a folded batch-1 forward of equal-sized requests (see UniformSegments), one
-    batch element per request; [1, heads, T, D] (compact: [1, heads, N, D])."""
-    staged_k, staged_v = s.staging
-    if s.slots is not None:  # scattered into the padded layout, where each request's block is its own
-        layout = s.requests * s.mask.shape[2]
-        q = q.new_zeros((1, layout, *q.shape[2:])).index_copy_(1, s.slots, q)
-        k, v = (staged.zero_().index_copy_(0, s.slots, t[0]) for staged, t in ((staged_k, k), (staged_v, v)))
-    else:
-        k, v = staged_k.copy_(k[0]), staged_v.copy_(v[0])
+    batch element per request; [1, heads, N, D] for the N packed tokens."""
+    # Scattered into the padded layout, where each request's block is its own.
+    layout = s.requests * s.mask.shape[2]
+    q = q.new_zeros((1, layout, *q.shape[2:])).index_copy_(1, s.slots, q)
+    k, v = (staged.zero_().index_copy_(0, s.slots, t[0]) for staged, t in zip(s.staging, (k, v), strict=True))
     q, k, v = (t.reshape(s.requests, -1, *t.shape[-2:]) for t in (q, k, v))  # [R, T / R, h, D]
     past_k, past_v = s.past
     if past_k.shape[1] > 0:
@@ -146,7 +143,7 @@ def attend_uniform(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, s: LayerUn
         v = torch.cat((past_v, v), dim=1)
     out = attend(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), s.mask)  # [R, heads, T / R, D]
     out = out.transpose(0, 1).reshape(1, out.shape[1], -1, out.shape[3])
-    return out if s.slots is None else out.index_select(2, s.slots)
+    return out.index_select(2, s.slots)
 
 
 def attend_with_past(

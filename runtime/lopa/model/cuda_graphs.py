@@ -106,8 +106,8 @@ def graph_body(
         kv.stage_rows(bucket.rows, bucket.width)
         hidden = model.hidden_states(tokens, positions, masks, _CacheView(kv, bucket.cache_width), kv.stage)
     else:
-        if round_kv is None:
-            raise ValueError("graph_body: a round of several requests needs the round's staging")
+        if round_kv is None or slots is None:
+            raise ValueError("graph_body: a round of several requests is compact, with the round's staging")
         segments = _uniform(masks, stacked, round_kv, bucket, slots)
         hidden = model.hidden_states(tokens, positions, segments=segments)
     return hidden.view(bucket.linear_tokens, -1)
@@ -126,7 +126,7 @@ def _uniform(
     stacked: torch.Tensor,
     round_kv: torch.Tensor,
     bucket: Bucket,
-    slots: torch.Tensor | None,
+    slots: torch.Tensor,
 ) -> UniformSegments:
     """The bucket's requests as UniformSegments over the first R slices of `stacked`, staging into
     `round_kv` (slots: each compact token's place in the padded layout)."""
@@ -311,12 +311,11 @@ class WindowGraphs:
         return graph_body(self.model, self.caches, layout, inputs, self.stacked, self.round_kv)
 
     def _capture(self, bucket: Bucket) -> _Captured | None:
-        captured = _Captured(bucket, self.device, capture=self.capture)
+        if not self.capture:  # the stand-in of a capture (CPU tests, profiles)
+            return self._uncaptured(bucket)
+        captured = _Captured(bucket, self.device, capture=True)
         # Valid inputs for the warm-up run: one token per row, nothing cached.
         captured.inputs[captured.layout.lengths] = 1
-        if not self.capture:  # the stand-in of a capture (CPU tests, profiles)
-            captured.run = lambda: self._body(captured)
-            return captured
         try:
             if self.pool is None:
                 self.pool = torch.cuda.graph_pool_handle()
