@@ -195,6 +195,20 @@ def test_serve_with_a_config_file_without_decoding_uses_the_models_defaults(tmp_
     assert (served.master.http_port, served.limits.max_batch, served.limits.max_step_tokens) == (8123, 4, 300)
 
 
+def test_serve_keeps_the_files_http_port_and_replaces_its_metrics_port(tmp_path: Path) -> None:
+    """As `lopa serve --help` says: --http-port wins when given, else the file's master.http_port;
+    master.metrics_port is --metrics-port's (0 without it)."""
+    config = tmp_path / "lopa.yaml"
+    config.write_text(yaml.safe_dump({"master": {"http_port": 18123, "metrics_port": 19191}}))
+    args = build_parser().parse_args(["serve", "--config", str(config)])
+    served = serve.serving_config(args)
+    assert (served.master.http_port, served.master.metrics_port) == (18123, 0)
+    args = build_parser().parse_args(["serve", "--config", str(config), "--http-port", "18124",
+                                      "--metrics-port", "19192"])
+    served = serve.serving_config(args)
+    assert (served.master.http_port, served.master.metrics_port) == (18124, 19192)
+
+
 def test_serve_takes_the_worker_count_of_its_config_file(tmp_path: Path) -> None:
     """--workers defaults to the file's workers.count (before: always 2, the file's count ignored)."""
     config = tmp_path / "lopa.yaml"

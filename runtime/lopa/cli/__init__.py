@@ -13,7 +13,8 @@ from lopa.params import InvalidParameter
 from lopa.serving.shared.config import ConfigError
 
 # Commands that run a model in this process (`lopa worker` fits its threads once its logging is set).
-IN_PROCESS_MODEL_COMMANDS = ("generate", "bench", "train")
+# (`lopa train-bundled` sets its own --threads.)
+IN_PROCESS_MODEL_COMMANDS = ("generate", "bench")
 
 
 def build_parser() -> argparse.ArgumentParser:

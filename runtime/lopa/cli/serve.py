@@ -43,7 +43,8 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
                         help="branch workers (collective world size; default: the config file's "
                         "workers.count, 1 if it leaves it out; without --config 2)")
     parser.add_argument("--config", default=None,
-                        help="base serving YAML (ports and addresses are replaced; with tls, the master "
+                        help="base serving YAML (addresses, the workers' ports and master.metrics_port are "
+                        "replaced, --http-port replaces master.http_port when given; with tls, the master "
                         "gets a plaintext master.health_port, where this command waits for SERVING)")
     parser.add_argument("--model", default=None, help="checkpoint directory (default: the bundled model)")
     parser.add_argument("--adapter", default=None, help="PEFT LoRA adapter directory")
@@ -52,7 +53,8 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--listen", default="127.0.0.1:50051",
                         help="client API address, HOST:PORT (default: %(default)s)")
     parser.add_argument("--http-port", type=int, default=0,
-                        help="serve the OpenAI-compatible HTTP API on this port too (default: 0 = off)")
+                        help="serve the OpenAI-compatible HTTP API on this port too (default: the config's "
+                        "master.http_port, else 0 = off)")
     parser.add_argument("--metrics-port", type=int, default=0,
                         help="master Prometheus metrics port (default: 0 = no metrics endpoint)")
     parser.add_argument("--max-batch", type=int, default=None,
