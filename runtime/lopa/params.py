@@ -66,14 +66,15 @@ class DecodingParams:
             raise InvalidParameter("block_size", f"must be >= 1, got {self.block_size}")
         if self.max_new_tokens < 1:
             raise InvalidParameter("max_new_tokens", f"must be >= 1, got {self.max_new_tokens}")
-        for name in ("tau_add", "tau_act", "tau_conf", "alpha", "beta", "top_p"):
+        for name in ("tau_add", "tau_act", "tau_conf", "alpha"):
             value = getattr(self, name)
             if not 0.0 <= value <= 1.0:
                 raise InvalidParameter(name, f"must be in [0, 1], got {value}")
-        if self.beta == 0.0:
-            raise InvalidParameter("beta", "must be > 0 (it is the fraction of Conf values averaged)")
-        if self.top_p == 0.0:
-            raise InvalidParameter("top_p", "must be > 0")
+        # Fractions that must keep something: of the Conf values averaged, of the probability mass.
+        for name in ("beta", "top_p"):
+            value = getattr(self, name)
+            if not 0.0 < value <= 1.0:
+                raise InvalidParameter(name, f"must be in (0, 1], got {value}")
         if not 0 <= self.branches <= max_branches:
             raise InvalidParameter("branches", f"must be in [0, {max_branches}], got {self.branches}")
         if not math.isfinite(self.temperature) or self.temperature < 0.0:

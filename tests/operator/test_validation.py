@@ -84,6 +84,8 @@ CASES = [
     ("max-batch-zero", {"limits": {"maxBatch": 0}}, "spec.limits.maxBatch"),
     ("max-batch-over-256", {"limits": {"maxBatch": 257}}, "spec.limits.maxBatch"),
     ("negative-step-tokens", {"limits": {"maxStepTokens": -1}}, "spec.limits.maxStepTokens"),
+    ("step-tokens-below-a-block", {"decoding": {"blockSize": 32}, "limits": {"maxStepTokens": 16}},
+     "spec.limits.maxStepTokens must be 0 (the device's default) or at least spec.decoding.blockSize"),
     # Over a week: the runtime refuses it at start (torch's collective timeouts overflow near 25 days).
     ("request-timeout-over-a-week", {"limits": {"requestTimeoutSeconds": 604801}},
      "spec.limits.requestTimeoutSeconds"),

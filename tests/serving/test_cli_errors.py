@@ -195,6 +195,30 @@ def test_serve_with_a_config_file_without_decoding_uses_the_models_defaults(tmp_
     assert (served.master.http_port, served.limits.max_batch, served.limits.max_step_tokens) == (8123, 4, 300)
 
 
+def test_serve_names_logs_that_cannot_be_a_directory(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    """Before, a missing --logs directory failed as "[Errno 2] ... worker-0.log", naming no flag."""
+    a_file = tmp_path / "file"
+    a_file.write_text("")
+    code, err = run_cli(capsys, "serve", "--logs", str(a_file), "--listen", closed_address())
+    assert code == 2 and one_line(err) == f"lopa serve: error: --logs: {a_file} exists and is not a directory"
+    below = a_file / "below"
+    code, err = run_cli(capsys, "serve", "--logs", str(below), "--listen", closed_address())
+    assert code == 2 and one_line(err).startswith(f"lopa serve: error: --logs: cannot create {below}: ")
+    created = tmp_path / "new" / "logs"
+    args = build_parser().parse_args(["serve", "--logs", str(created), "--listen", closed_address()])
+    serve.check_flags(args)
+    assert created.is_dir()
+
+
+def test_serve_refuses_a_budget_below_one_block(capsys: pytest.CaptureFixture[str]) -> None:
+    code, err = run_cli(capsys, "serve", "--max-step-tokens", "7", "--listen", closed_address())
+    assert code == 1
+    assert one_line(err) == ("lopa serve: error: limits.max_step_tokens: 7 tokens cannot hold one request's "
+                             "base row (decoding.block_size 8); set 0 (the device's default) or >= 8")
+
+
 def test_serve_keeps_the_files_http_port_and_replaces_its_metrics_port(tmp_path: Path) -> None:
     """As `lopa serve --help` says: --http-port wins when given, else the file's master.http_port;
     master.metrics_port is --metrics-port's (0 without it)."""
@@ -382,6 +406,8 @@ def test_serve_with_logs_reports_why_a_child_failed_and_where(checkpoint: Path, 
         ("limits", {"max_batch": 0}, "limits.max_batch: must be in [1, 256], got 0"),
         ("limits", {"max_batch": 257}, "limits.max_batch: must be in [1, 256], got 257"),
         ("limits", {"max_step_tokens": -1}, "limits.max_step_tokens: must be >= 0"),
+        # Below one block no round holds two requests: batching would be off without a word.
+        ("limits", {"max_step_tokens": 4}, "limits.max_step_tokens: 4 tokens cannot hold one request's"),
     ],
 )
 @pytest.mark.parametrize("command", [["master"], ["worker", "--rank", "0"]])

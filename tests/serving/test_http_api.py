@@ -74,6 +74,11 @@ def test_completion_equals_grpc_and_streams_the_same_text(
     pieces = list(stream)
     assert "".join(p.choices[0].text for p in pieces) == reference.text
     assert len(pieces) > 2 and pieces[-1].choices[0].finish_reason == done.choices[0].finish_reason
+    # The branches granted, round by round, as gRPC's stream gives them (a lone request: all of them).
+    granted = [b for p in pieces for b in p.model_extra["lopa"]["branches"]]
+    chunks = [c for c in grpc_client.stream(PROMPTS[0], timeout=120, branches=3) if not c.last]
+    assert granted == [c.branches for c in chunks] and len(granted) == reference.stats.forwards
+    assert max(granted) == 3
     with_stop = api.completions.create(model=MODEL, prompt=PROMPTS[0], stop=["."], max_tokens=40)
     grpc_stop = grpc_client.generate(PROMPTS[0], timeout=120, stop=["."], max_new_tokens=40)
     assert with_stop.choices[0].text == grpc_stop.text

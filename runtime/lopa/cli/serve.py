@@ -70,7 +70,8 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument(
         "--prompt", default=None, help="one-shot: send this prompt, print the answer and its stats, stop"
     )
-    parser.add_argument("--logs", default=None, help="directory for the children's logs (default: inherit)")
+    parser.add_argument("--logs", default=None,
+                        help="directory for the children's logs, created if missing (default: inherit)")
     add_decoding_flags(parser)
     parser.set_defaults(handler=run)
 
@@ -130,6 +131,18 @@ def check_flags(args: argparse.Namespace) -> None:
     if problem:
         raise InvalidParameter("listen", problem)
     _check_ports(args)
+    if args.logs:
+        _make_log_dir(Path(args.logs))
+
+
+def _make_log_dir(path: Path) -> None:
+    """--logs, created (a first run's directory need not exist); InvalidParameter naming the flag."""
+    if path.exists() and not path.is_dir():
+        raise InvalidParameter("logs", f"{path} exists and is not a directory")
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+    except OSError as error:
+        raise InvalidParameter("logs", f"cannot create {path}: {error.strerror or error}") from None
 
 
 def _check_ports(args: argparse.Namespace) -> None:

@@ -172,22 +172,26 @@ class OpenAIApi:
                      "choices": [choice], **(extra or {})}
             await response.write(f"data: {json.dumps(event)}\n\n".encode())
 
-        first = True
+        # Every event carries the lookahead branches granted in each round since the one before
+        # (rounds that added no text send no event): gRPC's GenerateChunk.branches, round by round.
+        first, rounds = True, []
         while True:
             item = await job.chunks.get()
             if isinstance(item, lopa_pb2.GenerateChunk):
                 if item.last:
                     break
+                rounds.append(item.branches)
                 if item.text or first:
-                    await send(item.text, first=first)
-                    first = False
+                    await send(item.text, extra={"lopa": {"branches": rounds}}, first=first)
+                    first, rounds = False, []
                 continue
             break
         outcome = self.service.settle(await job.done)
         if isinstance(outcome, Completion):
             tail = item.text if isinstance(item, lopa_pb2.GenerateChunk) else ""
             await send(tail, FINISH[outcome.finish_reason],
-                       {"usage": usage(outcome), "lopa": lopa_stats(outcome)}, first=first)
+                       {"usage": usage(outcome), "lopa": {"branches": rounds, **lopa_stats(outcome)}},
+                       first=first)
         else:  # the status line is sent: the error travels as an event, as OpenAI's servers do
             failed = json.loads(failure(outcome).text)
             await response.write(f"data: {json.dumps(failed)}\n\n".encode())

@@ -242,6 +242,13 @@ def _check_decoding(decoding: DecodingParams, limits: Limits, keys: frozenset[st
             f"decoding.max_new_tokens: {decoding.max_new_tokens} exceeds limits.max_new_tokens "
             f"{limits.max_new_tokens}"
         )
+    if "block_size" in keys and 0 < limits.max_step_tokens < decoding.block_size:
+        # No round could hold two requests' base rows (a block each, at least): batching would be off.
+        raise ConfigError(
+            f"limits.max_step_tokens: {limits.max_step_tokens} tokens cannot hold one request's base row "
+            f"(decoding.block_size {decoding.block_size}); set 0 (the device's default) or >= "
+            f"{decoding.block_size}"
+        )
     if {"block_size", "max_new_tokens"} <= keys and decoding.block_size > decoding.max_new_tokens:
         raise ConfigError(
             f"decoding.block_size: {decoding.block_size} exceeds decoding.max_new_tokens "
