@@ -192,6 +192,12 @@ def post_raw(port: int, path: str, body: bytes, content_type: str = "application
          b'{"model": "lopa-bundled", "messages": [{"role": "user", "content": "a"}], "max_tokens": 4, '
          b'"max_completion_tokens": 4}', None, "max_completion_tokens",
          "max_completion_tokens: send either it or max_tokens, not both"),
+        # Outside the wire type (uint32 / uint64): before, protobuf's text twice ("is out of range:
+        # N (Value out of range: N)").
+        ("/v1/completions", b'{"model": "lopa-bundled", "prompt": "a", "max_tokens": 1000000000000}', None,
+         "max_tokens", "max_tokens: is too large, got 1000000000000"),
+        ("/v1/completions", b'{"model": "lopa-bundled", "prompt": "a", "seed": -5}', None,
+         "seed", "seed: must be >= 0, got -5"),
     ],
 )
 def test_unusual_bodies_are_400_naming_the_field(
