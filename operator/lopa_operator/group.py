@@ -109,14 +109,23 @@ def backoff_seconds(policy: dict[str, Any], recent: int) -> float:
 
 
 def exit_reason(pod: Pod) -> str:
-    """' (OOMKilled, exit code 137)' from the last container termination the kubelet reported."""
+    """' (OOMKilled, exit code 137)' from the last container termination the kubelet reported, with
+    the last line of its termination message when it left one (' (Error, exit code 1: lopa worker:
+    error: ...)'; pods.TERMINATION_MESSAGE)."""
     for c in (pod.get("status") or {}).get("containerStatuses") or []:
         for state in (c.get("state") or {}, c.get("lastState") or {}):
             ended = state.get("terminated")
             if ended:
                 reason = ended.get("reason") or "Terminated"
-                return f" ({reason}, exit code {ended.get('exitCode', '?')})"
+                lines = [line.strip() for line in (ended.get("message") or "").splitlines() if line.strip()]
+                said = f": {_clip(lines[-1])}" if lines else ""
+                return f" ({reason}, exit code {ended.get('exitCode', '?')}{said})"
     return ""
+
+
+def _clip(text: str, limit: int = 300) -> str:
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
 
 
 def _failure(memory: Memory, live: dict[str, Pod]) -> str | None:

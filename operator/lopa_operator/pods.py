@@ -11,6 +11,10 @@ from . import spec as specs
 MODEL_VOLUME = "model"
 CONFIG_VOLUME = "config"
 TLS_VOLUME = "tls"
+# A container that exits with an error leaves its log's tail as its termination message: a lopa
+# process's last line names what stopped it ("lopa worker: error: limits.max_step_tokens: ..."),
+# which the group's restart reason and event then carry (group.exit_reason).
+TERMINATION_MESSAGE = "FallbackToLogsOnError"
 
 
 def _field_env(name: str, path: str) -> dict[str, Any]:
@@ -157,6 +161,7 @@ def worker_template(name: str, spec: dict[str, Any], config_hash: str, index: in
         # measured (seconds; workers serve no grpc.health); that the group joined is what the
         # master's health reports (CollectiveReady).
         "readinessProbe": {"tcpSocket": {"port": "grpc"}, "periodSeconds": 5, "failureThreshold": 3},
+        "terminationMessagePolicy": TERMINATION_MESSAGE,
     }
     pod = _common_pod_spec(spec, wiring.tolerations)
     pod["containers"] = [container]
@@ -211,6 +216,7 @@ def master_template(name: str, spec: dict[str, Any], config_hash: str, index: in
         "volumeMounts": mounts,
         "readinessProbe": _master_probe(tls, http),
         "lifecycle": {"preStop": {"sleep": {"seconds": PRE_STOP_SLEEP_S}}},
+        "terminationMessagePolicy": TERMINATION_MESSAGE,
     }
     # The workers' tolerations (the automatic device one included) but not their device requests:
     # with spec.nodeSelector picking tainted accelerator nodes the master must tolerate the taint

@@ -12,7 +12,7 @@ import threading
 import time
 from collections.abc import Callable, MutableMapping
 from dataclasses import replace
-from typing import Any, NoReturn
+from typing import Any
 
 import kopf
 
@@ -21,12 +21,17 @@ from . import spec as specs
 from . import status as statuses
 from .kube import Kube, KubeError, path
 
-# A spec the API server rejects does not heal by retrying soon: retry (and re-check) this rarely.
+# A rendering the API server rejected does not heal by retrying soon: it is tried again (dry run) this
+# rarely, while every resync still looks after the deployed groups and a new rendering (an edit) is
+# tried at once.
 APPLY_FAILED_RETRY_SECONDS = 60.0
 _SPEC_ERRORS = (400, 422)  # Bad Request / Unprocessable Entity: the rendered object is invalid
-# A server-side apply whose value does not decode (e.g. resources.limits.cpu: banana) is answered
-# 500 "failed to convert new object ...: quantities must match ...", yet it is the spec's fault.
-_CONVERSION_ERROR = "unable to convert unstructured object"
+# Server-side applies answered 500 that are yet the spec's fault: a value that does not decode (e.g.
+# resources.limits.cpu: banana: "failed to convert new object ...: quantities must match ...") and a
+# field the child's schema lacks, from a spec field the CRD leaves open (env, resources, affinity,
+# tolerations: e.g. an env item's "vaule": "failed to create typed patch object ...: field not
+# declared in schema").
+_SPEC_500S = ("unable to convert unstructured object", "failed to create typed patch object")
 
 
 class ForeignObject(KubeError):
@@ -41,7 +46,8 @@ class ForeignObject(KubeError):
 def _spec_error(error: KubeError) -> bool:
     if isinstance(error, ForeignObject):
         return True
-    return error.status in _SPEC_ERRORS or (error.status == 500 and _CONVERSION_ERROR in error.message)
+    spec_500 = error.status == 500 and any(marker in error.message for marker in _SPEC_500S)
+    return error.status in _SPEC_ERRORS or spec_500
 
 
 EventFn = Callable[[dict[str, Any], str, str, str], None]  # (object, type, reason, message)
@@ -66,15 +72,25 @@ def _ensure(kube: Kube, children: list[dict[str, Any]], owner: dict[str, Any], m
     changed. A rendering not yet validated is first dry-run applied as a whole, so that a child the
     API server rejects leaves every child as it was (no new ConfigMap beside old pods). The memo
     keeps the digest of the last rendering that passed: the timer re-applies every resync to repair
-    drift, and only a new rendering needs the dry run."""
+    drift, and only a new rendering needs the dry run. A rendering the API server refused is refused
+    again from the memo, without a call, for APPLY_FAILED_RETRY_SECONDS."""
     for child in children:
         kopf.append_owner_reference(child, owner=owner)
     rendered = config.digest(children)
     if memo.get("validated") != rendered:
-        for child in children:
-            _refuse_foreign(kube, child, owner)
-            kube.apply(child, dry_run=True)
+        refused = memo.get("refused")
+        if refused and refused[0] == rendered and time.monotonic() - refused[1] < APPLY_FAILED_RETRY_SECONDS:
+            raise refused[2]
+        try:
+            for child in children:
+                _refuse_foreign(kube, child, owner)
+                kube.apply(child, dry_run=True)
+        except KubeError as error:
+            if _spec_error(error):
+                memo["refused"] = (rendered, time.monotonic(), error)
+            raise
         memo["validated"] = rendered
+        memo.pop("refused", None)
     for child in children:
         kube.apply(child)
 
@@ -121,21 +137,12 @@ def _reconciled(obj: dict[str, Any]) -> dict[str, Any] | None:
     return next((c for c in conditions if c.get("type") == "Reconciled"), None)
 
 
-def _retry_later(failed: dict[str, Any]) -> NoReturn:
-    """kopf.TemporaryError with a long delay: a rejected spec does not heal by retrying soon."""
-    raise kopf.TemporaryError(
-        f"the API server rejects the rendered objects (see condition Reconciled): {failed['message'][:200]}",
-        delay=APPLY_FAILED_RETRY_SECONDS,
-    )
-
-
-def _report_only(kube: Kube, obj: dict[str, Any], patch: dict[str, Any]) -> NoReturn:
+def _report_only(kube: Kube, obj: dict[str, Any], patch: dict[str, Any]) -> dict[str, Any]:
     """Writes just the conditions, for a deployment with nothing deployed to look after yet."""
     meta = obj["metadata"]
-    failed = patch["conditions"][-1]
-    if _reconciled(obj) != failed:
+    if _reconciled(obj) != patch["conditions"][-1]:
         kube.patch_status(meta["namespace"], meta["name"], patch)
-    _retry_later(failed)
+    return patch
 
 
 def _events(
@@ -221,7 +228,7 @@ def _reconcile(
             raise
         patch = _rejection(obj, e, post, logger)
         if not deployed or not before.get("observedGeneration") or not before.get("configHash"):
-            _report_only(kube, obj, patch)
+            return _report_only(kube, obj, patch)
         rejected = patch["conditions"][-1]
         # Nothing of the refused spec was applied (dry run first): the groups keep running what
         # they run, and a worker lost meanwhile must still be handled and reported.
@@ -262,8 +269,8 @@ def _reconcile(
         kube.patch_status(namespace, name, after)
     _events(obj, before, after, rounds, plan.remove, post)
     metrics.observe(namespace, name, after)
-    if rejected:
-        _retry_later(rejected)
+    # A refused spec raises nothing: kopf would hold this object's handlers and timer for the retry's
+    # delay (a fix or a lost worker then waited a minute); the timer retries it (_ensure's memo).
     return after
 
 

@@ -282,6 +282,23 @@ def test_a_failed_workers_exit_reason_is_in_the_message() -> None:
     failed["status"]["containerStatuses"][0]["state"] = {"terminated": {"reason": "Error", "exitCode": 3}}
     d = group.decide([failed, pod("d-worker-1", "b")], 2, HASH, formed(), POLICY, NOW)
     assert d.message.startswith("worker pod d-worker-0 failed (Error, exit code 3)")
+    # The log's last line (terminationMessagePolicy FallbackToLogsOnError) says why the process stopped.
+    said = "lopa worker: error: /etc/lopa/lopa.yaml: limits.max_step_tokens: 4 tokens cannot hold one"
+    failed["status"]["containerStatuses"][0]["state"]["terminated"]["message"] = f"loading\n{said}\n\n"
+    d = group.decide([failed, pod("d-worker-1", "b")], 2, HASH, formed(), POLICY, NOW)
+    assert d.message.startswith(f"worker pod d-worker-0 failed (Error, exit code 3: {said})")
+    failed["status"]["containerStatuses"][0]["state"]["terminated"]["message"] = "x" * 5000
+    d = group.decide([failed, pod("d-worker-1", "b")], 2, HASH, formed(), POLICY, NOW)
+    assert f"exit code 3: {'x' * 297}...)" in d.message
+
+
+def test_every_container_leaves_its_logs_tail_as_its_termination_message() -> None:
+    from lopa_operator import pods
+
+    spec = specs.with_defaults({"branchParallelism": 2})
+    for template in (pods.worker_template("d", spec, HASH, 0), pods.master_template("d", spec, HASH, 0)):
+        (container,) = template["spec"]["containers"]
+        assert container["terminationMessagePolicy"] == "FallbackToLogsOnError"
 
 
 def test_the_restart_trigger_rolls_the_group_only_when_set_or_changed() -> None:
