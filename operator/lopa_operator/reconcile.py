@@ -126,8 +126,8 @@ def _rejection(
     failed = patch["conditions"][-1]
     old = _reconciled(obj)
     if not old or old.get("status") != "False" or old.get("message") != failed["message"]:
-        post(obj, "Warning", "ApplyFailed", failed["message"])
-    logger.info("spec of generation %s rejected by the API server: %s", meta.get("generation"), message)
+        post(obj, "Warning", "ApplyFailed", failed["message"])  # and logged once, not every resync
+        logger.info("spec of generation %s rejected by the API server: %s", meta.get("generation"), message)
     return patch
 
 
