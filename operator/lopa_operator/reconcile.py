@@ -28,8 +28,8 @@ APPLY_FAILED_RETRY_SECONDS = 60.0
 _SPEC_ERRORS = (400, 422)  # Bad Request / Unprocessable Entity: the rendered object is invalid
 # Server-side applies answered 500 that are yet the spec's fault: a value that does not decode (e.g.
 # resources.limits.cpu: banana: "failed to convert new object ...: quantities must match ...") and a
-# field the child's schema lacks, from a spec field the CRD leaves open (env, resources, affinity,
-# tolerations: e.g. an env item's "vaule": "failed to create typed patch object ...: field not
+# field the child's schema lacks, from a spec field the CRD leaves open (resources, affinity,
+# tolerations: e.g. affinity.nodeAfinity: "failed to create typed patch object ...: field not
 # declared in schema").
 _SPEC_500S = ("unable to convert unstructured object", "failed to create typed patch object")
 

@@ -79,18 +79,18 @@ def _rejected_then_fixed(kube: KubeCluster, namespace: str) -> None:
     assert after["data"] == config["data"]  # the dry run kept the new config from the old pods
     assert after["metadata"]["resourceVersion"] == config["metadata"]["resourceVersion"]
 
-    # A misspelt key in an env item (the CRD leaves them open) is the spec's fault too, though the
-    # API server answers it 500; a new edit is tried at once, not after the refused one's minute.
+    # A misspelt key in a field the CRD leaves open (affinity) is the spec's fault too, though the API
+    # server answers it 500; a new edit is tried at once, not after the refused one's minute.
     kube.kubectl("patch", names.PLURAL, "bad", "-n", namespace, "--type=json", "-p",
                  '[{"op": "remove", "path": "/spec/resources"}, '
-                 '{"op": "add", "path": "/spec/env", "value": [{"name": "X", "vaule": "1"}]}]')
+                 '{"op": "add", "path": "/spec/affinity", "value": {"nodeAfinity": {}}}]')
     run()
     cond = condition(kube.get_json(names.PLURAL, "bad", "-n", namespace), "Reconciled")
-    assert cond["status"] == "False" and "vaule" in cond["message"], cond
+    assert cond["status"] == "False" and "nodeAfinity" in cond["message"], cond
 
     # The spec is fixed: everything is applied and generation 4 is observed.
     kube.kubectl("patch", names.PLURAL, "bad", "-n", namespace, "--type=json", "-p",
-                 '[{"op": "remove", "path": "/spec/env"}]')
+                 '[{"op": "remove", "path": "/spec/affinity"}]')
     st = run()
     assert st is not None and st["observedGeneration"] == 4
     assert condition(kube.get_json(names.PLURAL, "bad", "-n", namespace), "Reconciled")["status"] == "True"

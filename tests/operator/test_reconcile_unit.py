@@ -115,14 +115,14 @@ def test_rejected_child_changes_nothing_and_is_reported_once(fake: FakeKube) -> 
     fake.reject = ("StatefulSet", 500, "etcd timeout")
     with pytest.raises(KubeError):
         run(fake, posted)
-    # ... but one for a key a child's schema lacks is the spec's (e.g. env[0].vaule, which the CRD's
-    # open env items admit): the condition names it.
-    typed = ('failed to create typed patch object (ns/d-0-worker; apps/v1, Kind=StatefulSet): .spec.template'
-             '.spec.containers[name="worker"].env[name="X"].vaule: field not declared in schema')
+    # ... but one for a key a child's schema lacks is the spec's (e.g. affinity.nodeAfinity, which the
+    # CRD's open affinity admits): the condition names it.
+    typed = ('failed to create typed patch object (ns/d-0-worker; apps/v1, Kind=StatefulSet): '
+             '.spec.template.spec.affinity.nodeAfinity: field not declared in schema')
     fake.reject = ("StatefulSet", 500, typed)
     st = run(fake, posted)
     (cond,) = [c for c in st["conditions"] if c["type"] == "Reconciled"]
-    assert cond["status"] == "False" and "vaule: field not declared in schema" in cond["message"]
+    assert cond["status"] == "False" and "nodeAfinity: field not declared in schema" in cond["message"]
     fake.memo.pop("refused")
 
     fake.reject = None  # the spec is fixed

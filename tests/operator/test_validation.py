@@ -43,6 +43,12 @@ CASES = [
      "spec.model.pvc.mountPath"),
     ("models-over-shm", {"model": {"pvc": {"claimName": "m", "mountPath": "/dev/shm/"}}},
      "spec.model.pvc.mountPath"),
+    # The same directories spelt otherwise (before: admitted, then mounted beside the config).
+    ("models-over-config-two-slashes", {"model": {"pvc": {"claimName": "m", "mountPath": "//etc/lopa"}}},
+     "spec.model.pvc.mountPath"),
+    ("models-over-config-dot-dot", {"model": {"pvc": {"claimName": "m", "mountPath": "/x/../etc/lopa"}}},
+     "spec.model.pvc.mountPath"),
+    ("models-at-root", {"model": {"pvc": {"claimName": "m", "mountPath": "/"}}}, "spec.model.pvc.mountPath"),
     ("pvc-without-path", {"model": {"pvc": {"claimName": "m"}}}, "spec.model.path"),
     ("adapter-without-base", {"model": {"adapter": "/models/lora"}}, "spec.model.adapter"),
     ("bad-conf", {"decoding": {"conf": "entropy"}}, "spec.decoding.conf"),
@@ -57,6 +63,11 @@ CASES = [
         {"env": [{"name": "NCCL_DEBUG", "value": "INFO"}, {"name": "LOPA_RANK", "value": "3"}]},
         "LOPA_RANK, LOPA_WORLD_SIZE, LOPA_POD_NAME and LOPA_NAMESPACE are set by the",
     ),
+    # An env item is a container's EnvVar (before: admitted, then every pod apply refused).
+    ("env-without-a-name", {"env": [{"name": "", "value": "1"}]}, "spec.env[0].name"),
+    ("env-name-with-equals", {"env": [{"name": "A=B", "value": "1"}]}, "spec.env[0].name"),
+    ("env-value-and-value-from", {"env": [{"name": "A", "value": "1", "valueFrom": {"fieldRef": {}}}]},
+     "an item sets value or valueFrom, not both"),
     (
         "block-over-max-new-tokens",
         {"decoding": {"blockSize": 64, "maxNewTokens": 56}},
@@ -162,10 +173,20 @@ def test_block_size_alone_or_equal_is_accepted(
         )
 
 
+def test_a_misspelt_env_key_is_refused_naming_it(
+    kube: KubeCluster, crd_installed: None, shared_namespace: str
+) -> None:
+    spec = {"env": [{"name": "NCCL_DEBUG", "vaule": "INFO"}]}
+    result = kube.kubectl("create", "-n", shared_namespace, "-f", "-", input=manifest(spec, "env-typo"),
+                          check=False)
+    assert result.returncode != 0 and 'unknown field "spec.env[0].vaule"' in result.stderr, result.stderr
+
+
 def test_user_env_other_than_the_wiring_is_accepted(
     kube: KubeCluster, crd_installed: None, shared_namespace: str
 ) -> None:
-    env = [{"name": "NCCL_DEBUG", "value": "INFO"}, {"name": "LOPA_EXTRA", "value": "1"}]
+    env = [{"name": "NCCL_DEBUG", "value": "INFO"}, {"name": "LOPA_EXTRA", "value": "1"},
+           {"name": "LOPA_NODE", "valueFrom": {"fieldRef": {"fieldPath": "spec.nodeName"}}}]
     spec = {"accelerator": {"type": "nvidia"}, "env": env}
     kube.kubectl(
         "create", "--dry-run=server", "-n", shared_namespace, "-f", "-", input=manifest(spec, "env-ok")
