@@ -89,6 +89,37 @@ def test_rbac_is_least_privilege(kube: KubeCluster, verb: str, resource: str, al
     )
 
 
+@pytest.mark.parametrize(
+    ("role", "verb", "subresource", "allowed"),
+    [
+        ("edit", "create", "", True),
+        ("edit", "patch", "scale", True),
+        ("edit", "delete", "", True),
+        ("edit", "patch", "status", False),  # the operator's to write
+        ("view", "list", "", True),
+        ("view", "get", "scale", True),
+        ("view", "create", "", False),
+    ],
+)
+def test_the_built_in_user_roles_cover_lopadeployments(
+    kube: KubeCluster, namespace: str, role: str, verb: str, subresource: str, allowed: bool
+) -> None:
+    """A namespace's editors manage and scale LoPADeployments, its viewers read them, through the
+    chart's aggregated ClusterRoles (before: the built-in roles granted nothing on them)."""
+    ensure_chart(kube)
+    user = f"someone-{role}"
+    kube.kubectl("create", "rolebinding", user, f"--clusterrole={role}", f"--user={user}", "-n", namespace)
+
+    def answer() -> str | None:
+        result = kube.kubectl("auth", "can-i", verb, "lopadeployments.lopa.dev", "-n", namespace,
+                              f"--subresource={subresource}", f"--as={user}", check=False)
+        said = result.stdout.strip()
+        return said if said == ("yes" if allowed else "no") else None
+
+    # The controller-manager aggregates the rules into the built-in role within moments.
+    kube.wait_for(answer, timeout=30, interval=0.5, description=f"{role} may {verb} {subresource}: {allowed}")
+
+
 def test_namespaced_install_renders_roles(kube: KubeCluster) -> None:
     out = kube.helm(
         "template",
@@ -103,7 +134,11 @@ def test_namespaced_install_renders_roles(kube: KubeCluster) -> None:
     ).stdout
     kinds = [line for line in out.splitlines() if line.startswith("kind: ")]
     assert kinds.count("kind: Role") == 2 and kinds.count("kind: RoleBinding") == 2
-    assert "kind: ClusterRole" not in kinds and "kind: ClusterRoleBinding" not in kinds
+    # Cluster-wide: only the user roles' aggregation (they grant nothing until bound), no binding.
+    cluster_roles = [d["metadata"]["name"] for d in yaml.safe_load_all(out)
+                     if d and d["kind"] == "ClusterRole"]
+    assert cluster_roles == [f"{RELEASE}-edit", f"{RELEASE}-view"]
+    assert "kind: ClusterRoleBinding" not in kinds
     assert "--namespace=team-a" in out and "--all-namespaces" not in out
 
 
@@ -152,7 +187,8 @@ def test_readme_rbac_lists_the_rendered_rules(kube: KubeCluster) -> None:
     # The chart README's RBAC paragraph is what an admin reviews before granting: every verb of
     # every rendered rule, and nothing more.
     out = kube.helm("template", RELEASE, str(CHART), "-n", RELEASE_NAMESPACE, "--kube-version", "1.30.0")
-    role = next(d for d in yaml.safe_load_all(out.stdout) if d and d["kind"] == "ClusterRole")
+    role = next(d for d in yaml.safe_load_all(out.stdout)
+                if d and d["kind"] == "ClusterRole" and d["metadata"]["name"] == RELEASE)
     rendered = {(res, verb) for rule in role["rules"] for res in rule["resources"] for verb in rule["verbs"]}
     readme = (CHART / "README.md").read_text()
     paragraph = readme[readme.index("RBAC (ClusterRole") :].split("\n\n")[0].split(":", 1)[1]
