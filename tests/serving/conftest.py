@@ -151,3 +151,10 @@ def wait_for_gauges(cluster: LocalCluster, running: int, queued: int = 0, arrive
             f"never saw {running} running, {queued} queued, {arrived} arrived: {samples}"
         )
         time.sleep(0.01)
+
+
+def arrivals(cluster: LocalCluster) -> float:
+    """Requests the master has received so far (admitted, finished ones included, plus waiting):
+    the `arrived` of wait_for_gauges."""
+    samples = metric_samples(cluster.config.master.metrics_port)
+    return samples["lopa_queue_seconds_count"] + samples["lopa_queue_depth"]
