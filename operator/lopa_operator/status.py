@@ -186,7 +186,9 @@ def derive(
     everything = ready == replicas and updated == replicas
     available = ready >= min_available(spec)
     degraded = [s for s in seen if s.degraded]
-    sched = scheduling_problem([p for s in seen for p in s.alive])
+    stuck = [(s.round.index, problem) for s in seen if (problem := scheduling_problem(s.alive))]
+    # The first stuck group's problem, named as every group's message is once there are several.
+    sched = (stuck[0][1][0], _about(replicas, stuck[0][0], stuck[0][1][1])) if stuck else None
     waiting = [s for s in seen if not s.available or s.round.config_hash != desired_hash]
     wanted_workers = sum(g.wanted for g in rounds)
     ready_workers = sum(s.ready_workers for s in seen)

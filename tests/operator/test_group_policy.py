@@ -245,6 +245,13 @@ def test_status_names_missing_resource_when_unschedulable() -> None:
     assert sched["status"] == "False" and sched["reason"] == "InsufficientResources"
     assert sched["message"].startswith("Insufficient nvidia.com/gpu")
     assert st["phase"] == "Pending"
+    # With several groups the message names the stuck one, as every other condition's does.
+    serving = [pod("d-1-worker-0", "c"), pod("d-1-worker-1", "d")]
+    two = specs.with_defaults({"replicas": 2, "branchParallelism": 2, "accelerator": {"type": "nvidia"}})
+    settled = group.decide(serving, 2, HASH, group.Memory(), POLICY, NOW)
+    rounds = [status.GroupRound(0, serving, HASH, 2, settled), status.GroupRound(1, pods, HASH, 2, decision)]
+    sched = _conditions(status.derive(_cr(), two, rounds, HASH, NOW))["Schedulable"]
+    assert sched["status"] == "False" and sched["message"].startswith("group 1: Insufficient nvidia.com/gpu")
 
 
 def test_status_degraded_when_restarts_exhausted() -> None:
