@@ -127,7 +127,6 @@ def _clip(text: str, limit: int = 300) -> str:
     return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
-
 def _failure(memory: Memory, live: dict[str, Pod]) -> str | None:
     for name, uid, count in memory.members:
         pod = live.get(name)

@@ -91,7 +91,7 @@ class _Seen:
     progress: tuple[str, str]  # (reason, message) while it is not available
     collective_reason: tuple[str, str]
     ready_workers: int
-    alive: list[Pod]
+    scheduling: tuple[str, str] | None  # (reason, message) when some of its pods cannot be placed
 
 
 def _seen(g: GroupRound, old: dict[str, Any], now: dt.datetime) -> _Seen:
@@ -139,7 +139,7 @@ def _seen(g: GroupRound, old: dict[str, Any], now: dt.datetime) -> _Seen:
         **({"availableSince": since or group.format_time(now)} if available else {}),
         **decision.memory.to_status(),
     }
-    return _Seen(g, entry, available, collective, degraded, progress, joined, ready_workers, alive)
+    return _Seen(g, entry, available, collective, degraded, progress, joined, ready_workers, sched)
 
 
 _ACTING = {
@@ -186,9 +186,9 @@ def derive(
     everything = ready == replicas and updated == replicas
     available = ready >= min_available(spec)
     degraded = [s for s in seen if s.degraded]
-    stuck = [(s.round.index, problem) for s in seen if (problem := scheduling_problem(s.alive))]
     # The first stuck group's problem, named as every group's message is once there are several.
-    sched = (stuck[0][1][0], _about(replicas, stuck[0][0], stuck[0][1][1])) if stuck else None
+    stuck = next((s for s in seen if s.scheduling), None)
+    sched = (stuck.scheduling[0], _about(replicas, stuck.round.index, stuck.scheduling[1])) if stuck else None
     waiting = [s for s in seen if not s.available or s.round.config_hash != desired_hash]
     wanted_workers = sum(g.wanted for g in rounds)
     ready_workers = sum(s.ready_workers for s in seen)

@@ -145,7 +145,7 @@ def wait_for_gauges(cluster: LocalCluster, running: int, queued: int = 0, arrive
     while (
         (samples := metric_samples(port))["lopa_requests_running"] < running
         or samples["lopa_queue_depth"] < queued
-        or samples["lopa_queue_seconds_count"] + samples["lopa_queue_depth"] < arrived
+        or _arrived(samples) < arrived
     ):
         assert time.monotonic() < deadline, (
             f"never saw {running} running, {queued} queued, {arrived} arrived: {samples}"
@@ -156,5 +156,8 @@ def wait_for_gauges(cluster: LocalCluster, running: int, queued: int = 0, arrive
 def arrivals(cluster: LocalCluster) -> float:
     """Requests the master has received so far (admitted, finished ones included, plus waiting):
     the `arrived` of wait_for_gauges."""
-    samples = metric_samples(cluster.config.master.metrics_port)
+    return _arrived(metric_samples(cluster.config.master.metrics_port))
+
+
+def _arrived(samples: dict[str, float]) -> float:
     return samples["lopa_queue_seconds_count"] + samples["lopa_queue_depth"]

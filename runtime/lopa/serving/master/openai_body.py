@@ -13,6 +13,8 @@ from collections.abc import Callable, Collection
 from dataclasses import dataclass
 from typing import Any
 
+from google.protobuf.descriptor import FieldDescriptor
+
 from lopa.params import InvalidParameter
 from lopa.proto import lopa_pb2
 
@@ -92,18 +94,17 @@ def _assign(message: Any, name: str, value: Any, body_name: str | None = None) -
         setattr(message, name, value)
     except (ValueError, TypeError) as error:
         # Only the wire type's bounds are known here, not the server's limits (checked later, when
-        # the value fits): a huge value is just too large.
-        bounds = _INT_BOUNDS.get(message.DESCRIPTOR.fields_by_name[name].cpp_type)
-        if bounds and isinstance(value, int) and value < bounds[0]:
-            why = f"must be >= {bounds[0]}"
+        # the value fits): an integer above its type's range is just too large.
+        lowest = _INT_LOWEST.get(message.DESCRIPTOR.fields_by_name[name].cpp_type)
+        if lowest is None or not isinstance(value, int):
+            why = f"is out of range ({error})"
         else:
-            why = "is too large" if bounds and isinstance(value, int) else f"is out of range ({error})"
+            why = f"must be >= {lowest}" if value < lowest else "is too large"
         raise InvalidParameter(body_name or name, f"{why}, got {value!r}") from None
 
 
-_FIELD = lopa_pb2.GenerateRequest.DESCRIPTOR.fields_by_name["max_new_tokens"]  # any field: its constants
-_INT_BOUNDS = {_FIELD.CPPTYPE_UINT32: (0, 2**32 - 1), _FIELD.CPPTYPE_INT32: (-(2**31), 2**31 - 1),
-               _FIELD.CPPTYPE_UINT64: (0, 2**64 - 1), _FIELD.CPPTYPE_INT64: (-(2**63), 2**63 - 1)}
+_INT_LOWEST = {FieldDescriptor.CPPTYPE_UINT32: 0, FieldDescriptor.CPPTYPE_INT32: -(2**31),
+               FieldDescriptor.CPPTYPE_UINT64: 0, FieldDescriptor.CPPTYPE_INT64: -(2**63)}
 
 
 def _check_text(name: str, text: str) -> None:
