@@ -135,9 +135,12 @@ def metric_samples(port: int) -> dict[str, float]:
     return {s.name: s.value for f in text_string_to_metric_families(text) for s in f.samples}
 
 
-def wait_for_gauges(cluster: LocalCluster, running: int, queued: int = 0, arrived: int = 0) -> None:
-    """Until the master's own gauges show this many requests decoding and waiting, and `arrived`
-    requests received in all (admitted so far, finished ones included, plus waiting). A fault
+def wait_for_gauges(
+    cluster: LocalCluster, running: int, queued: int = 0, arrived: int = 0, admitted: int = 0
+) -> None:
+    """Until the master's own gauges show this many requests decoding and waiting, `arrived`
+    requests received in all (admitted so far, finished ones included, plus waiting) and `admitted`
+    of them past the queue. A fault
     injected after a fixed sleep instead found every request already answered on a fast machine
     (CI); one injected when only the gauges were met found a request still on its way from the
     client, refused by the drain it was meant to survive."""
@@ -146,9 +149,10 @@ def wait_for_gauges(cluster: LocalCluster, running: int, queued: int = 0, arrive
         (samples := metric_samples(port))["lopa_requests_running"] < running
         or samples["lopa_queue_depth"] < queued
         or _arrived(samples) < arrived
+        or samples["lopa_queue_seconds_count"] < admitted
     ):
         assert time.monotonic() < deadline, (
-            f"never saw {running} running, {queued} queued, {arrived} arrived: {samples}"
+            f"never saw {running} running, {queued} queued, {arrived} arrived, {admitted} admitted: {samples}"
         )
         time.sleep(0.01)
 
