@@ -25,7 +25,10 @@ from .kube import Kube, KubeError, path
 # rarely, while every resync still looks after the deployed groups and a new rendering (an edit) is
 # tried at once.
 APPLY_FAILED_RETRY_SECONDS = 60.0
-_SPEC_ERRORS = (400, 422)  # Bad Request / Unprocessable Entity: the rendered object is invalid
+# Bad Request / Unprocessable Entity: the rendered object is invalid. Forbidden: an admission rule
+# refuses it (a ResourceQuota such as count/statefulsets.apps on a scale-up, a webhook, a policy) or the
+# operator lacks a permission; neither heals by retrying soon, and its message is what the user needs.
+_SPEC_ERRORS = (400, 403, 422)
 # Server-side applies answered 500 that are yet the spec's fault: a value that does not decode (e.g.
 # resources.limits.cpu: banana: "failed to convert new object ...: quantities must match ...") and a
 # field the child's schema lacks, from a spec field the CRD leaves open (resources, affinity,
@@ -262,7 +265,8 @@ def _reconcile(
         workers = [p for p in mine if p["metadata"]["labels"].get(_ROLE) == names.ROLE_WORKER]
         decision = group.decide(workers, wanted, config_hash, memory, spec["failurePolicy"], now)
         _act(kube, namespace, name, index, decision, logger)
-        rounds.append(statuses.GroupRound(index, mine, config_hash, wanted, decision))
+        refused = rejected is not None and index not in plan.hold
+        rounds.append(statuses.GroupRound(index, mine, config_hash, wanted, decision, refused))
 
     after = statuses.derive(obj, spec, rounds, in_force, now, rejected)
     if any(before.get(k) != v for k, v in after.items()):

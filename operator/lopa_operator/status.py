@@ -77,6 +77,7 @@ class GroupRound:
     config_hash: str  # the spec's hash, or its old one while the rollout holds it
     wanted: int  # its worker count
     decision: group.Decision
+    refused: bool = False  # never created: the API server refused its objects (Reconciled=False)
 
 
 @dataclass(frozen=True)
@@ -118,6 +119,8 @@ def _seen(g: GroupRound, old: dict[str, Any], now: dt.datetime) -> _Seen:
         progress = (_ACTING[decision.state], decision.message)
     elif sched:
         progress = ("WaitingForScheduling", sched[1])
+    elif g.refused and not g.pods:
+        progress = (_NOT_CREATED, "not created: the API server refused its objects (see Reconciled)")
     else:
         progress = ("WaitingForPods", f"{ready_workers}/{g.wanted} worker pods ready; {master}")
     if collective:
@@ -141,6 +144,8 @@ def _seen(g: GroupRound, old: dict[str, Any], now: dt.datetime) -> _Seen:
     }
     return _Seen(g, entry, available, collective, degraded, progress, joined, ready_workers, sched)
 
+
+_NOT_CREATED = "GroupNotCreated"
 
 _ACTING = {
     group.GroupState.ROLLING: "RollingGroup",
@@ -190,6 +195,7 @@ def derive(
     stuck = next((s for s in seen if s.scheduling), None)
     sched = (stuck.scheduling[0], _about(replicas, stuck.round.index, stuck.scheduling[1])) if stuck else None
     waiting = [s for s in seen if not s.available or s.round.config_hash != desired_hash]
+    refused = any(s.progress[0] == _NOT_CREATED for s in seen)
     wanted_workers = sum(g.wanted for g in rounds)
     ready_workers = sum(s.ready_workers for s in seen)
 
@@ -229,7 +235,8 @@ def derive(
             available_message,
             generation,
         ),
-        _condition("Progressing", not everything and not degraded, progress[0], progress[1], generation),
+        # A group the API server refused does not progress until the spec (or the quota) changes.
+        _condition("Progressing", not (everything or degraded or refused), *progress, generation),
         _condition(
             "Degraded",
             bool(degraded),
@@ -251,7 +258,8 @@ def derive(
     stamp = group.format_time(now) or ""
     _keep_transition_times(conditions, (obj.get("status") or {}).get("conditions") or [], stamp)
 
-    phase = "Degraded" if degraded else "Available" if everything else "Pending" if sched else "Progressing"
+    pending = sched or refused
+    phase = "Degraded" if degraded else "Available" if everything else "Pending" if pending else "Progressing"
     port = spec["service"]["port"]
     return {
         "observedGeneration": generation,

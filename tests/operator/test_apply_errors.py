@@ -180,3 +180,69 @@ def test_a_worker_lost_while_an_edit_is_rejected_restarts_its_group_on_the_deplo
         assert group.config_hash(again) == first["configHash"]
     finally:
         kube.kubectl("delete", names.PLURAL, "held", "-n", namespace, "--wait=true", check=False)
+
+
+def test_a_scale_up_beyond_a_resource_quota_is_reported_and_the_deployed_group_serves(
+    kube: KubeCluster, namespace: str
+) -> None:
+    """A ResourceQuota on StatefulSets refuses a scale-up's new group (403 Forbidden, "exceeded
+    quota"). Before, the reconcile raised it for kopf to retry, so status never said why and READY
+    kept the deployed count; now the condition carries the API's message, the group that cannot be
+    created says so, and once the quota allows it the group is made."""
+    ensure_chart(kube)
+    quota = {
+        "apiVersion": "v1", "kind": "ResourceQuota",
+        "metadata": {"name": "sets", "namespace": namespace},
+        "spec": {"hard": {"count/statefulsets.apps": "1"}},
+    }
+    kube.apply(quota)
+    kube.wait_for(  # admission refuses everything it counts until the quota controller has seen it
+        lambda: kube.get_json("resourcequota", "sets", "-n", namespace).get("status", {}).get("hard"),
+        timeout=30, description="quota status",
+    )
+    cr: dict[str, Any] = {
+        "apiVersion": names.API_VERSION, "kind": names.KIND,
+        "metadata": {"name": "quota", "namespace": namespace}, "spec": {"branchParallelism": 1},
+    }
+    kube.apply(cr)
+    client, memo, quiet = _kube(kube), {}, logging.getLogger("t")
+    posted: list[tuple[str, str, str]] = []
+
+    def once() -> dict[str, Any] | None:
+        post = lambda obj, kind, reason, message: posted.append((kind, reason, message))  # noqa: E731
+        return reconcile.reconcile(client, namespace, "quota", "test", post, quiet, memo)
+
+    def serving(groups: int) -> bool:
+        return (once() or {}).get("readyReplicas") == groups
+
+    try:
+        kube.wait_for(lambda: serving(1), timeout=60, description="group 0 serving")
+        kube.kubectl("scale", names.PLURAL, "quota", "-n", namespace, "--replicas=2")
+        st = once()
+        assert st is not None
+        obj = kube.get_json(names.PLURAL, "quota", "-n", namespace)
+        cond = condition(obj, "Reconciled")
+        assert cond["status"] == "False" and "exceeded quota" in cond["message"], cond
+        assert st["ready"] == "1/2" and st["phase"] == "Pending", st
+        assert st["groups"][1]["reason"] == "GroupNotCreated", st["groups"]
+        assert st["groups"][0]["available"], st["groups"]
+        assert condition(obj, "Progressing")["status"] == "False"
+        assert ("Warning", "ApplyFailed") in [(k, r) for k, r, _ in posted]
+        names_now = [s["metadata"]["name"] for s in kube.get_json("statefulset", "-n", namespace)["items"]]
+        assert names_now == ["quota-0-worker"]
+
+        quota["spec"]["hard"]["count/statefulsets.apps"] = "2"
+        kube.apply(quota)
+        kube.wait_for(
+            lambda: kube.get_json("resourcequota", "sets", "-n", namespace)["status"]["hard"]
+            == {"count/statefulsets.apps": "2"},
+            timeout=30, description="quota raised",
+        )
+        memo.pop("refused")  # (as if reconcile.APPLY_FAILED_RETRY_SECONDS had passed)
+        st = once()
+        assert st is not None and st["observedGeneration"] == 2, st
+        obj = kube.get_json(names.PLURAL, "quota", "-n", namespace)
+        assert condition(obj, "Reconciled")["status"] == "True"
+        kube.wait_for(lambda: serving(2), timeout=60, description="both groups serving")
+    finally:
+        kube.kubectl("delete", names.PLURAL, "quota", "-n", namespace, "--wait=true", check=False)
