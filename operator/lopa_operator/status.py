@@ -264,7 +264,7 @@ def derive(
     return {
         "observedGeneration": generation,
         "phase": phase,
-        "replicas": len(rounds),
+        "replicas": sum(not r.refused for r in rounds),  # groups that exist (the scale subresource)
         "readyReplicas": ready,
         "updatedReplicas": updated,
         "selector": names.selector(name, names.ROLE_MASTER),

@@ -223,7 +223,7 @@ def test_a_scale_up_beyond_a_resource_quota_is_reported_and_the_deployed_group_s
         obj = kube.get_json(names.PLURAL, "quota", "-n", namespace)
         cond = condition(obj, "Reconciled")
         assert cond["status"] == "False" and "exceeded quota" in cond["message"], cond
-        assert st["ready"] == "1/2" and st["phase"] == "Pending", st
+        assert st["ready"] == "1/2" and st["phase"] == "Pending" and st["replicas"] == 1, st
         assert st["groups"][1]["reason"] == "GroupNotCreated", st["groups"]
         assert st["groups"][0]["available"], st["groups"]
         assert condition(obj, "Progressing")["status"] == "False"
