@@ -116,6 +116,16 @@ def test_lopa_help_names_every_bench(capsys: pytest.CaptureFixture[str]) -> None
     assert f"benchmarks: {benches.replace(',', ', ')}" in text
 
 
+def test_lopa_version_names_lopa_and_torch(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as exited:
+        main(["--version"])
+    assert exited.value.code == 0
+    import lopa
+
+    out = capsys.readouterr().out.strip()
+    assert out.startswith(f"lopa {lopa.__version__} (torch {torch.__version__.split('+')[0]}"), out
+
+
 def test_client_generate_help_explains_every_flag(capsys: pytest.CaptureFixture[str]) -> None:
     with pytest.raises(SystemExit):
         main(["client", "generate", "--help"])

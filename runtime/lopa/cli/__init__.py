@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import argparse
+import platform
 import sys
 from collections.abc import Sequence
 
+from lopa import __version__
 from lopa.cli import bench, client, generate, master, serve, train, worker
 from lopa.cli.decoding_flags import flag_name
 from lopa.model.errors import CheckpointError
@@ -19,6 +21,7 @@ IN_PROCESS_MODEL_COMMANDS = ("generate", "bench")
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="lopa", description="LoPA decoding for D2F diffusion LMs")
+    parser.add_argument("--version", action="version", version=version_line())
     subparsers = parser.add_subparsers(dest="command", required=True)
     generate.add_parser(subparsers)
     train.add_parser(subparsers)
@@ -28,6 +31,18 @@ def build_parser() -> argparse.ArgumentParser:
     client.add_parser(subparsers)
     worker.add_parser(subparsers)
     return parser
+
+
+def version_line() -> str:
+    """What a bug report needs: lopa's version and the runtime it runs on (torch imported lazily
+    elsewhere, so its version is read from the installed package's metadata)."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        torch_version = version("torch")
+    except PackageNotFoundError:
+        torch_version = "not installed"
+    return f"lopa {__version__} (torch {torch_version}, Python {platform.python_version()})"
 
 
 def main(argv: Sequence[str] | None = None) -> int:

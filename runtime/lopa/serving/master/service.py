@@ -19,6 +19,7 @@ import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_health.v1.health import aio as health_aio
 
+from lopa import __version__
 from lopa.decoding.decoder import Decoder
 from lopa.model.config import DreamConfig
 from lopa.model.loader import resolve_special_ids
@@ -384,8 +385,8 @@ async def serve_master(
         group.listeners.append(on_group)
         group.start()
         service.runner.start()
-        log.info("master listening on %s (%s), %d workers: %s", listen, "TLS" if credentials else "plaintext",
-                 group.size, ", ".join(config.workers.addresses))
+        log.info("lopa %s master listening on %s (%s), %d workers: %s", __version__, listen,
+                 "TLS" if credentials else "plaintext", group.size, ", ".join(config.workers.addresses))
         log_batching(config, service)
         if started is not None:
             started.set()
