@@ -10,6 +10,8 @@ from pathlib import Path
 
 import kopf
 
+from . import __version__
+
 
 class _QuietResync(logging.Filter):
     """Drops kopf's per-tick "Timer 'resync' succeeded" lines (one per object per resync)."""
@@ -31,6 +33,8 @@ def _seconds(text: str) -> float:
 
 def parse(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="lopa-operator", description=__doc__)
+    version = f"lopa-operator {__version__} (kopf {kopf.__version__})"
+    p.add_argument("--version", action="version", version=version)
     p.add_argument(
         "-n",
         "--namespace",
@@ -97,6 +101,8 @@ def main(argv: list[str] | None = None) -> None:
     if args.log_level != "debug":
         logging.getLogger("kopf.objects").addFilter(_QuietResync())
     namespaces = [] if args.all_namespaces else args.namespace
+    watched = ", ".join(namespaces) if namespaces else "all namespaces"
+    logging.getLogger("lopa_operator").info("lopa-operator %s watching %s", __version__, watched)
     kopf.run(
         standalone=True,  # one replica (Recreate): no peering objects, no peering RBAC
         clusterwide=not namespaces,

@@ -17,3 +17,15 @@ def test_resync_seconds_must_be_positive_and_finite(value: str, capsys: pytest.C
 
 def test_resync_seconds_accepts_a_fraction() -> None:
     assert parse(["--resync-seconds=0.5"]).resync_seconds == 0.5
+
+
+def test_version_names_the_operator_and_kopf(capsys: pytest.CaptureFixture[str]) -> None:
+    import kopf
+
+    import lopa_operator
+
+    with pytest.raises(SystemExit) as exited:
+        parse(["--version"])
+    assert exited.value.code == 0
+    expected = f"lopa-operator {lopa_operator.__version__} (kopf {kopf.__version__})"
+    assert capsys.readouterr().out.strip() == expected

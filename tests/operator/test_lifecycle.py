@@ -26,6 +26,7 @@ from lopa_op_helpers import (
 )
 
 from kube.cluster import KubeCluster
+from lopa_operator import __version__
 
 NVIDIA = "d2f-dream"
 CHILDREN = [
@@ -270,3 +271,4 @@ def test_operator_metrics_liveness_and_clean_log(operator: OperatorProcess, tmp_
     forbidden = operator.forbidden_lines()
     assert not forbidden, "operator hit RBAC denials:\n" + "\n".join(forbidden[:20])
     assert operator.process.poll() is None, operator.log()
+    assert f"lopa-operator {__version__} watching all namespaces" in operator.log()  # its start line
