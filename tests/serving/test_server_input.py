@@ -16,6 +16,7 @@ from typing import Any
 import grpc
 import pytest
 
+import lopa
 from lopa.params import DecodingParams, InvalidParameter
 from lopa.proto import lopa_pb2
 from lopa.serving.client import LopaClient
@@ -147,6 +148,7 @@ def test_model_info_reports_usable_limits_and_the_default_length(client: LopaCli
     assert info.max_length == MAX_LENGTH
     assert (info.max_new_tokens, info.max_prompt_tokens) == (MAX_LENGTH, MAX_LENGTH)  # limits 1024, 2048
     assert info.default_max_new_tokens == 56 and info.defaults.block_size == 8
+    assert info.server_version == lopa.__version__
 
 
 def test_length_errors_name_the_field_at_fault_with_numbers(client: LopaClient) -> None:

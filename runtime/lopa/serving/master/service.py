@@ -134,6 +134,7 @@ class LopaService(lopa_pb2_grpc.LopaServicer):
             max_prompt_tokens=limits.max_prompt_tokens,
             default_max_new_tokens=d.max_new_tokens,
             defaults=defaults_message(d),
+            server_version=__version__,
         )
 
     # -- helpers ------------------------------------------------------------------------------------
