@@ -100,6 +100,10 @@ def test_models_and_health(api: openai.OpenAI, served: tuple[LocalCluster, int])
         ({"max_tokens": 100000}, "max_tokens", "max_tokens: 100000 exceeds the server limit"),
         ({"extra_body": {"branches": "three"}}, "branches", "branches: must be an integer, got 'three'"),
         ({"extra_body": {"echo_back": 1}}, "echo_back", "echo_back: is not supported by this server"),
+        ({"presence_penalty": 0.5}, "presence_penalty",
+         "presence_penalty: is not supported by this server: only 0 (the default), got 0.5"),
+        ({"logprobs": 2}, "logprobs", "logprobs: is not supported by this server: only false or 0"),
+        ({"extra_body": {"ignore_eos": True}}, "ignore_eos", "ignore_eos: is not supported by this server"),
     ],
 )
 def test_bad_values_are_400_naming_the_parameter(
@@ -111,6 +115,23 @@ def test_bad_values_are_400_naming_the_parameter(
     error = caught.value.body
     assert error["param"] == param and error["type"] == "invalid_request_error"
     assert error["message"].startswith(message), error["message"]
+
+
+def test_unsupported_features_at_their_defaults_change_nothing(
+    api: openai.OpenAI, grpc_client: LopaClient
+) -> None:
+    """A body spelled out as benchmark clients send it (vLLM's, genai-perf's): features this server
+    lacks, at their defaults or null, are accepted and the answer is the plain request's."""
+    reference = grpc_client.generate(PROMPTS[2], timeout=120, max_new_tokens=24)
+    spelled_out = api.completions.create(
+        model=MODEL, prompt=PROMPTS[2], max_tokens=24, temperature=0.0, logprobs=None, best_of=1,
+        echo=False, presence_penalty=0, frequency_penalty=0.0, logit_bias={}, stream=True,
+        stream_options={"include_usage": True},
+        extra_body={"ignore_eos": False, "repetition_penalty": 1.0, "min_tokens": 0},
+    )
+    pieces = list(spelled_out)
+    assert "".join(p.choices[0].text for p in pieces) == reference.text and reference.text
+    assert pieces[-1].usage.completion_tokens == len(reference.token_ids)
 
 
 def test_chat_without_a_template_is_a_clear_400(api: openai.OpenAI) -> None:

@@ -9,6 +9,7 @@ body field (never a proto path), so the HTTP layer can answer in OpenAI's error 
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable, Collection
 from dataclasses import dataclass
 from typing import Any
@@ -28,10 +29,21 @@ OPENAI_SAMPLING: dict[str, tuple[type, ...]] = {"temperature": (int, float), "to
                                                  "seed": (int,)}
 # Accepted and ignored: they change nothing about the answer.
 IGNORED = frozenset({"user", "stream_options", "metadata", "store"})
+# Features this server lacks, accepted at their defaults (or null), which change nothing: clients and
+# benchmark tools (OpenAI SDKs, vLLM's and genai-perf's) send them spelled out. Any other value is a
+# 400 naming the field. Each maps to its accepted values (booleans only where a boolean is named).
+NEUTRAL: dict[str, tuple[Any, ...]] = {
+    "frequency_penalty": (0,), "presence_penalty": (0,), "logit_bias": ({},), "logprobs": (False, 0),
+    "repetition_penalty": (1,), "ignore_eos": (False,), "min_tokens": (0,),  # vLLM's extras
+}
+COMPLETION_NEUTRAL: dict[str, tuple[Any, ...]] = {"best_of": (1,), "echo": (False,), "suffix": ("",)}
+CHAT_NEUTRAL: dict[str, tuple[Any, ...]] = {
+    "top_logprobs": (0,), "tools": ([],), "tool_choice": ("none",), "response_format": ({"type": "text"},),
+}
 COMMON = frozenset({"model", "max_tokens", "stop", "n", "stream", "pin_branches",
-                    *LOPA_FIELDS, *OPENAI_SAMPLING, *IGNORED})
-COMPLETION_FIELDS = COMMON | {"prompt"}
-CHAT_FIELDS = COMMON | {"messages", "max_completion_tokens"}
+                    *LOPA_FIELDS, *OPENAI_SAMPLING, *IGNORED, *NEUTRAL})
+COMPLETION_FIELDS = COMMON | {"prompt", *COMPLETION_NEUTRAL}
+CHAT_FIELDS = COMMON | {"messages", "max_completion_tokens", *CHAT_NEUTRAL}
 ROLES = frozenset({"system", "user", "assistant", "developer"})
 
 
@@ -61,6 +73,11 @@ def _common(body: dict[str, Any], known: frozenset[str], served_model: str) -> P
     unknown = sorted(set(body) - known)
     if unknown:
         raise InvalidParameter(unknown[0], "is not supported by this server")
+    for name, accepted in {**NEUTRAL, **COMPLETION_NEUTRAL, **CHAT_NEUTRAL}.items():
+        if name in known and body.get(name) is not None and not _neutral(body[name], accepted):
+            shown = " or ".join(json.dumps(a) for a in accepted)
+            raise InvalidParameter(name, f"is not supported by this server: only {shown} (the default), "
+                                         f"got {json.dumps(body[name])}")
     model = _typed(body, "model", (str,))
     if not model:
         raise InvalidParameter("model", f"is required (this server serves {served_model!r})")
@@ -85,6 +102,16 @@ def _common(body: dict[str, Any], known: frozenset[str], served_model: str) -> P
         if value is not None:
             _assign(request.decoding, name, value)
     return Parsed(request, stream, model)
+
+
+def _neutral(value: Any, accepted: tuple[Any, ...]) -> bool:
+    """value is one of `accepted`, a boolean only where a boolean is accepted (True == 1 in Python)."""
+    def same(a: Any) -> bool:
+        if isinstance(a, bool) or isinstance(value, bool):
+            return value is a
+        return (type(a) is type(value) or (isinstance(a, int) and isinstance(value, float))) and value == a
+
+    return any(same(a) for a in accepted)
 
 
 def _assign(message: Any, name: str, value: Any, body_name: str | None = None) -> None:

@@ -1,0 +1,58 @@
+"""OpenAI bodies -> GenerateRequest (pure): features this server lacks are accepted only at their
+defaults, on the endpoint that has them; anything else is an error naming the field."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from lopa.params import InvalidParameter
+from lopa.serving.master.openai_body import chat_request, completion_request
+
+MODEL = "m"
+
+
+def render(turns: list[dict[str, str]]) -> list[int]:
+    return [len(t["content"]) for t in turns]  # any ids: the template is not what is tested here
+
+
+def chat(**fields: Any) -> Any:
+    body = {"model": MODEL, "messages": [{"role": "user", "content": "hi"}], **fields}
+    return chat_request(body, MODEL, render)
+
+
+def completion(**fields: Any) -> Any:
+    return completion_request({"model": MODEL, "prompt": "hi", **fields}, MODEL)
+
+
+def test_defaults_and_nulls_give_the_plain_request() -> None:
+    plain_chat, plain_completion = chat().request, completion().request
+    spelled_out = chat(logprobs=False, top_logprobs=0, tools=[], tool_choice="none",
+                       response_format={"type": "text"}, presence_penalty=0, frequency_penalty=0.0,
+                       logit_bias={}, repetition_penalty=1.0, ignore_eos=False, min_tokens=0)
+    assert spelled_out.request == plain_chat
+    assert chat(logprobs=None, tools=None, response_format=None).request == plain_chat
+    spelled_out = completion(logprobs=0, best_of=1, echo=False, suffix="", presence_penalty=0.0)
+    assert spelled_out.request == plain_completion
+    assert completion(logprobs=None, best_of=None, echo=None).request == plain_completion
+
+
+@pytest.mark.parametrize(
+    ("call", "fields", "field", "reason"),
+    [
+        (chat, {"logprobs": True}, "logprobs", "only false or 0 (the default), got true"),
+        (chat, {"tools": [{"type": "function"}]}, "tools", "only [] (the default)"),
+        (chat, {"response_format": {"type": "json_object"}}, "response_format", 'only {"type": "text"}'),
+        (chat, {"echo": False}, "echo", "is not supported by this server"),  # a completions field
+        (completion, {"top_logprobs": 0}, "top_logprobs", "is not supported by this server"),  # a chat field
+        (completion, {"best_of": True}, "best_of", "only 1 (the default), got true"),  # a boolean is no count
+        (completion, {"echo": 0}, "echo", "only false (the default), got 0"),
+        (completion, {"frequency_penalty": "0"}, "frequency_penalty", 'only 0 (the default), got "0"'),
+        (completion, {"min_tokens": 4}, "min_tokens", "only 0 (the default), got 4"),
+    ],
+)
+def test_other_values_name_the_field(call: Any, fields: dict[str, Any], field: str, reason: str) -> None:
+    with pytest.raises(InvalidParameter) as caught:
+        call(**fields)
+    assert caught.value.field == field and reason in caught.value.reason, caught.value.reason
