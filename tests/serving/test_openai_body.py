@@ -36,6 +36,8 @@ def test_defaults_and_nulls_give_the_plain_request() -> None:
     spelled_out = completion(logprobs=0, best_of=1, echo=False, suffix="", presence_penalty=0.0)
     assert spelled_out.request == plain_completion
     assert completion(logprobs=None, best_of=None, echo=None).request == plain_completion
+    assert completion(stream=True, stream_options={"include_usage": True}).include_usage
+    assert not completion(stream=True, stream_options={}).include_usage
 
 
 @pytest.mark.parametrize(
@@ -50,6 +52,9 @@ def test_defaults_and_nulls_give_the_plain_request() -> None:
         (completion, {"echo": 0}, "echo", "only false (the default), got 0"),
         (completion, {"frequency_penalty": "0"}, "frequency_penalty", 'only 0 (the default), got "0"'),
         (completion, {"min_tokens": 4}, "min_tokens", "only 0 (the default), got 4"),
+        (completion, {"stream_options": True}, "stream_options", "must be an object, got true"),
+        (completion, {"stream_options": {"include_usage": "yes"}}, "stream_options.include_usage",
+         "must be a boolean"),
     ],
 )
 def test_other_values_name_the_field(call: Any, fields: dict[str, Any], field: str, reason: str) -> None:

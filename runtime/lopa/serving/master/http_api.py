@@ -192,6 +192,10 @@ class OpenAIApi:
             await send(tail, FINISH[outcome.finish_reason],
                        {"usage": usage(outcome), "lopa": {"branches": rounds, **lopa_stats(outcome)}},
                        first=first)
+            if parsed.include_usage:  # OpenAI's shape: one more chunk, usage and no choices
+                event = {"id": ident, "object": kind, "created": created, "model": parsed.model,
+                         "choices": [], "usage": usage(outcome)}
+                await response.write(f"data: {json.dumps(event)}\n\n".encode())
         else:  # the status line is sent: the error travels as an event, as OpenAI's servers do
             failed = json.loads(failure(outcome).text)
             await response.write(f"data: {json.dumps(failed)}\n\n".encode())

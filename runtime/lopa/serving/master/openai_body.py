@@ -27,7 +27,7 @@ LOPA_FIELDS: dict[str, tuple[type, ...]] = {
 }
 OPENAI_SAMPLING: dict[str, tuple[type, ...]] = {"temperature": (int, float), "top_p": (int, float),
                                                  "seed": (int,)}
-# Accepted and ignored: they change nothing about the answer.
+# Accepted and ignored: they change nothing about the answer (stream_options is read, not ignored).
 IGNORED = frozenset({"user", "stream_options", "metadata", "store"})
 # Features this server lacks, accepted at their defaults (or null), which change nothing: clients and
 # benchmark tools (OpenAI SDKs, vLLM's and genai-perf's) send them spelled out. Any other value is a
@@ -52,6 +52,7 @@ class Parsed:
     request: lopa_pb2.GenerateRequest
     stream: bool
     model: str
+    include_usage: bool = False  # stream_options.include_usage: a last chunk of usage, no choices
 
 
 def _typed(body: dict[str, Any], name: str, types: tuple[type, ...]) -> Any:
@@ -87,6 +88,13 @@ def _common(body: dict[str, Any], known: frozenset[str], served_model: str) -> P
     if n is not None and n != 1:
         raise InvalidParameter("n", f"only n = 1 is supported, got {n}")
     stream = _typed(body, "stream", (bool,)) or False
+    options = body.get("stream_options")
+    if options is not None and not isinstance(options, dict):
+        raise InvalidParameter("stream_options", f"must be an object, got {json.dumps(options)}")
+    try:
+        include_usage = _typed(options or {}, "include_usage", (bool,))
+    except InvalidParameter as error:
+        raise InvalidParameter("stream_options.include_usage", error.reason) from None
     request = lopa_pb2.GenerateRequest(pin_branches=bool(_typed(body, "pin_branches", (bool,))))
     stop = body.get("stop")
     if isinstance(stop, str):
@@ -101,7 +109,7 @@ def _common(body: dict[str, Any], known: frozenset[str], served_model: str) -> P
         value = _typed(body, name, types)
         if value is not None:
             _assign(request.decoding, name, value)
-    return Parsed(request, stream, model)
+    return Parsed(request, stream, model, bool(include_usage))
 
 
 def _neutral(value: Any, accepted: tuple[Any, ...]) -> bool:
