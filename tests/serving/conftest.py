@@ -140,10 +140,9 @@ def wait_for_gauges(
 ) -> None:
     """Until the master's own gauges show this many requests decoding and waiting, `arrived`
     requests received in all (admitted so far, finished ones included, plus waiting) and `admitted`
-    of them past the queue. A fault
-    injected after a fixed sleep instead found every request already answered on a fast machine
-    (CI); one injected when only the gauges were met found a request still on its way from the
-    client, refused by the drain it was meant to survive."""
+    of them past the queue. A fault injected after a fixed sleep instead found every request
+    already answered on a fast machine (CI); one injected when only the gauges were met found a
+    request still on its way from the client, refused by the drain it was meant to survive."""
     port, deadline = cluster.config.master.metrics_port, time.monotonic() + 30
     while (
         (samples := metric_samples(port))["lopa_requests_running"] < running

@@ -31,6 +31,8 @@ from lopa.serving.master.links import WorkerLost
 from lopa.serving.master.openai_body import body_field
 from lopa.serving.shared.config import ConfigError, parse_config, with_model_defaults
 
+from .conftest import metric_samples
+
 MODEL = "lopa-bundled"
 PROMPTS = [e.prompt for e in tasks.held_out(16)]
 
@@ -82,6 +84,26 @@ def test_completion_equals_grpc_and_streams_the_same_text(
     with_stop = api.completions.create(model=MODEL, prompt=PROMPTS[0], stop=["."], max_tokens=40)
     grpc_stop = grpc_client.generate(PROMPTS[0], timeout=120, stop=["."], max_new_tokens=40)
     assert with_stop.choices[0].text == grpc_stop.text
+
+
+def test_latency_metrics_time_the_first_token_and_the_tokens_after_it(
+    served: tuple[LocalCluster, int], grpc_client: LopaClient
+) -> None:
+    port = served[0].config.master.metrics_port
+    before = metric_samples(port)
+    reply = grpc_client.generate(PROMPTS[3], timeout=120, branches=3)
+    after = metric_samples(port)
+
+    def delta(name: str) -> float:
+        return after[name] - before.get(name, 0.0)
+
+    assert delta("lopa_time_to_first_token_seconds_count") == 1
+    # the master's own TTFT, as the reply's stats give it
+    assert delta("lopa_time_to_first_token_seconds_sum") == pytest.approx(reply.stats.ttft_s, abs=1e-4)
+    assert reply.stats.tokens > 1 and delta("lopa_time_per_output_token_seconds_count") == 1
+    latency = delta("lopa_request_seconds_sum")
+    per_token = delta("lopa_time_per_output_token_seconds_sum")
+    assert per_token * (reply.stats.tokens - 1) == pytest.approx(latency - reply.stats.ttft_s, rel=1e-3)
 
 
 def test_models_and_health(api: openai.OpenAI, served: tuple[LocalCluster, int]) -> None:

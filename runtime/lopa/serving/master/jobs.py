@@ -96,9 +96,14 @@ class MasterObserver(Observer):
         self.metrics.branches_cut.inc(sum(w - g for w, g in zip(wanted, granted, strict=True) if w > g))
 
     def finished(self, request: Request, outcome: Outcome) -> None:
-        self.metrics.request_seconds.observe(time.perf_counter() - request.arrived)
+        latency = time.perf_counter() - request.arrived
+        self.metrics.request_seconds.observe(latency)
         if isinstance(outcome, Completion):
             result = outcome.result
+            if outcome.ttft_s > 0:  # 0: no round committed a token (nothing to time)
+                self.metrics.ttft_seconds.observe(outcome.ttft_s)
+                if result.tokens > 1:
+                    self.metrics.tpot_seconds.observe((latency - outcome.ttft_s) / (result.tokens - 1))
             self.metrics.tokens.inc(result.tokens)
             self.metrics.forwards.inc(result.forwards)
             self.metrics.verified_tokens.inc(result.verified_tokens)

@@ -13,6 +13,7 @@ _STEP_BUCKETS = (0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1
 _TPF_BUCKETS = (1, 1.5, 2, 3, 4, 6, 8, 12, 16, 24, 32)
 _BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128)
 _BRANCH_BUCKETS = (0, 1, 2, 3, 4, 5, 7, 9, 11, 15)
+_TOKEN_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0)
 _REQUEST_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 25.0, 60.0, 120.0, 300.0)
 
 
@@ -29,6 +30,8 @@ class MasterMetrics:
     workers_joined: Gauge
     request_seconds: Histogram  # arrival to answer, every outcome
     queue_seconds: Histogram  # arrival to the start of decoding
+    ttft_seconds: Histogram  # arrival to the first committed token, completed requests
+    tpot_seconds: Histogram  # after the first token, seconds per further token, completed requests
     group_attaches: Counter  # the worker group formed (again)
     group_losses: Counter  # the worker group was lost (a worker died, froze or left)
     running: Gauge  # requests holding a KV slot (decoding)
@@ -62,6 +65,16 @@ class MasterMetrics:
             queue_seconds=Histogram(
                 "lopa_queue_seconds", "Time a request waited before decoding", buckets=_REQUEST_BUCKETS,
                 registry=r,
+            ),
+            ttft_seconds=Histogram(
+                "lopa_time_to_first_token_seconds",
+                "Arrival to the first committed token (completed requests)",
+                buckets=_REQUEST_BUCKETS, registry=r,
+            ),
+            tpot_seconds=Histogram(
+                "lopa_time_per_output_token_seconds",
+                "After the first token, seconds per further generated token (completed requests)",
+                buckets=_TOKEN_BUCKETS, registry=r,
             ),
             group_attaches=Counter("lopa_group_attaches", "Times the worker group formed", registry=r),
             group_losses=Counter("lopa_group_losses", "Times the worker group was lost", registry=r),
