@@ -109,11 +109,17 @@ def _common_pod_spec(spec: dict[str, Any], tolerations: list[dict[str, Any]]) ->
     return pod
 
 
+# Prometheus's annotation convention (the community chart's kubernetes-pods job); Prometheus
+# Operator users enable the chart's PodMonitor instead (metrics.podMonitor).
+_SCRAPE = {"prometheus.io/scrape": "true", "prometheus.io/port": str(names.METRICS_PORT),
+           "prometheus.io/path": "/metrics"}
+
+
 def _template(name: str, role: str, index: int, config_hash: str, pod: dict[str, Any]) -> dict[str, Any]:
     return {
         "metadata": {
             "labels": names.labels(name, role, index),
-            "annotations": {names.CONFIG_HASH_ANNOTATION: config_hash},
+            "annotations": {names.CONFIG_HASH_ANNOTATION: config_hash, **_SCRAPE},
         },
         "spec": pod,
     }

@@ -19,7 +19,9 @@ SA_USER = f"system:serviceaccount:{RELEASE_NAMESPACE}:{SERVICE_ACCOUNT}"
 
 
 def test_helm_lint_clean(kube: KubeCluster) -> None:
-    for values in ([], ["--set", "watchNamespaces={team-a,team-b}"]):
+    for values in (
+        [], ["--set", "watchNamespaces={team-a,team-b}"], ["--set", "metrics.podMonitor.enabled=true"]
+    ):
         result = kube.helm("lint", "--strict", str(CHART), *values)
         assert "0 chart(s) failed" in result.stdout, result.stdout
         assert "[WARNING]" not in result.stdout and "[ERROR]" not in result.stdout, result.stdout
@@ -31,6 +33,7 @@ def test_helm_lint_clean(kube: KubeCluster) -> None:
         ("resyncSeconds=0", "/resyncSeconds"),  # the operator would resync in a busy loop
         ("logLevel=loud", "/logLevel"),  # the operator would exit at start (argparse choices)
         ("metrics.port=70000", "/metrics/port"),
+        ("metrics.podMonitor.interval=15", "/metrics/podMonitor/interval"),  # Prometheus wants 15s
         ("resyncSecond=5", "'resyncSecond' not allowed"),  # a typo was silently ignored
         ("watchNamespaces={Team_A}", "/watchNamespaces/0"),
         ("image.pullPolicy=sometimes", "/image/pullPolicy"),
@@ -200,3 +203,48 @@ def test_readme_rbac_lists_the_rendered_rules(kube: KubeCluster) -> None:
         for verb in found.group(2).split("/")
     }
     assert documented == rendered, (sorted(rendered - documented), sorted(documented - rendered))
+
+
+def test_the_monitors_fit_the_prometheus_operator_crds_and_select_the_rendered_pods(
+    kube: KubeCluster, namespace: str
+) -> None:
+    """metrics.podMonitor: the PodMonitor and ServiceMonitor pass the Prometheus Operator's own CRD
+    schemas on the real API server (strict field validation: a misspelt key is an error), and the
+    PodMonitor selects the master and worker pods the operator renders, by a port they have."""
+    script = REPO / "tools" / "k8s-testenv" / "monitoring-crds.sh"
+    crds = Path(subprocess.run([str(script)], check=True, capture_output=True, text=True,
+                               timeout=600).stdout.strip().splitlines()[-1])
+    for crd in sorted(crds.glob("*.yaml")):
+        kube.kubectl("apply", "--server-side", "--force-conflicts", "-f", str(crd))
+    for name in ("podmonitors", "servicemonitors"):
+        crd_name = f"crd/{name}.monitoring.coreos.com"
+        kube.kubectl("wait", "--for=condition=Established", crd_name, "--timeout=60s")
+    ensure_chart(kube)
+    values = ["metrics.podMonitor.enabled=true", "metrics.podMonitor.labels.release=kps",
+              f"watchNamespaces={{{namespace}}}"]
+    out = kube.helm("template", RELEASE, str(CHART), "-n", namespace, "--kube-version", "1.30.0",
+                    *[arg for v in values for arg in ("--set", v)])
+    kinds = ("PodMonitor", "ServiceMonitor")
+    monitors = [d for d in yaml.safe_load_all(out.stdout) if d and d["kind"] in kinds]
+    assert sorted(d["kind"] for d in monitors) == ["PodMonitor", "ServiceMonitor"]
+    for monitor in monitors:
+        kube.kubectl("apply", "--validate=strict", "-n", namespace, "-f", "-", input=yaml.safe_dump(monitor))
+        stored = kube.get_json(monitor["kind"].lower(), monitor["metadata"]["name"], "-n", namespace)
+        assert stored["metadata"]["labels"]["release"] == "kps"
+        for key, value in monitor["spec"].items():  # nothing pruned (defaults may be added)
+            assert stored["spec"][key] == value, (monitor["kind"], key)
+
+    from lopa_operator import render
+
+    pod_monitor = next(d for d in monitors if d["kind"] == "PodMonitor")
+    assert pod_monitor["spec"]["namespaceSelector"] == {"matchNames": [namespace]}
+    children = render.children("llm", namespace, {"branchParallelism": 2})
+    templates = [c["spec"]["template"] for c in children if c["kind"] in ("StatefulSet", "Deployment")]
+    assert len(templates) == 2  # the workers and the master
+    for template in templates:
+        labels = template["metadata"]["labels"]
+        assert pod_monitor["spec"]["selector"]["matchLabels"].items() <= labels.items()
+        assert set(pod_monitor["spec"]["podTargetLabels"]) <= set(labels)
+        ports = {p["name"] for c in template["spec"]["containers"] for p in c.get("ports", [])}
+        assert {e["port"] for e in pod_monitor["spec"]["podMetricsEndpoints"]} <= ports
+        assert template["metadata"]["annotations"]["prometheus.io/scrape"] == "true"
