@@ -139,6 +139,40 @@ def test_bad_values_are_400_naming_the_parameter(
     assert error["message"].startswith(message), error["message"]
 
 
+def test_a_batch_of_prompts_answers_each_as_alone(api: openai.OpenAI, grpc_client: LopaClient) -> None:
+    """lm-evaluation-harness and others send several prompts in one body: choice i answers prompt i,
+    decoded beside the others (continuous batching), token for token as when sent alone."""
+    prompts = PROMPTS[4:7]
+    alone = [grpc_client.generate(p, timeout=120, max_new_tokens=24) for p in prompts]
+    done = api.completions.create(model=MODEL, prompt=prompts, max_tokens=24)
+    assert [c.index for c in done.choices] == [0, 1, 2]
+    assert [c.text for c in done.choices] == [a.text for a in alone]
+    assert done.usage.completion_tokens == sum(len(a.token_ids) for a in alone)
+    assert [c.model_extra["lopa"]["tokens"] for c in done.choices] == [a.stats.tokens for a in alone]
+
+
+@pytest.mark.parametrize(
+    ("body", "param", "message"),
+    [
+        ({"prompt": ["a", ""]}, "prompt[1]", "prompt[1]: is empty"),
+        ({"prompt": ["a", [5, True]]}, "prompt[1]", "prompt[1]: is required"),
+        ({"prompt": ["a", "b"], "stream": True}, "prompt", "prompt: a streamed request takes one prompt"),
+        ({"prompt": ["a"] * 5}, "prompt", "prompt: at most 4 prompts per request (limits.queue_size), got 5"),
+        ({"prompt": ["a", "b c " * 400]}, "prompt[1]", "prompt[1]: "),  # the pipeline's length check
+    ],
+)
+def test_a_bad_prompt_of_a_batch_is_named_and_nothing_is_queued(
+    served: tuple[LocalCluster, int], body: dict, param: str, message: str
+) -> None:
+    sent = json.dumps({"model": MODEL, "max_tokens": 8, **body}).encode()
+    code, reply = post_raw(served[1], "/v1/completions", sent)
+    error = reply["error"]
+    assert code == 400 and error["param"] == param, error
+    assert error["message"].startswith(message), error["message"]
+    samples = metric_samples(served[0].config.master.metrics_port)
+    assert samples["lopa_queue_depth"] == 0 and samples["lopa_requests_running"] == 0  # none queued
+
+
 def test_unsupported_features_at_their_defaults_change_nothing(
     api: openai.OpenAI, grpc_client: LopaClient
 ) -> None:

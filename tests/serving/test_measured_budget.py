@@ -13,7 +13,7 @@ import pytest
 import transformers
 
 import lopa.serving.worker.service as worker_service
-from lopa.serving.master.service import serve_master
+from lopa.serving.master.server import serve_master
 from lopa.serving.shared.config import load_config
 
 from .conftest import write_config

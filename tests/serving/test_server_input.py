@@ -22,7 +22,7 @@ from lopa.proto import lopa_pb2
 from lopa.serving.client import LopaClient
 from lopa.serving.launcher import free_ports
 from lopa.serving.master.requests import check_budget, usable_limits
-from lopa.serving.master.service import serve_master
+from lopa.serving.master.server import serve_master
 from lopa.serving.shared.config import Limits, ServingConfig, parse_config
 from lopa.serving.worker.service import WorkerService, listen_address, listen_key, start_server
 

@@ -50,7 +50,7 @@ async def _serve_until_signalled(config: ServingConfig) -> None:
     The signals act inside the event loop; raising KeyboardInterrupt from a signal handler instead
     can land in the middle of any object's construction at shutdown.
     """
-    from lopa.serving.master.service import serve_master
+    from lopa.serving.master.server import serve_master
 
     drain = asyncio.Event()
     serving = asyncio.ensure_future(serve_master(config, drain=drain))

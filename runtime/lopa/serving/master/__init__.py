@@ -1,6 +1,7 @@
 """The master role (`lopa master`): the client API and the workers' side of each round.
 
-service      the gRPC client API (Generate, GenerateStream, model info) + health; serve_master
+server       the process: gRPC and health ports, the HTTP API, group wiring, drain (serve_master)
+service      the gRPC client API (Generate, GenerateStream, model info)
 http_api     the OpenAI-compatible HTTP API on the same event loop
 openai_body  OpenAI request bodies -> GenerateRequest (pure)
 requests     a client request -> validated job inputs (pure)

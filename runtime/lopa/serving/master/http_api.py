@@ -123,35 +123,65 @@ class OpenAIApi:
         except InvalidParameter as error:  # named as in the body already
             self.service.metrics.requests.labels("invalid").inc()
             return invalid(error.field, error.reason)
-        try:
-            job = self.service.open_job(parsed.request, parsed.stream, None)  # counts its refusals
-        except InvalidParameter as error:  # the shared pipeline names the gRPC field
-            return invalid(body_field(error.field, chat, body), error.reason)
-        except QueueFull as error:
-            return error_response(429, str(error), "rate_limit_exceeded")
-        except GroupUnavailable as error:
-            return error_response(503, str(error), "service_unavailable")
+        queue_size = self.service.config.limits.queue_size
+        if len(parsed.requests) > queue_size:  # could never be queued at once: no retry helps
+            return invalid("prompt", f"at most {queue_size} prompts per request (limits.queue_size), "
+                                     f"got {len(parsed.requests)}")
+        for i, one in enumerate(parsed.batch):  # all of a batch valid before any of it is queued
+            try:
+                self.service.check(one)
+            except InvalidParameter as error:
+                return self._refused(error, chat, body, i)
+        jobs = []
+        for i, one in enumerate(parsed.requests):
+            try:
+                jobs.append(self.service.open_job(one, parsed.stream, None))  # counts its refusals
+            except (InvalidParameter, QueueFull, GroupUnavailable) as error:
+                for job in jobs:  # all of a batch or none (a full queue): the queued ones leave it
+                    job.abort.cancelled.set()
+                return self._refused(error, chat, body, i if parsed.batch else None)
         ident = f"{'chatcmpl' if chat else 'cmpl'}-{uuid.uuid4().hex}"
         try:
             if parsed.stream:
-                return await self._stream(request, job, parsed, ident, chat)
-            outcome = self.service.settle(await job.done)
+                return await self._stream(request, jobs[0], parsed, ident, chat)
+            done = await asyncio.gather(*(job.done for job in jobs))
         except (asyncio.CancelledError, ConnectionResetError):
-            self.service.cancelled(job)  # the client went away: stop the job between rounds
+            for job in jobs:
+                self.service.cancelled(job)  # the client went away: stop the jobs between rounds
             raise
-        if not isinstance(outcome, Completion):
-            return failure(outcome)
-        return web.json_response(self._response(outcome, parsed, ident, chat))
+        outcomes = [self.service.settle(outcome) for outcome in done]
+        failed = next((o for o in outcomes if not isinstance(o, Completion)), None)
+        if failed is not None:
+            return failure(failed)
+        return web.json_response(self._response(outcomes, parsed, ident, chat))
 
-    def _response(self, c: Completion, parsed: Parsed, ident: str, chat: bool) -> dict[str, Any]:
-        choice: dict[str, Any] = {"index": 0, "finish_reason": FINISH[c.finish_reason], "logprobs": None}
-        if chat:
-            choice["message"] = {"role": "assistant", "content": c.text}
-        else:
-            choice["text"] = c.text
-        return {"id": ident, "object": "chat.completion" if chat else "text_completion",
-                "created": int(time.time()), "model": parsed.model, "choices": [choice],
-                "usage": usage(c), "lopa": lopa_stats(c)}
+    def _refused(self, error: Exception, chat: bool, body: Any, index: int | None) -> web.Response:
+        """A request the pipeline would not queue; `index`: which prompt of a batch."""
+        if isinstance(error, InvalidParameter):  # the shared pipeline names the gRPC field
+            param = body_field(error.field, chat, body)
+            return invalid(f"{param}[{index}]" if index is not None and param == "prompt" else param,
+                           error.reason)
+        if isinstance(error, QueueFull):
+            return error_response(429, str(error), "rate_limit_exceeded")
+        return error_response(503, str(error), "service_unavailable")
+
+    def _response(self, done: list[Completion], parsed: Parsed, ident: str, chat: bool) -> dict[str, Any]:
+        choices = []
+        for index, c in enumerate(done):
+            choice: dict[str, Any] = {"index": index, "finish_reason": FINISH[c.finish_reason],
+                                      "logprobs": None}
+            if chat:
+                choice["message"] = {"role": "assistant", "content": c.text}
+            else:
+                choice["text"] = c.text
+            if parsed.batch:  # each prompt's own decoding stats
+                choice["lopa"] = lopa_stats(c)
+            choices.append(choice)
+        totals = [usage(c) for c in done]
+        reply = {"id": ident, "object": "chat.completion" if chat else "text_completion",
+                 "created": int(time.time()), "model": parsed.model, "choices": choices,
+                 "usage": {key: sum(u[key] for u in totals) for key in totals[0]}}
+        return reply if parsed.batch else {**reply, "lopa": lopa_stats(done[0])}
 
     async def _stream(
         self, request: web.Request, job: Any, parsed: Parsed, ident: str, chat: bool

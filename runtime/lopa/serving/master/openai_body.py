@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable, Collection
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from google.protobuf.descriptor import FieldDescriptor
@@ -53,6 +53,11 @@ class Parsed:
     stream: bool
     model: str
     include_usage: bool = False  # stream_options.include_usage: a last chunk of usage, no choices
+    batch: tuple[lopa_pb2.GenerateRequest, ...] = ()  # /v1/completions with several prompts: one each
+
+    @property
+    def requests(self) -> tuple[lopa_pb2.GenerateRequest, ...]:
+        return self.batch or (self.request,)
 
 
 def _typed(body: dict[str, Any], name: str, types: tuple[type, ...]) -> Any:
@@ -163,28 +168,43 @@ def _max_tokens(body: dict[str, Any], request: lopa_pb2.GenerateRequest, name: s
 
 
 def completion_request(body: Any, served_model: str) -> Parsed:
+    """One prompt (a string or a list of token ids), or a batch: a list of several, each of which
+    becomes its own request with the same settings (choice i answers prompt i)."""
     parsed = _common(body, COMPLETION_FIELDS, served_model)
     request = parsed.request
+    _max_tokens(body, request, "max_tokens")
     prompt = body.get("prompt")
-    if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], (str, list)):
-        prompt = prompt[0]  # a batch of one
+    if isinstance(prompt, list) and prompt and all(isinstance(p, (str, list)) for p in prompt):
+        if len(prompt) == 1:  # a batch of one
+            _set_prompt(request, prompt[0], "prompt")
+            return parsed
+        if parsed.stream:
+            raise InvalidParameter("prompt", f"a streamed request takes one prompt, got {len(prompt)}")
+        batch = []
+        for i, one in enumerate(prompt):
+            each = lopa_pb2.GenerateRequest()
+            each.CopyFrom(request)
+            _set_prompt(each, one, f"prompt[{i}]")
+            batch.append(each)
+        return replace(parsed, batch=tuple(batch))
+    _set_prompt(request, prompt, "prompt")
+    return parsed
+
+
+def _set_prompt(request: lopa_pb2.GenerateRequest, prompt: Any, name: str) -> None:
     if isinstance(prompt, str):
         if not prompt:
-            raise InvalidParameter("prompt", "is empty")
-        _check_text("prompt", prompt)
+            raise InvalidParameter(name, "is empty")
+        _check_text(name, prompt)
         request.prompt = prompt
     elif isinstance(prompt, list) and prompt and all(isinstance(t, int) and not isinstance(t, bool)
                                                      for t in prompt):
         try:
             request.prompt_token_ids.extend(prompt)
         except ValueError:
-            raise InvalidParameter("prompt", "token ids must fit in 32 bits") from None
-    elif isinstance(prompt, list) and len(prompt) > 1:
-        raise InvalidParameter("prompt", "one prompt per request (a list of several is a batch)")
+            raise InvalidParameter(name, "token ids must fit in 32 bits") from None
     else:
-        raise InvalidParameter("prompt", "is required: a non-empty string or list of token ids")
-    _max_tokens(body, request, "max_tokens")
-    return parsed
+        raise InvalidParameter(name, "is required: a non-empty string or list of token ids")
 
 
 def chat_request(body: Any, served_model: str, render: Callable[[list[dict[str, str]]], list[int]]) -> Parsed:
