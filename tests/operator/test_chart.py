@@ -20,7 +20,8 @@ SA_USER = f"system:serviceaccount:{RELEASE_NAMESPACE}:{SERVICE_ACCOUNT}"
 
 def test_helm_lint_clean(kube: KubeCluster) -> None:
     for values in (
-        [], ["--set", "watchNamespaces={team-a,team-b}"], ["--set", "metrics.podMonitor.enabled=true"]
+        [], ["--set", "watchNamespaces={team-a,team-b}"],
+        ["--set", "metrics.podMonitor.enabled=true", "--set", "metrics.prometheusRule.enabled=true"],
     ):
         result = kube.helm("lint", "--strict", str(CHART), *values)
         assert "0 chart(s) failed" in result.stdout, result.stdout
@@ -216,17 +217,18 @@ def test_the_monitors_fit_the_prometheus_operator_crds_and_select_the_rendered_p
                                timeout=600).stdout.strip().splitlines()[-1])
     for crd in sorted(crds.glob("*.yaml")):
         kube.kubectl("apply", "--server-side", "--force-conflicts", "-f", str(crd))
-    for name in ("podmonitors", "servicemonitors"):
+    for name in ("podmonitors", "servicemonitors", "prometheusrules"):
         crd_name = f"crd/{name}.monitoring.coreos.com"
         kube.kubectl("wait", "--for=condition=Established", crd_name, "--timeout=60s")
     ensure_chart(kube)
     values = ["metrics.podMonitor.enabled=true", "metrics.podMonitor.labels.release=kps",
+              "metrics.prometheusRule.enabled=true", "metrics.prometheusRule.labels.release=kps",
               f"watchNamespaces={{{namespace}}}"]
     out = kube.helm("template", RELEASE, str(CHART), "-n", namespace, "--kube-version", "1.30.0",
                     *[arg for v in values for arg in ("--set", v)])
-    kinds = ("PodMonitor", "ServiceMonitor")
+    kinds = ("PodMonitor", "ServiceMonitor", "PrometheusRule")
     monitors = [d for d in yaml.safe_load_all(out.stdout) if d and d["kind"] in kinds]
-    assert sorted(d["kind"] for d in monitors) == ["PodMonitor", "ServiceMonitor"]
+    assert sorted(d["kind"] for d in monitors) == sorted(kinds)
     for monitor in monitors:
         kube.kubectl("apply", "--validate=strict", "-n", namespace, "-f", "-", input=yaml.safe_dump(monitor))
         stored = kube.get_json(monitor["kind"].lower(), monitor["metadata"]["name"], "-n", namespace)
@@ -236,6 +238,7 @@ def test_the_monitors_fit_the_prometheus_operator_crds_and_select_the_rendered_p
 
     from lopa_operator import render
 
+    _alerts_read_metrics_that_exist(next(d for d in monitors if d["kind"] == "PrometheusRule"))
     pod_monitor = next(d for d in monitors if d["kind"] == "PodMonitor")
     assert pod_monitor["spec"]["namespaceSelector"] == {"matchNames": [namespace]}
     children = render.children("llm", namespace, {"branchParallelism": 2})
@@ -248,3 +251,27 @@ def test_the_monitors_fit_the_prometheus_operator_crds_and_select_the_rendered_p
         ports = {p["name"] for c in template["spec"]["containers"] for p in c.get("ports", [])}
         assert {e["port"] for e in pod_monitor["spec"]["podMetricsEndpoints"]} <= ports
         assert template["metadata"]["annotations"]["prometheus.io/scrape"] == "true"
+
+
+def _alerts_read_metrics_that_exist(rule: dict) -> None:
+    """Every series an alert reads is one lopa serves, with label values it sets: a misspelt name
+    would never fire, and nothing else would tell."""
+    from prometheus_client import REGISTRY
+
+    from lopa.serving.shared.metrics import MasterMetrics
+    from lopa_operator import metrics as operator_metrics  # registers the operator's metrics
+
+    families = [*MasterMetrics.create().registry.collect(), *REGISTRY.collect()]  # the operator's: global
+    # (by family: a labelled series has no sample until it is first set)
+    served = {f"{f.name}_total" if f.type == "counter" else f.name for f in families}
+    source = "".join(p.read_text() for p in (REPO / "runtime" / "lopa" / "serving" / "master").glob("*.py"))
+    exprs = [r["expr"] for group in rule["spec"]["groups"] for r in group["rules"]]
+    assert len(exprs) == 4
+    for expr in exprs:
+        for name in re.findall(r"\b(lopa_[a-z_]+)\b", expr):
+            assert name in served, (name, expr)
+        for outcome in re.findall(r'outcome=~?"([^"]+)"', expr):
+            for value in outcome.split("|"):
+                assert f'"{value}"' in source, (value, expr)  # an outcome the master counts
+        for phase in re.findall(r'phase="([^"]+)"', expr):
+            assert phase in operator_metrics.PHASES

@@ -1,16 +1,17 @@
 #!/usr/bin/env bash
-# Fetches the Prometheus Operator's PodMonitor and ServiceMonitor CRDs (monitoring.coreos.com) from
-# the Go module proxy, once per machine, so the chart's monitors are checked against the real
-# schemas on the test API server. The module is pinned by version and checksum.
+# Fetches the Prometheus Operator's PodMonitor, ServiceMonitor and PrometheusRule CRDs from
+# the Go module proxy, once per machine, so the chart's monitors and alerts are checked against the
+# real schemas on the test API server. The module is pinned by version and checksum.
 #
-# Usage: tools/k8s-testenv/monitoring-crds.sh   last stdout line = the directory of the two CRDs
+# Usage: tools/k8s-testenv/monitoring-crds.sh   last stdout line = the directory of the CRDs
 # Environment: LOPA_TESTENV_CACHE (cache root, as build.sh).
 set -euo pipefail
 
 VERSION=v0.85.0
 SUM="h1:M5xLCLEoaW2IJfnuCwFzzpL+jSVQu3KGT84Pye+fW8s="  # go.sum's hash of the module zip
 MODULE=github.com/prometheus-operator/prometheus-operator
-CRDS=(monitoring.coreos.com_podmonitors.yaml monitoring.coreos.com_servicemonitors.yaml)
+CRDS=(monitoring.coreos.com_podmonitors.yaml monitoring.coreos.com_servicemonitors.yaml
+      monitoring.coreos.com_prometheusrules.yaml)
 OUT="${LOPA_TESTENV_CACHE:-$HOME/.cache/lopa-testenv}/prometheus-operator-crds-$VERSION"
 
 present() {
