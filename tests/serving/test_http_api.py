@@ -108,6 +108,11 @@ def test_latency_metrics_time_the_first_token_and_the_tokens_after_it(
 
 def test_models_and_health(api: openai.OpenAI, served: tuple[LocalCluster, int]) -> None:
     assert [m.id for m in api.models.list().data] == [MODEL]
+    assert api.models.retrieve(MODEL).id == MODEL
+    with pytest.raises(openai.NotFoundError) as caught:
+        api.models.retrieve("gpt-4")
+    error = caught.value.body
+    assert error["param"] == "model" and "this server serves 'lopa-bundled'" in error["message"]
     with urllib.request.urlopen(f"http://127.0.0.1:{served[1]}/health", timeout=5) as reply:
         assert reply.status == 200 and json.load(reply) == {"status": "SERVING"}
 

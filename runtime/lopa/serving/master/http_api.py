@@ -77,6 +77,7 @@ class OpenAIApi:
         app.router.add_post("/v1/completions", self.completions)
         app.router.add_post("/v1/chat/completions", self.chat_completions)
         app.router.add_get("/v1/models", self.models)
+        app.router.add_get("/v1/models/{model:.+}", self.model_entry)
         app.router.add_get("/health", self.health)
         app.router.add_get("/live", self.live)
         return app
@@ -84,8 +85,18 @@ class OpenAIApi:
     # -- endpoints ----------------------------------------------------------------------------------
 
     async def models(self, request: web.Request) -> web.Response:
-        entry = {"id": self.model, "object": "model", "created": 0, "owned_by": "lopa"}
-        return web.json_response({"object": "list", "data": [entry]})
+        return web.json_response({"object": "list", "data": [self._entry()]})
+
+    async def model_entry(self, request: web.Request) -> web.Response:
+        """OpenAI's retrieve-model call (the SDKs' models.retrieve)."""
+        asked = request.match_info["model"]
+        if asked != self.model:
+            return error_response(404, f"model {asked!r} not found; this server serves {self.model!r}",
+                                  "invalid_request_error", "model")
+        return web.json_response(self._entry())
+
+    def _entry(self) -> dict[str, Any]:
+        return {"id": self.model, "object": "model", "created": 0, "owned_by": "lopa"}
 
     async def health(self, request: web.Request) -> web.Response:
         ready = self.service.group.attached and not self.service.draining
