@@ -75,6 +75,7 @@ def _rejected_then_fixed(kube: KubeCluster, namespace: str) -> None:
     assert "StatefulSet" in cond["message"] and "quantities must match" in cond["message"], cond
     # (the deployed group is still looked after: it may report itself Available meanwhile)
     assert [(k, r) for k, r, _ in posted if k == "Warning"] == [("Warning", "ApplyFailed")]
+    assert _column(kube, namespace, "bad", "RECONCILED") == "False"  # kubectl get lopa shows it
     after = kube.get_json("configmap", "bad-0-config", "-n", namespace)
     assert after["data"] == config["data"]  # the dry run kept the new config from the old pods
     assert after["metadata"]["resourceVersion"] == config["metadata"]["resourceVersion"]
@@ -95,6 +96,13 @@ def _rejected_then_fixed(kube: KubeCluster, namespace: str) -> None:
     assert st is not None and st["observedGeneration"] == 4
     assert condition(kube.get_json(names.PLURAL, "bad", "-n", namespace), "Reconciled")["status"] == "True"
     assert kube.get_json("configmap", "bad-0-config", "-n", namespace)["data"] != config["data"]
+    assert _column(kube, namespace, "bad", "RECONCILED") == "True"
+
+
+def _column(kube: KubeCluster, namespace: str, name: str, column: str) -> str:
+    """One printer column of `kubectl get lopa NAME` (the API server's table)."""
+    header, row = kube.kubectl("get", "lopa", name, "-n", namespace).stdout.splitlines()[:2]
+    return dict(zip(header.split(), row.split(), strict=True))[column]
 
 
 def test_a_name_taken_by_an_object_of_someone_else_is_not_taken_over(
