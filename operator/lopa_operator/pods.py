@@ -5,7 +5,7 @@ from __future__ import annotations
 import copy
 from typing import Any
 
-from . import accelerators, names
+from . import accelerators, names, placement
 from . import spec as specs
 
 MODEL_VOLUME = "model"
@@ -104,8 +104,6 @@ def _common_pod_spec(spec: dict[str, Any], tolerations: list[dict[str, Any]]) ->
     all_tolerations = copy.deepcopy(spec.get("tolerations") or []) + tolerations
     if all_tolerations:
         pod["tolerations"] = all_tolerations
-    if spec.get("affinity"):
-        pod["affinity"] = copy.deepcopy(spec["affinity"])
     return pod
 
 
@@ -172,6 +170,7 @@ def worker_template(name: str, spec: dict[str, Any], config_hash: str, index: in
     pod = _common_pod_spec(spec, wiring.tolerations)
     pod["containers"] = [container]
     pod["volumes"] = [_config_volume(name, index), *model_volumes, *wiring.volumes]
+    _place(pod, spec, name, index, names.ROLE_WORKER)
     return _template(name, names.ROLE_WORKER, index, config_hash, pod)
 
 
@@ -230,4 +229,11 @@ def master_template(name: str, spec: dict[str, Any], config_hash: str, index: in
     pod = _common_pod_spec(spec, accelerators.wiring(spec).tolerations)
     pod["containers"] = [container]
     pod["volumes"] = volumes
+    _place(pod, spec, name, index, names.ROLE_MASTER)
     return _template(name, names.ROLE_MASTER, index, config_hash, pod)
+
+
+def _place(pod: dict[str, Any], spec: dict[str, Any], name: str, index: int, role: str) -> None:
+    rules = placement.affinity(spec, name, index, role)
+    if rules:
+        pod["affinity"] = rules

@@ -38,11 +38,18 @@ def unschedulable(pod: Pod) -> str | None:
     return None
 
 
+_SAME_NODE = "didn't match pod affinity rules"
+
+
 def scheduling_problem(pods: list[Pod]) -> tuple[str, str] | None:
     """(reason, message) naming what unschedulable pods lack, e.g. Insufficient nvidia.com/gpu."""
     stuck = [(p["metadata"]["name"], msg) for p in pods if (msg := unschedulable(p))]
     if not stuck:
         return None
+    name, msg = stuck[-1]
+    if any(_SAME_NODE in m for _, m in stuck):  # the cluster may have room, but no node for all of it
+        head = "no node has room for the whole group (spec.placement.sameNode: Required): "
+        return "GroupDoesNotFitOneNode", f"{head}{len(stuck)} pod(s) cannot be scheduled; {name}: {msg}"
     missing = sorted({m for _, msg in stuck for m in _INSUFFICIENT.findall(msg)})
     reason = "InsufficientResources" if missing else "Unschedulable"
     head = f"Insufficient {', '.join(missing)}: " if missing else ""

@@ -202,6 +202,35 @@ def test_too_many_gpus_is_unschedulable_naming_resource(kube: KubeCluster, ns: s
     assert condition(final, "Available")["status"] == "False"
 
 
+def test_a_group_required_on_one_node_waits_when_none_fits_it(kube: KubeCluster, ns: str) -> None:
+    cr = {
+        "apiVersion": "lopa.dev/v1alpha1", "kind": "LoPADeployment", "metadata": {"name": "strict"},
+        # 9 workers, 8 GPUs a node: 16 GPUs in all, but not 9 on one node
+        "spec": {"accelerator": {"type": "nvidia"}, "branchParallelism": 9,
+                 "placement": {"sameNode": "Required"}},
+    }
+    def gpus_held() -> list[str]:  # by earlier tests' pods, until kwok removes them
+        return [p["metadata"]["name"] for p in kube.get_json("pods", "-A")["items"]
+                if p["spec"].get("nodeName") and any(
+                    "nvidia.com/gpu" in (c.get("resources") or {}).get("limits", {})
+                    for c in p["spec"]["containers"])]
+
+    kube.wait_for(lambda: not gpus_held(), timeout=60, description="every GPU free")
+    kube.apply(cr, namespace=ns)
+
+    def stuck(o: dict[str, Any]) -> bool:
+        return condition(o, "Schedulable").get("status") == "False"
+
+    final = wait_status(kube, ns, "strict", stuck, timeout=60, description="Schedulable=False")
+    assert final["status"]["phase"] == "Pending"
+    sched = condition(final, "Schedulable")
+    assert sched["reason"] == "GroupDoesNotFitOneNode", sched
+    assert sched["message"].startswith("no node has room for the whole group (spec.placement.sameNode"), sched
+    workers = pods(kube, ns, "strict")
+    placed = [p["spec"]["nodeName"] for p in workers if p["spec"].get("nodeName")]
+    assert len(placed) == 8 and len(set(placed)) == 1, placed
+
+
 def test_deleting_resource_removes_every_child(kube: KubeCluster, ns: str) -> None:
     deploy_nvidia(kube, ns)
     start = time.monotonic()

@@ -185,3 +185,35 @@ def test_lopa_is_not_pid_1_so_sigterm_stops_a_worker_at_once() -> None:
         worker, master = pod_specs("s", spec)
         assert worker["shareProcessNamespace"] is True
         assert master["shareProcessNamespace"] is True
+
+
+def test_a_groups_workers_prefer_one_node_by_default() -> None:
+    worker, master = pod_specs("d", {"accelerator": {"type": "nvidia"}, "replicas": 2})
+    group_workers = {"labelSelector": {"matchLabels": names.labels("d", names.ROLE_WORKER, 0)},
+                     "topologyKey": "kubernetes.io/hostname"}
+    for pod in (worker, master):
+        assert pod["affinity"] == {"podAffinity": {"preferredDuringSchedulingIgnoredDuringExecution": [
+            {"weight": 100, "podAffinityTerm": group_workers}]}}
+    assert names.GROUP_LABEL in group_workers["labelSelector"]["matchLabels"]  # its own group's only
+
+
+def test_required_binds_the_workers_not_the_master_and_keeps_the_users_terms() -> None:
+    theirs = {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": [
+                  {"matchExpressions": [{"key": "pool", "operator": "In", "values": ["a"]}]}]}},
+              "podAffinity": {"preferredDuringSchedulingIgnoredDuringExecution": [
+                  {"weight": 5, "podAffinityTerm": {"labelSelector": {}, "topologyKey": "zone"}}]}}
+    spec = {"accelerator": {"type": "nvidia"}, "placement": {"sameNode": "Required"}, "affinity": theirs}
+    worker, master = pod_specs("d", spec)
+    assert worker["affinity"]["nodeAffinity"] == theirs["nodeAffinity"]
+    (required,) = worker["affinity"]["podAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]
+    assert required["topologyKey"] == "kubernetes.io/hostname"
+    assert worker["affinity"]["podAffinity"]["preferredDuringSchedulingIgnoredDuringExecution"] == (
+        theirs["podAffinity"]["preferredDuringSchedulingIgnoredDuringExecution"])
+    # the master may not be required beside the workers (they would follow it to a CPU node)
+    assert "requiredDuringSchedulingIgnoredDuringExecution" not in master["affinity"]["podAffinity"]
+    assert len(master["affinity"]["podAffinity"]["preferredDuringSchedulingIgnoredDuringExecution"]) == 2
+
+
+def test_no_placement_adds_nothing() -> None:
+    worker, master = pod_specs("d", {"placement": {"sameNode": "None"}})
+    assert "affinity" not in worker and "affinity" not in master

@@ -174,7 +174,7 @@ def test_user_settings_pass_through() -> None:
     }
     objs = by_kind(render.children("u", "ns", spec))
     pod = objs["StatefulSet/u-0-worker"]["spec"]["template"]["spec"]
-    assert pod["nodeSelector"] == {"pool": "a"} and pod["affinity"] == {"nodeAffinity": {}}
+    assert pod["nodeSelector"] == {"pool": "a"} and pod["affinity"]["nodeAffinity"] == {}  # + placement
     assert pod["tolerations"] == [{"key": "k", "operator": "Exists"}]
     assert pod["containers"][0]["image"] == "example/lopa:dev"
     assert env_of(pod["containers"][0])["HF_HOME"]["value"] == "/cache"
