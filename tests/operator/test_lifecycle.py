@@ -98,8 +98,9 @@ def test_nvidia_sample_children_pods_status_columns(kube: KubeCluster, ns: str) 
     assert headless["clusterIP"] == "None" and headless["publishNotReadyAddresses"] is True
 
     table = kube.kubectl("get", "lopa", "-n", ns).stdout.splitlines()
-    assert table[0].split() == ["NAME", "READY", "ACCELERATOR", "WORKERS", "BRANCHES", "PHASE", "AGE"]
-    assert table[1].split()[:6] == [NVIDIA, "1/1", "nvidia", "4", "7", "Available"]
+    header = ["NAME", "READY", "ACCELERATOR", "WORKERS", "BRANCHES", "PHASE", "RECONCILED", "AGE"]
+    assert table[0].split() == header
+    assert table[1].split()[:7] == [NVIDIA, "1/1", "nvidia", "4", "7", "Available", "True"]
     assert any(e["reason"] == "Available" for e in events(kube, ns, NVIDIA))
 
 

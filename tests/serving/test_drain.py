@@ -87,7 +87,8 @@ def test_workers_deleted_with_their_master_serve_it_through_its_pre_stop_sleep(
     after SIGTERM (their last step was over 2 s old) and the master refused those requests
     UNAVAILABLE for the rest of its preStop."""
     raw = {"model": {"path": str(checkpoint)}, "decoding": {"block_size": 8, "max_new_tokens": 16},
-           "limits": {"request_timeout_s": 30}}
+           "limits": {"request_timeout_s": 30},
+           "master": {"metrics_port": 0}}  # not the default 9090: another process may hold it (CI did)
     cluster = LocalCluster(loopback_config(parse_config(raw), workers=2), tmp_path, log_dir=tmp_path)
     cluster.start(timeout=120)
     try:

@@ -194,7 +194,8 @@ def test_a_second_master_is_refused_and_the_group_survives(
     cluster: LocalCluster, client: LopaClient, tmp_path: Path
 ) -> None:
     second = LocalCluster(
-        dataclasses.replace(cluster.config, master=MasterConfig(listen=f"127.0.0.1:{free_ports(1)[0]}")),
+        dataclasses.replace(cluster.config,
+                            master=MasterConfig(listen=f"127.0.0.1:{free_ports(1)[0]}", metrics_port=0)),
         tmp_path,
         log_dir=tmp_path,
     )
