@@ -156,11 +156,5 @@ def wait_for_gauges(
         time.sleep(0.01)
 
 
-def arrivals(cluster: LocalCluster) -> float:
-    """Requests the master has received so far (admitted, finished ones included, plus waiting):
-    the `arrived` of wait_for_gauges."""
-    return _arrived(metric_samples(cluster.config.master.metrics_port))
-
-
 def _arrived(samples: dict[str, float]) -> float:
     return samples["lopa_queue_seconds_count"] + samples["lopa_queue_depth"]

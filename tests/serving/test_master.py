@@ -25,7 +25,7 @@ from lopa.serving.client import LopaClient
 from lopa.serving.launcher import LocalCluster, free_ports, loopback_config
 from lopa.serving.shared.config import MasterConfig, parse_config
 
-from .conftest import arrivals, metric_samples, wait_for_gauges
+from .conftest import metric_samples, wait_for_gauges
 
 PROMPT = [5, 17, 23, 42, 8, 9, 30]
 
@@ -292,11 +292,14 @@ def test_killed_worker_fails_requests_then_the_restarted_group_serves(
     with ThreadPoolExecutor(sent) as pool:
         # The kill comes once a full batch decodes and 8+ wait (after a fixed 1 s sleep the CI box
         # had admitted every queued request). Two waves: the queue (16) never overflows. The first
-        # wave only has to have arrived: on a loaded CI box its first requests finished before its
-        # last came in, so 8 were never seen running at once.
-        before = arrivals(cluster)
+        # wave has to be admitted (finished ones count: on a loaded CI box its first requests
+        # finished before its last came in, so 8 were never seen running at once), not only to
+        # have arrived: first-wave requests still queued behind a round when the 16 of the second
+        # wave come in overflow the queue (seen under load: 3 and 6 of the 8 still queued when the
+        # arrival count was met), and the refused ones fail RESOURCE_EXHAUSTED, not UNAVAILABLE.
+        before = metric_samples(cluster.config.master.metrics_port)["lopa_queue_seconds_count"]
         futures = [pool.submit(call, i) for i in range(8)]
-        wait_for_gauges(cluster, running=0, arrived=int(before) + 8)
+        wait_for_gauges(cluster, running=0, admitted=int(before) + 8)
         futures += [pool.submit(call, i) for i in range(8, sent)]
         wait_for_gauges(cluster, running=8, queued=8)
         killed_at = time.monotonic()
