@@ -142,19 +142,25 @@ def wait_for_gauges(
     requests received in all (admitted so far, finished ones included, plus waiting) and `admitted`
     of them past the queue. A fault injected after a fixed sleep instead found every request
     already answered on a fast machine (CI); one injected when only the gauges were met found a
-    request still on its way from the client, refused by the drain it was meant to survive."""
+    request still on its way from the client, refused by the drain it was meant to survive.
+
+    `arrived` is counted as the admitted of the previous scrape plus the waiting of this one: a
+    lower bound. One scrape's admitted + waiting counts a request admitted meanwhile twice (a scrape
+    reads lopa_queue_depth before lopa_queue_seconds, and the scheduler counts an admission before
+    it lowers the depth), and so could report all arrived while one is still on its way."""
     port, deadline = cluster.config.master.metrics_port, time.monotonic() + 30
-    while (
-        (samples := metric_samples(port))["lopa_requests_running"] < running
-        or samples["lopa_queue_depth"] < queued
-        or _arrived(samples) < arrived
-        or samples["lopa_queue_seconds_count"] < admitted
-    ):
+    admitted_before = 0.0  # lopa_queue_seconds_count of the previous scrape
+    while True:
+        samples = metric_samples(port)
+        if (
+            samples["lopa_requests_running"] >= running
+            and samples["lopa_queue_depth"] >= queued
+            and admitted_before + samples["lopa_queue_depth"] >= arrived
+            and samples["lopa_queue_seconds_count"] >= admitted
+        ):
+            return
         assert time.monotonic() < deadline, (
             f"never saw {running} running, {queued} queued, {arrived} arrived, {admitted} admitted: {samples}"
         )
+        admitted_before = samples["lopa_queue_seconds_count"]
         time.sleep(0.01)
-
-
-def _arrived(samples: dict[str, float]) -> float:
-    return samples["lopa_queue_seconds_count"] + samples["lopa_queue_depth"]
