@@ -58,6 +58,15 @@ def events(kube: KubeCluster, ns: str, name: str) -> list[dict[str, Any]]:
     return kube.get_json("events", "-n", ns, "--field-selector", f"involvedObject.name={name}")["items"]
 
 
+def wait_events(kube: KubeCluster, ns: str, name: str, reason: str) -> list[dict[str, Any]]:
+    """The object's events of this reason, once there is one. kopf posts the operator's events from
+    a background task, after the reconcile that wrote the status the test waited for."""
+    return kube.wait_for(
+        lambda: [e for e in events(kube, ns, name) if e["reason"] == reason],
+        timeout=30, description=f"a {reason} event of {name}",
+    )
+
+
 def test_nvidia_sample_children_pods_status_columns(kube: KubeCluster, ns: str) -> None:
     obj = deploy_nvidia(kube, ns)
     for kind, pattern in CHILDREN:
@@ -101,7 +110,7 @@ def test_nvidia_sample_children_pods_status_columns(kube: KubeCluster, ns: str) 
     header = ["NAME", "READY", "ACCELERATOR", "WORKERS", "BRANCHES", "PHASE", "RECONCILED", "AGE"]
     assert table[0].split() == header
     assert table[1].split()[:7] == [NVIDIA, "1/1", "nvidia", "4", "7", "Available", "True"]
-    assert any(e["reason"] == "Available" for e in events(kube, ns, NVIDIA))
+    assert wait_events(kube, ns, NVIDIA, "Available")
 
 
 def test_decoding_change_rolls_every_pod(kube: KubeCluster, ns: str) -> None:
@@ -129,7 +138,7 @@ def test_decoding_change_rolls_every_pod(kube: KubeCluster, ns: str) -> None:
     config = yaml.safe_load(kube.get_json("configmap", f"{NVIDIA}-0-config", "-n", ns)["data"]["lopa.yaml"])
     assert config["decoding"]["tau_conf"] == 0.8
     assert final["status"]["groupRestarts"] == 0  # a roll is not a failure
-    assert any(e["reason"] == "RollingGroup" for e in events(kube, ns, NVIDIA))
+    assert wait_events(kube, ns, NVIDIA, "RollingGroup")
 
 
 def test_lost_worker_recreates_whole_group(kube: KubeCluster, ns: str) -> None:
@@ -148,8 +157,8 @@ def test_lost_worker_recreates_whole_group(kube: KubeCluster, ns: str) -> None:
 
     final = wait_status(kube, ns, NVIDIA, recreated, timeout=90, description="whole group recreated")
     assert final["status"]["recentGroupRestarts"] == 1
-    restarts = [e for e in events(kube, ns, NVIDIA) if e["reason"] == "GroupRestart"]
-    assert restarts and "recreating all 4 worker pod(s)" in restarts[0]["message"]
+    restarts = wait_events(kube, ns, NVIDIA, "GroupRestart")
+    assert "recreating all 4 worker pod(s)" in restarts[0]["message"]
 
 
 def test_restarts_exhausted_is_degraded(kube: KubeCluster, ns: str) -> None:
