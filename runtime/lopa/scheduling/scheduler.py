@@ -173,6 +173,7 @@ class Scheduler:
             now = time.perf_counter()
             generation.began = now
             self._running.append(_Running(request, generation, sequence, now))
+            self._report_occupancy()  # before it counts as admitted: a scrape never sees it twice
             self.observer.admitted(now - request.arrived)
         self._report_occupancy()
 
@@ -276,8 +277,8 @@ class Scheduler:
             self.executor.release(run.sequence)
             self._free.append(run.sequence)
             self._free.sort()
+        self._report_occupancy()  # before the answer: its client never sees it still running
         self._settle(run.request, outcome)
-        self._report_occupancy()
 
     def _fail_one(self, run: _Running, error: Exception) -> None:
         """A failure in one request's own logic (a bug, or a decode that raised) ends that request
