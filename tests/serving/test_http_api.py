@@ -154,6 +154,16 @@ def test_a_batch_of_prompts_answers_each_as_alone(api: openai.OpenAI, grpc_clien
     assert [c.text for c in done.choices] == [a.text for a in alone]
     assert done.usage.completion_tokens == sum(len(a.token_ids) for a in alone)
     assert [c.model_extra["lopa"]["tokens"] for c in done.choices] == [a.stats.tokens for a in alone]
+    # streamed: the choices' events interleave, each naming its choice; the totals come last
+    *events, totals = api.completions.create(model=MODEL, prompt=prompts, max_tokens=24, stream=True,
+                                             stream_options={"include_usage": True})
+    texts = ["", "", ""]
+    for event in events:
+        (choice,) = event.choices
+        texts[choice.index] += choice.text
+    assert texts == [a.text for a in alone]
+    assert {e.choices[0].index for e in events if e.choices[0].finish_reason} == {0, 1, 2}
+    assert totals.choices == [] and totals.usage.completion_tokens == done.usage.completion_tokens
 
 
 @pytest.mark.parametrize(
@@ -161,7 +171,6 @@ def test_a_batch_of_prompts_answers_each_as_alone(api: openai.OpenAI, grpc_clien
     [
         ({"prompt": ["a", ""]}, "prompt[1]", "prompt[1]: is empty"),
         ({"prompt": ["a", [5, True]]}, "prompt[1]", "prompt[1]: is required"),
-        ({"prompt": ["a", "b"], "stream": True}, "prompt", "prompt: a streamed request takes one prompt"),
         ({"prompt": ["a"] * 5}, "prompt", "prompt: at most 4 prompts per request (limits.queue_size), got 5"),
         ({"prompt": ["a", "b c " * 400]}, "prompt[1]", "prompt[1]: "),  # the pipeline's length check
     ],

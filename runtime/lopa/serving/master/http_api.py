@@ -154,7 +154,7 @@ class OpenAIApi:
         ident = f"{'chatcmpl' if chat else 'cmpl'}-{uuid.uuid4().hex}"
         try:
             if parsed.stream:
-                return await self._stream(request, jobs[0], parsed, ident, chat)
+                return await self._stream(request, jobs, parsed, ident, chat)
             done = await asyncio.gather(*(job.done for job in jobs))
         except (asyncio.CancelledError, ConnectionResetError):
             for job in jobs:
@@ -188,58 +188,79 @@ class OpenAIApi:
             if parsed.batch:  # each prompt's own decoding stats
                 choice["lopa"] = lopa_stats(c)
             choices.append(choice)
-        totals = [usage(c) for c in done]
         reply = {"id": ident, "object": "chat.completion" if chat else "text_completion",
                  "created": int(time.time()), "model": parsed.model, "choices": choices,
-                 "usage": {key: sum(u[key] for u in totals) for key in totals[0]}}
+                 "usage": total_usage(done)}
         return reply if parsed.batch else {**reply, "lopa": lopa_stats(done[0])}
 
     async def _stream(
-        self, request: web.Request, job: Any, parsed: Parsed, ident: str, chat: bool
+        self, request: web.Request, jobs: list[Any], parsed: Parsed, ident: str, chat: bool
     ) -> web.StreamResponse:
+        """Server-sent events of every job (a batch's choices interleave, each event naming its
+        choice), then [DONE]. A failure after the status line travels as an error event, and the
+        batch's other jobs stop."""
         headers = {"Content-Type": "text/event-stream", "Cache-Control": "no-cache"}
         response = web.StreamResponse(headers=headers)
         await response.prepare(request)
         created, kind = int(time.time()), "chat.completion.chunk" if chat else "text_completion"
 
-        async def send(delta: str, finish: str | None = None, extra: dict | None = None,
+        async def write(choices: list[dict[str, Any]], extra: dict | None = None) -> None:
+            event = {"id": ident, "object": kind, "created": created, "model": parsed.model,
+                     "choices": choices, **(extra or {})}
+            await response.write(f"data: {json.dumps(event)}\n\n".encode())
+
+        async def send(index: int, delta: str, finish: str | None = None, extra: dict | None = None,
                        first: bool = False) -> None:
             if chat:
                 piece = {"role": "assistant", "content": delta} if first else {"content": delta}
-                choice: dict[str, Any] = {"index": 0, "delta": piece, "finish_reason": finish}
+                choice: dict[str, Any] = {"index": index, "delta": piece, "finish_reason": finish}
             else:
-                choice = {"index": 0, "text": delta, "finish_reason": finish, "logprobs": None}
-            event = {"id": ident, "object": kind, "created": created, "model": parsed.model,
-                     "choices": [choice], **(extra or {})}
-            await response.write(f"data: {json.dumps(event)}\n\n".encode())
+                choice = {"index": index, "text": delta, "finish_reason": finish, "logprobs": None}
+            await write([choice], extra)
 
+        merged: asyncio.Queue[tuple[int, Any]] = asyncio.Queue()
+
+        async def pump(index: int, job: Any) -> None:
+            while True:
+                item = await job.chunks.get()
+                await merged.put((index, item))
+                if not isinstance(item, lopa_pb2.GenerateChunk) or item.last:
+                    return
+
+        pumps = [asyncio.create_task(pump(i, job)) for i, job in enumerate(jobs)]
         # Every event carries the lookahead branches granted in each round since the one before
         # (rounds that added no text send no event): gRPC's GenerateChunk.branches, round by round.
-        first, rounds = True, []
-        while True:
-            item = await job.chunks.get()
-            if isinstance(item, lopa_pb2.GenerateChunk):
-                if item.last:
+        first, rounds = [True] * len(jobs), [[] for _ in jobs]
+        done: list[Completion] = []
+        failed: BaseException | None = None
+        try:
+            while len(done) < len(jobs):
+                index, item = await merged.get()
+                if isinstance(item, lopa_pb2.GenerateChunk) and not item.last:
+                    rounds[index].append(item.branches)
+                    if item.text or first[index]:
+                        await send(index, item.text, extra={"lopa": {"branches": rounds[index]}},
+                                   first=first[index])
+                        first[index], rounds[index] = False, []
+                    continue
+                outcome = self.service.settle(await jobs[index].done)
+                if not isinstance(outcome, Completion):
+                    failed = outcome
                     break
-                rounds.append(item.branches)
-                if item.text or first:
-                    await send(item.text, extra={"lopa": {"branches": rounds}}, first=first)
-                    first, rounds = False, []
-                continue
-            break
-        outcome = self.service.settle(await job.done)
-        if isinstance(outcome, Completion):
-            tail = item.text if isinstance(item, lopa_pb2.GenerateChunk) else ""
-            await send(tail, FINISH[outcome.finish_reason],
-                       {"usage": usage(outcome), "lopa": {"branches": rounds, **lopa_stats(outcome)}},
-                       first=first)
-            if parsed.include_usage:  # OpenAI's shape: one more chunk, usage and no choices
-                event = {"id": ident, "object": kind, "created": created, "model": parsed.model,
-                         "choices": [], "usage": usage(outcome)}
-                await response.write(f"data: {json.dumps(event)}\n\n".encode())
-        else:  # the status line is sent: the error travels as an event, as OpenAI's servers do
-            failed = json.loads(failure(outcome).text)
-            await response.write(f"data: {json.dumps(failed)}\n\n".encode())
+                tail = item.text if isinstance(item, lopa_pb2.GenerateChunk) else ""
+                stats = {"branches": rounds[index], **lopa_stats(outcome)}
+                await send(index, tail, FINISH[outcome.finish_reason],
+                           {"usage": usage(outcome), "lopa": stats}, first=first[index])
+                done.append(outcome)
+        finally:
+            for task in pumps:
+                task.cancel()
+        if failed is not None:  # the status line is sent: the error travels as an event, as OpenAI's do
+            for job in jobs:
+                job.abort.cancelled.set()  # the batch's others end with it (finished ones are unchanged)
+            await response.write(f"data: {failure(failed).text}\n\n".encode())
+        elif parsed.include_usage:  # OpenAI's shape: one more chunk, the totals and no choices
+            await write([], {"usage": total_usage(done)})
         await response.write(b"data: [DONE]\n\n")
         await response.write_eof()
         return response
@@ -248,6 +269,12 @@ class OpenAIApi:
 def usage(c: Completion) -> dict[str, int]:
     prompt, completion = len(c.result.prompt_ids), len(c.result.output_ids)
     return {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion}
+
+
+def total_usage(done: list[Completion]) -> dict[str, int]:
+    """The usage of every choice of a reply (one or more completions), summed."""
+    each = [usage(c) for c in done]
+    return {key: sum(u[key] for u in each) for key in each[0]}
 
 
 def lopa_stats(c: Completion) -> dict[str, float]:

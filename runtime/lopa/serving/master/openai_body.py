@@ -178,8 +178,6 @@ def completion_request(body: Any, served_model: str) -> Parsed:
         if len(prompt) == 1:  # a batch of one
             _set_prompt(request, prompt[0], "prompt")
             return parsed
-        if parsed.stream:
-            raise InvalidParameter("prompt", f"a streamed request takes one prompt, got {len(prompt)}")
         batch = []
         for i, one in enumerate(prompt):
             each = lopa_pb2.GenerateRequest()
