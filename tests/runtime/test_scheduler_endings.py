@@ -18,7 +18,7 @@ from lopa.decoding.decoder import Decoder
 from lopa.execution.local import LocalExecutor
 from lopa.params import DecodingParams
 from lopa.scheduling.budget import Budget
-from lopa.scheduling.request import Completion, Request, SchedulerStopped, Waiter
+from lopa.scheduling.request import Completion, QueueFull, Request, SchedulerStopped, Waiter
 from lopa.scheduling.scheduler import Observer, Scheduler
 from lopa.synthetic.rule_model import SyntheticModel
 
@@ -161,3 +161,20 @@ def test_a_request_whose_own_round_fails_ends_alone() -> None:
     assert isinstance(served, Completion) and isinstance(alone_done, Completion)
     assert served.result.output_ids == alone_done.result.output_ids
     assert served.result.winners == alone_done.result.winners
+
+
+def test_requests_sent_together_are_queued_all_or_none() -> None:
+    """An HTTP batch: 3 of 4 places taken (not started: nothing admits them), 2 more refused together,
+    none of them queued; then 1 fits; once started, all 4 are served."""
+    s = scheduler(queue_size=4)
+    waiters = [submit(s) for _ in range(3)]
+    pair = [Request(list(PROMPT), PARAMS, on_done=Waiter()) for _ in range(2)]
+    with pytest.raises(QueueFull, match="1 of 4 places free, 2 requests were sent together"):
+        s.submit_many(pair)
+    assert s.waiting == 3
+    waiters.append(submit(s))
+    s.start()
+    try:
+        assert all(isinstance(w.outcome(SETTLE_S), Completion) for w in waiters)
+    finally:
+        s.stop()

@@ -33,7 +33,7 @@ def test_defaults_and_nulls_give_the_plain_request() -> None:
                        logit_bias={}, repetition_penalty=1.0, ignore_eos=False, min_tokens=0)
     assert spelled_out.request == plain_chat
     assert chat(logprobs=None, tools=None, response_format=None).request == plain_chat
-    spelled_out = completion(logprobs=0, best_of=1, echo=False, suffix="", presence_penalty=0.0)
+    spelled_out = completion(logprobs=False, best_of=1, echo=False, suffix="", presence_penalty=0.0)
     assert spelled_out.request == plain_completion
     assert completion(logprobs=None, best_of=None, echo=None).request == plain_completion
     assert completion(stream=True, stream_options={"include_usage": True}).include_usage
@@ -43,7 +43,8 @@ def test_defaults_and_nulls_give_the_plain_request() -> None:
 @pytest.mark.parametrize(
     ("call", "fields", "field", "reason"),
     [
-        (chat, {"logprobs": True}, "logprobs", "only false or 0 (the default), got true"),
+        (chat, {"logprobs": True}, "logprobs", "only false (the default), got true"),
+        (completion, {"logprobs": 0}, "logprobs", "only false (the default), got 0"),  # 0 asks for some
         (chat, {"tools": [{"type": "function"}]}, "tools", "only [] (the default)"),
         (chat, {"response_format": {"type": "json_object"}}, "response_format", 'only {"type": "text"}'),
         (chat, {"echo": False}, "echo", "is not supported by this server"),  # a completions field

@@ -87,16 +87,27 @@ class Scheduler:
     def submit(self, request: Request) -> None:
         """Validate (InvalidParameter naming the field) and queue (QueueFull; SchedulerStopped once
         stop() was called: nothing would serve it); never blocks."""
-        should_stop = stop_check(self.decode, request.stop)
-        generation = self.decoder.start(request.prompt_ids, request.params, should_stop)
+        self.submit_many([request])
+
+    def submit_many(self, requests: Sequence[Request]) -> None:
+        """submit() for several at once: every one valid before any is queued, and all queued or
+        none (QueueFull when they do not all fit): a batch is never half served."""
+        started = []
+        for request in requests:
+            should_stop = stop_check(self.decode, request.stop)
+            started.append((request, self.decoder.start(request.prompt_ids, request.params, should_stop)))
         with self._lock:
             if self._stopping:
                 raise SchedulerStopped("the server is stopping: the request was not queued")
-            if len(self._waiting) >= self.queue_size:
-                raise QueueFull(f"the request queue is full ({self.queue_size} waiting)")
-            self._waiting.append((request, generation))
+            free = self.queue_size - len(self._waiting)
+            if len(started) > free:
+                if len(started) == 1:
+                    raise QueueFull(f"the request queue is full ({self.queue_size} waiting)")
+                raise QueueFull(f"the request queue has {free} of {self.queue_size} places free, "
+                                f"{len(started)} requests were sent together")
+            self._waiting.extend(started)
             self._lock.notify()
-        self._report_occupancy()
+            self._report_occupancy()
 
     def start(self) -> None:
         with self._lock:
@@ -173,7 +184,7 @@ class Scheduler:
             now = time.perf_counter()
             generation.began = now
             self._running.append(_Running(request, generation, sequence, now))
-            self._report_occupancy()  # before it counts as admitted: a scrape never sees it twice
+            self._report_occupancy()  # before it counts as admitted (see tests/serving/conftest.py)
             self.observer.admitted(now - request.arrived)
         self._report_occupancy()
 
@@ -302,4 +313,5 @@ class Scheduler:
                 log.exception("on_done callback failed")
 
     def _report_occupancy(self) -> None:
-        self.observer.occupancy(len(self._waiting), len(self._running), self.executor.max_batch)
+        with self._lock:  # (reentrant) one writer at a time: a submit never overwrites newer values
+            self.observer.occupancy(len(self._waiting), len(self._running), self.executor.max_batch)

@@ -136,6 +136,7 @@ class OpenAIApi:
             return invalid(error.field, error.reason)
         queue_size = self.service.config.limits.queue_size
         if len(parsed.requests) > queue_size:  # could never be queued at once: no retry helps
+            self.service.metrics.requests.labels("invalid").inc()
             return invalid("prompt", f"at most {queue_size} prompts per request (limits.queue_size), "
                                      f"got {len(parsed.requests)}")
         for i, one in enumerate(parsed.batch):  # all of a batch valid before any of it is queued
@@ -143,22 +144,20 @@ class OpenAIApi:
                 self.service.check(one)
             except InvalidParameter as error:
                 return self._refused(error, chat, body, i)
-        jobs = []
-        for i, one in enumerate(parsed.requests):
-            try:
-                jobs.append(self.service.open_job(one, parsed.stream, None))  # counts its refusals
-            except (InvalidParameter, QueueFull, GroupUnavailable) as error:
-                for job in jobs:  # all of a batch or none (a full queue): the queued ones leave it
-                    job.abort.cancelled.set()
-                return self._refused(error, chat, body, i if parsed.batch else None)
+        try:  # all of a batch queued or none (a full queue): counts its refusals
+            jobs = self.service.open_jobs(parsed.requests, parsed.stream, None)
+        except (InvalidParameter, QueueFull, GroupUnavailable) as error:
+            return self._refused(error, chat, body, None)
         ident = f"{'chatcmpl' if chat else 'cmpl'}-{uuid.uuid4().hex}"
+        settled: set[int] = set()  # the jobs already counted in the request metrics
         try:
             if parsed.stream:
-                return await self._stream(request, jobs, parsed, ident, chat)
+                return await self._stream(request, jobs, parsed, ident, chat, settled)
             done = await asyncio.gather(*(job.done for job in jobs))
         except (asyncio.CancelledError, ConnectionResetError):
-            for job in jobs:
-                self.service.cancelled(job)  # the client went away: stop the jobs between rounds
+            for i, job in enumerate(jobs):
+                if i not in settled:
+                    self.service.cancelled(job)  # the client went away: stop the jobs between rounds
             raise
         outcomes = [self.service.settle(outcome) for outcome in done]
         failed = next((o for o in outcomes if not isinstance(o, Completion)), None)
@@ -170,8 +169,11 @@ class OpenAIApi:
         """A request the pipeline would not queue; `index`: which prompt of a batch."""
         if isinstance(error, InvalidParameter):  # the shared pipeline names the gRPC field
             param = body_field(error.field, chat, body)
-            return invalid(f"{param}[{index}]" if index is not None and param == "prompt" else param,
-                           error.reason)
+            if index is None:
+                return invalid(param, error.reason)
+            if param == "prompt":
+                return invalid(f"prompt[{index}]", error.reason)
+            return invalid(param, f"{error.reason} (prompt[{index}])")
         if isinstance(error, QueueFull):
             return error_response(429, str(error), "rate_limit_exceeded")
         return error_response(503, str(error), "service_unavailable")
@@ -194,7 +196,7 @@ class OpenAIApi:
         return reply if parsed.batch else {**reply, "lopa": lopa_stats(done[0])}
 
     async def _stream(
-        self, request: web.Request, jobs: list[Any], parsed: Parsed, ident: str, chat: bool
+        self, request: web.Request, jobs: list[Any], parsed: Parsed, ident: str, chat: bool, settled: set[int]
     ) -> web.StreamResponse:
         """Server-sent events of every job (a batch's choices interleave, each event naming its
         choice), then [DONE]. A failure after the status line travels as an error event, and the
@@ -244,20 +246,26 @@ class OpenAIApi:
                         first[index], rounds[index] = False, []
                     continue
                 outcome = self.service.settle(await jobs[index].done)
+                settled.add(index)
                 if not isinstance(outcome, Completion):
                     failed = outcome
                     break
                 tail = item.text if isinstance(item, lopa_pb2.GenerateChunk) else ""
                 stats = {"branches": rounds[index], **lopa_stats(outcome)}
+                # With include_usage only the last chunk carries usage, as OpenAI's do (clients that
+                # add up every chunk's usage would count it twice); the choice's stats stay in lopa.
+                own = None if parsed.include_usage else usage(outcome)
                 await send(index, tail, FINISH[outcome.finish_reason],
-                           {"usage": usage(outcome), "lopa": stats}, first=first[index])
+                           {"usage": own, "lopa": stats}, first=first[index])
                 done.append(outcome)
         finally:
             for task in pumps:
                 task.cancel()
         if failed is not None:  # the status line is sent: the error travels as an event, as OpenAI's do
-            for job in jobs:
-                job.abort.cancelled.set()  # the batch's others end with it (finished ones are unchanged)
+            for i, job in enumerate(jobs):  # the batch's others end with it, counted as cancelled
+                if i not in settled:
+                    self.service.cancelled(job)
+                    settled.add(i)
             await response.write(f"data: {failure(failed).text}\n\n".encode())
         elif parsed.include_usage:  # OpenAI's shape: one more chunk, the totals and no choices
             await write([], {"usage": total_usage(done)})

@@ -126,6 +126,13 @@ class JobRunner:
 
     def submit(self, job: Job) -> None:
         """Queue the job (QueueFull when full; InvalidParameter for what the decoder refuses)."""
+        self.submit_many([job])
+
+    def submit_many(self, jobs: Sequence[Job]) -> None:
+        """Queue every job or none (Scheduler.submit_many)."""
+        self.scheduler.submit_many([self._request(job) for job in jobs])
+
+    def _request(self, job: Job) -> Request:
         submitted = job.submitted
         tracker = DeltaTracker(self.decode, frozenset(self.scheduler.decoder.eos_ids), submitted.stop)
         prompt_length = len(submitted.prompt_ids)
@@ -164,7 +171,7 @@ class JobRunner:
                 outcome = error
             job.finish(outcome)
 
-        request = Request(
+        return Request(
             submitted.prompt_ids,
             submitted.params,
             submitted.stop,
@@ -174,4 +181,3 @@ class JobRunner:
             abort=job.abort,
             arrived=job.arrived,
         )
-        self.scheduler.submit(request)

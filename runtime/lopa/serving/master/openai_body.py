@@ -31,9 +31,10 @@ OPENAI_SAMPLING: dict[str, tuple[type, ...]] = {"temperature": (int, float), "to
 IGNORED = frozenset({"user", "stream_options", "metadata", "store"})
 # Features this server lacks, accepted at their defaults (or null), which change nothing: clients and
 # benchmark tools (OpenAI SDKs, vLLM's and genai-perf's) send them spelled out. Any other value is a
-# 400 naming the field. Each maps to its accepted values (booleans only where a boolean is named).
+# 400 naming the field. Each maps to its accepted values (booleans only where a boolean is named;
+# completions' logprobs: 0 asks for the sampled tokens' logprobs, so only false or null pass).
 NEUTRAL: dict[str, tuple[Any, ...]] = {
-    "frequency_penalty": (0,), "presence_penalty": (0,), "logit_bias": ({},), "logprobs": (False, 0),
+    "frequency_penalty": (0,), "presence_penalty": (0,), "logit_bias": ({},), "logprobs": (False,),
     "repetition_penalty": (1,), "ignore_eos": (False,), "min_tokens": (0,),  # vLLM's extras
 }
 COMPLETION_NEUTRAL: dict[str, tuple[Any, ...]] = {"best_of": (1,), "echo": (False,), "suffix": ("",)}

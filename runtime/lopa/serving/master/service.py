@@ -138,34 +138,42 @@ class LopaService(lopa_pb2_grpc.LopaServicer):
     def open_job(self, request: lopa_pb2.GenerateRequest, stream: bool, remaining_s: float | None) -> Job:
         """Validate and queue one request, whatever its transport (gRPC or HTTP): InvalidParameter
         naming the field, GroupUnavailable, or QueueFull; counted in the request metrics."""
+        return self.open_jobs([request], stream, remaining_s)[0]
+
+    def open_jobs(
+        self, requests: Sequence[lopa_pb2.GenerateRequest], stream: bool, remaining_s: float | None
+    ) -> list[Job]:
+        """open_job for several (an HTTP batch): all valid, then all queued or none."""
+        n = len(requests)
         try:
-            submitted = self._validate(request)
+            submitted = [self._validate(request) for request in requests]
         except InvalidParameter:
-            self.metrics.requests.labels("invalid").inc()
+            self.metrics.requests.labels("invalid").inc(n)
             raise
         if self.draining:
-            self.metrics.requests.labels("unavailable").inc()
+            self.metrics.requests.labels("unavailable").inc(n)
             raise GroupUnavailable("the master is shutting down (draining its requests): retry elsewhere")
         if not self.group.attached:
-            self.metrics.requests.labels("unavailable").inc()
+            self.metrics.requests.labels("unavailable").inc(n)
             raise GroupUnavailable("the worker group is not ready (see health)")
-        job = Job(submitted, asyncio.get_running_loop(), stream=stream)
         timeout = self.config.limits.request_timeout_s
         if remaining_s is not None:
             timeout = min(timeout, remaining_s)
-        job.abort.deadline = time.monotonic() + timeout
+        jobs = [Job(one, asyncio.get_running_loop(), stream=stream) for one in submitted]
+        for job in jobs:
+            job.abort.deadline = time.monotonic() + timeout
         try:
-            self.runner.submit(job)
+            self.runner.submit_many(jobs)
         except InvalidParameter:
-            self.metrics.requests.labels("invalid").inc()
+            self.metrics.requests.labels("invalid").inc(n)
             raise
         except QueueFull:
-            self.metrics.requests.labels("rejected").inc()
+            self.metrics.requests.labels("rejected").inc(n)
             raise
         except SchedulerStopped as error:  # stopping between the drain check and the queue
-            self.metrics.requests.labels("unavailable").inc()
+            self.metrics.requests.labels("unavailable").inc(n)
             raise GroupUnavailable(str(error)) from None
-        return job
+        return jobs
 
     def check(self, request: lopa_pb2.GenerateRequest) -> None:
         """Validate without queueing (a batch is checked whole before any of it is queued):
