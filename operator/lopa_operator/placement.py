@@ -2,9 +2,12 @@
 collectives run over NVLink / HCCS (or shared memory) rather than the network.
 
 spec.placement.sameNode:
-  Required   the group's workers must share a node (the first lands anywhere: Kubernetes lets a pod
-             that matches its own affinity start the set); a group larger than any node stays
-             Pending, and the Schedulable condition says so
+  Required   the group's workers must share a node: the first to be scheduled lands anywhere
+             (Kubernetes lets a pod that matches its own affinity start the set) and anchors the
+             others, so they stay Pending when that node lacks room for them, even if another node
+             has it (the default scheduler places pods one by one; a gang scheduler places a group
+             whole); the Schedulable condition says so, and deleting the group's worker pods (or a
+             new spec.restartTrigger) lets the scheduler choose again
   Preferred  (default) they prefer to: the scheduler packs them when a node has room for them
   None       no preference
 The master (no accelerator) only prefers its group's workers' node: requiring it would bind every
@@ -21,6 +24,8 @@ from . import names
 
 HOSTNAME = "kubernetes.io/hostname"
 MODES = ("Required", "Preferred", "None")
+REQUIRED = "requiredDuringSchedulingIgnoredDuringExecution"
+PREFERRED = "preferredDuringSchedulingIgnoredDuringExecution"
 
 
 def affinity(spec: dict[str, Any], name: str, index: int, role: str) -> dict[str, Any] | None:
@@ -32,10 +37,21 @@ def affinity(spec: dict[str, Any], name: str, index: int, role: str) -> dict[str
             "labelSelector": {"matchLabels": names.labels(name, names.ROLE_WORKER, index)},
             "topologyKey": HOSTNAME,
         }
-        pod_affinity = out.setdefault("podAffinity", {})
+        # (spec.affinity keeps unknown fields, so a null may stand where a map or list is expected)
+        pod_affinity = out["podAffinity"] = out.get("podAffinity") or {}
         if mode == "Required" and role == names.ROLE_WORKER:
-            pod_affinity.setdefault("requiredDuringSchedulingIgnoredDuringExecution", []).append(term)
+            key, entry = REQUIRED, term
         else:
-            preferred = {"weight": 100, "podAffinityTerm": term}
-            pod_affinity.setdefault("preferredDuringSchedulingIgnoredDuringExecution", []).append(preferred)
+            key, entry = PREFERRED, {"weight": 100, "podAffinityTerm": term}
+        pod_affinity[key] = [*(pod_affinity.get(key) or []), entry]
     return out or None
+
+
+def requires_same_node(pod: dict[str, Any]) -> bool:
+    """The pod carries the Required term above (not merely a pod affinity of the user's)."""
+    affinity = ((pod.get("spec") or {}).get("affinity") or {}).get("podAffinity") or {}
+    for term in affinity.get(REQUIRED) or []:
+        selected = (term.get("labelSelector") or {}).get("matchLabels") or {}
+        if term.get("topologyKey") == HOSTNAME and names.GROUP_LABEL in selected:
+            return True
+    return False

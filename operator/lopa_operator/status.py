@@ -8,7 +8,7 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
-from . import group, names
+from . import group, names, placement
 
 Pod = dict[str, Any]
 CONDITION_TYPES = ("Available", "Progressing", "Degraded", "Schedulable", "CollectiveReady", "Reconciled")
@@ -46,10 +46,13 @@ def scheduling_problem(pods: list[Pod]) -> tuple[str, str] | None:
     stuck = [(p["metadata"]["name"], msg) for p in pods if (msg := unschedulable(p))]
     if not stuck:
         return None
-    name, msg = stuck[-1]
-    if any(_SAME_NODE in m for _, m in stuck):  # the cluster may have room, but no node for all of it
-        head = "no node has room for the whole group (spec.placement.sameNode: Required): "
-        return "GroupDoesNotFitOneNode", f"{head}{len(stuck)} pod(s) cannot be scheduled; {name}: {msg}"
+    anchored = [(p["metadata"]["name"], msg) for p in pods
+                if (msg := unschedulable(p)) and _SAME_NODE in msg and placement.requires_same_node(p)]
+    if anchored:  # the cluster may have room, but not beside the group's first worker
+        name, msg = anchored[0]
+        head = ("the group's workers must share one node (spec.placement.sameNode: Required) and the "
+                "node of its first lacks room")
+        return "GroupDoesNotFitOneNode", f"{head}: {len(stuck)} pod(s) cannot be scheduled; {name}: {msg}"
     missing = sorted({m for _, msg in stuck for m in _INSUFFICIENT.findall(msg)})
     reason = "InsufficientResources" if missing else "Unschedulable"
     head = f"Insufficient {', '.join(missing)}: " if missing else ""

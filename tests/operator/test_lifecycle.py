@@ -235,7 +235,7 @@ def test_a_group_required_on_one_node_waits_when_none_fits_it(kube: KubeCluster,
     assert final["status"]["phase"] == "Pending"
     sched = condition(final, "Schedulable")
     assert sched["reason"] == "GroupDoesNotFitOneNode", sched
-    assert sched["message"].startswith("no node has room for the whole group (spec.placement.sameNode"), sched
+    assert sched["message"].startswith("the group's workers must share one node (spec.placement"), sched
     workers = pods(kube, ns, "strict")
     placed = [p["spec"]["nodeName"] for p in workers if p["spec"].get("nodeName")]
     assert len(placed) == 8 and len(set(placed)) == 1, placed

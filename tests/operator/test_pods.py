@@ -217,3 +217,23 @@ def test_required_binds_the_workers_not_the_master_and_keeps_the_users_terms() -
 def test_no_placement_adds_nothing() -> None:
     worker, master = pod_specs("d", {"placement": {"sameNode": "None"}})
     assert "affinity" not in worker and "affinity" not in master
+
+
+def test_nulls_in_the_users_affinity_are_no_error() -> None:
+    # spec.affinity keeps unknown fields, so nulls reach the operator
+    worker, _ = pod_specs("d", {"affinity": {"podAffinity": None, "nodeAffinity": None}})
+    assert len(worker["affinity"]["podAffinity"]["preferredDuringSchedulingIgnoredDuringExecution"]) == 1
+    worker, _ = pod_specs("d", {"affinity": {"podAffinity": {
+        "requiredDuringSchedulingIgnoredDuringExecution": None}}, "placement": {"sameNode": "Required"}})
+    assert len(worker["affinity"]["podAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]) == 1
+
+
+def test_only_the_groups_own_required_term_counts_as_same_node() -> None:
+    from lopa_operator import placement
+
+    required, _ = pod_specs("d", {"placement": {"sameNode": "Required"}})
+    theirs = {"podAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": [
+        {"labelSelector": {"matchLabels": {"app": "cache"}}, "topologyKey": "kubernetes.io/hostname"}]}}
+    users, _ = pod_specs("d", {"placement": {"sameNode": "None"}, "affinity": theirs})
+    assert placement.requires_same_node({"spec": required})
+    assert not placement.requires_same_node({"spec": users})

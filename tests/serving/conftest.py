@@ -145,9 +145,10 @@ def wait_for_gauges(
     request still on its way from the client, refused by the drain it was meant to survive.
 
     `arrived` is counted as the admitted of the previous scrape plus the waiting of this one: a
-    lower bound. One scrape's admitted + waiting counts a request admitted meanwhile twice (a scrape
-    reads lopa_queue_depth before lopa_queue_seconds, and the scheduler counts an admission before
-    it lowers the depth), and so could report all arrived while one is still on its way."""
+    lower bound. One scrape's admitted + waiting can count a request admitted meanwhile twice (a
+    scrape reads lopa_queue_depth before lopa_queue_seconds, so the depth may predate an admission
+    that the count already includes), and so could report all arrived while one is still on its
+    way."""
     port, deadline = cluster.config.master.metrics_port, time.monotonic() + 30
     admitted_before = 0.0  # lopa_queue_seconds_count of the previous scrape
     while True:

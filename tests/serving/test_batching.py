@@ -78,8 +78,8 @@ def test_sixteen_concurrent_requests_equal_each_alone(served: tuple, alone: list
     assert not changed, f"{workers} workers: requests {changed} changed in a batch"
     assert {r.finish_reason for r in replies} >= {"stop", "eos"}
     # The gateway's view: rounds really were batched, every slot is free again. The scheduler
-    # answers a request (on_done) before it reports the freed slot, so the last answer can reach
-    # the client a moment before the gauges drop: they are given a few seconds, not read once.
+    # reports the freed slot before it answers, but a scrape is no snapshot of every gauge at one
+    # instant: they are given a few seconds, not read once.
     gauges = ("lopa_requests_running", "lopa_kv_slot_usage", "lopa_queue_depth")
     deadline = time.monotonic() + 10
     samples = metric_samples(metrics_port)

@@ -184,7 +184,7 @@ class Scheduler:
             now = time.perf_counter()
             generation.began = now
             self._running.append(_Running(request, generation, sequence, now))
-            self._report_occupancy()  # before it counts as admitted (see tests/serving/conftest.py)
+            self._report_occupancy()  # the queue's depth drops before the admission is counted
             self.observer.admitted(now - request.arrived)
         self._report_occupancy()
 

@@ -1,7 +1,7 @@
 """The master's OpenAI-compatible HTTP API (aiohttp, on the master's own asyncio loop).
 
     POST /v1/completions        POST /v1/chat/completions   (stream: true -> server-sent events)
-    GET  /v1/models             GET  /health (200 once the group serves, else 503)   GET /live
+    GET  /v1/models, /v1/models/{id}    GET /health (200 once the group serves, else 503)   GET /live
 
 Why aiohttp: it runs on the event loop grpc.aio already drives in the master, so an HTTP request
 enters the very same LopaService.open_job as a gRPC one (one queue, one validation, one set of
