@@ -43,11 +43,12 @@ _SAME_NODE = "didn't match pod affinity rules"
 
 def scheduling_problem(pods: list[Pod]) -> tuple[str, str] | None:
     """(reason, message) naming what unschedulable pods lack, e.g. Insufficient nvidia.com/gpu."""
-    stuck = [(p["metadata"]["name"], msg) for p in pods if (msg := unschedulable(p))]
-    if not stuck:
+    stuck_pods = [(p, msg) for p in pods if (msg := unschedulable(p))]
+    if not stuck_pods:
         return None
-    anchored = [(p["metadata"]["name"], msg) for p in pods
-                if (msg := unschedulable(p)) and _SAME_NODE in msg and placement.requires_same_node(p)]
+    stuck = [(p["metadata"]["name"], msg) for p, msg in stuck_pods]
+    anchored = [(p["metadata"]["name"], msg) for p, msg in stuck_pods
+                if _SAME_NODE in msg and placement.requires_same_node(p)]
     if anchored:  # the cluster may have room, but not beside the group's first worker
         name, msg = anchored[0]
         head = ("the group's workers must share one node (spec.placement.sameNode: Required) and the "

@@ -30,6 +30,7 @@ from lopa.scheduling.request import Completion, QueueFull, RequestAborted, Sched
 from lopa.serving.master.jobs import GroupUnavailable
 from lopa.serving.master.links import WorkerLost
 from lopa.serving.master.openai_body import Parsed, body_field, chat_request, completion_request
+from lopa.serving.master.service import InvalidInBatch
 from lopa.serving.shared.config import TlsConfig
 from lopa.serving.shared.tls import ssl_context
 
@@ -139,15 +140,11 @@ class OpenAIApi:
             self.service.metrics.requests.labels("invalid").inc()
             return invalid("prompt", f"at most {queue_size} prompts per request (limits.queue_size), "
                                      f"got {len(parsed.requests)}")
-        for i, one in enumerate(parsed.batch):  # all of a batch valid before any of it is queued
-            try:
-                self.service.check(one)
-            except InvalidParameter as error:
-                return self._refused(error, chat, body, i)
-        try:  # all of a batch queued or none (a full queue): counts its refusals
+        try:  # all of a batch valid before any is queued, then all queued or none: counts its refusals
             jobs = self.service.open_jobs(parsed.requests, parsed.stream, None)
         except (InvalidParameter, QueueFull, GroupUnavailable) as error:
-            return self._refused(error, chat, body, None)
+            index = error.index if isinstance(error, InvalidInBatch) and parsed.batch else None
+            return self._refused(error, chat, body, index)
         ident = f"{'chatcmpl' if chat else 'cmpl'}-{uuid.uuid4().hex}"
         settled: set[int] = set()  # the jobs already counted in the request metrics
         try:

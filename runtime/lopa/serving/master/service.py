@@ -47,6 +47,14 @@ log = logging.getLogger("lopa.master")
 SERVICE = "lopa.v1.Lopa"
 
 
+class InvalidInBatch(InvalidParameter):
+    """The InvalidParameter of request `index` of those opened together."""
+
+    def __init__(self, index: int, error: InvalidParameter) -> None:
+        super().__init__(error.field, error.reason)
+        self.index = index
+
+
 class LopaService(lopa_pb2_grpc.LopaServicer):
     def __init__(self, config: ServingConfig, path: Path, group: WorkerGroup, metrics: MasterMetrics) -> None:
         self.config, self.group, self.metrics = config, group, metrics
@@ -143,13 +151,16 @@ class LopaService(lopa_pb2_grpc.LopaServicer):
     def open_jobs(
         self, requests: Sequence[lopa_pb2.GenerateRequest], stream: bool, remaining_s: float | None
     ) -> list[Job]:
-        """open_job for several (an HTTP batch): all valid, then all queued or none."""
+        """open_job for several (an HTTP batch): all valid (else InvalidInBatch, naming which, counted
+        once), then all queued or none."""
         n = len(requests)
-        try:
-            submitted = [self._validate(request) for request in requests]
-        except InvalidParameter:
-            self.metrics.requests.labels("invalid").inc(n)
-            raise
+        submitted = []
+        for index, request in enumerate(requests):
+            try:
+                submitted.append(self._validate(request))
+            except InvalidParameter as error:
+                self.metrics.requests.labels("invalid").inc()
+                raise InvalidInBatch(index, error) from None
         if self.draining:
             self.metrics.requests.labels("unavailable").inc(n)
             raise GroupUnavailable("the master is shutting down (draining its requests): retry elsewhere")
@@ -174,15 +185,6 @@ class LopaService(lopa_pb2_grpc.LopaServicer):
             self.metrics.requests.labels("unavailable").inc(n)
             raise GroupUnavailable(str(error)) from None
         return jobs
-
-    def check(self, request: lopa_pb2.GenerateRequest) -> None:
-        """Validate without queueing (a batch is checked whole before any of it is queued):
-        InvalidParameter naming the field, counted."""
-        try:
-            self._validate(request)
-        except InvalidParameter:
-            self.metrics.requests.labels("invalid").inc()
-            raise
 
     def settle(self, outcome: Any) -> Completion | BaseException:
         """A job's outcome, counted: the Completion, or the error to report (see status_of)."""
