@@ -89,6 +89,15 @@ class WorkersConfig:
     rendezvous: str = "127.0.0.1:29500"
     join_timeout_s: float = 600.0
     step_timeout_s: float = 60.0
+    # The group's shared secret: every worker RPC and the rendezvous present it (see the README's
+    # security section); "" = none, any client that reaches a worker port may drive it.
+    secret_file: str = ""
+    # Mutual TLS of the master-worker link (PEM files): a worker serves tls_cert and accepts only
+    # clients whose certificate tls_ca signed; the master presents tls_cert and checks the workers'
+    # against tls_ca. "" = plaintext.
+    tls_cert: str = ""
+    tls_key: str = ""
+    tls_ca: str = ""
 
 
 @dataclass(frozen=True)
@@ -286,6 +295,11 @@ def _check_workers(workers: WorkersConfig) -> None:
     _port("workers.metrics_port", workers.metrics_port)  # 0 = no metrics endpoint
     _positive_seconds("workers.join_timeout_s", workers.join_timeout_s)
     _positive_seconds("workers.step_timeout_s", workers.step_timeout_s)
+    tls = {"tls_cert": workers.tls_cert, "tls_key": workers.tls_key, "tls_ca": workers.tls_ca}
+    missing = [key for key, value in tls.items() if not value]
+    if any(tls.values()) and missing:  # mutual TLS needs all three: else one side would skip a check
+        raise ConfigError(f"workers.{missing[0]}: mutual TLS of the worker link needs tls_cert, tls_key "
+                          "and tls_ca together")
 
 
 def _at_least(key: str, value: int, lowest: int) -> None:
