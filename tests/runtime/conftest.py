@@ -1,5 +1,5 @@
 """Shared runtime fixtures: a small random checkpoint in the real on-disk format, the bundled model's
-engine, one torch thread for the whole session and a way to run a test on more."""
+engine, one torch thread for the whole test run and a way to run a test on more."""
 
 from __future__ import annotations
 
@@ -38,7 +38,7 @@ def one_torch_thread() -> Iterator[None]:
 
 @pytest.fixture
 def thread_count() -> Iterator[Callable[[int], None]]:
-    """torch.set_num_threads for this test; the session's count comes back after it."""
+    """torch.set_num_threads for this test; the test run's count comes back after it."""
     import torch
 
     previous = torch.get_num_threads()

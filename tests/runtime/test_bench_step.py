@@ -1,7 +1,7 @@
 """`lopa bench step` and `lopa bench write-checkpoint` end to end on the CPU (a tiny preset).
 
 They check the tables are well formed and consistent, never how fast anything is: timings belong in
-runtime/BENCHMARKS.md (GPU numbers come from the lent GPU machine).
+runtime/BENCHMARKS.md (GPU numbers come from a GPU machine).
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """The CUDA path: bf16 against fp32 on the CPU, graphs against eager, CUDA against the CPU token for token.
 
-Needs a GPU: every test here skips cleanly without one (CI has none); they run on the lent GPU
+Needs a GPU: every test here skips cleanly without one (CI has none); run them on a GPU
 machine (`pytest tests/runtime/test_cuda.py tests/serving/test_cuda_serving.py`).
 """
 

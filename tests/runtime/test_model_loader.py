@@ -152,7 +152,7 @@ def test_wrong_shape(tmp_path: Path) -> None:
 
 @pytest.mark.parametrize("bad", [float("nan"), float("inf")])
 def test_non_finite_weights_are_refused_naming_the_file(tmp_path: Path, bad: float) -> None:
-    """Issue 10, finding 5: a NaN checkpoint loaded, became ready and answered 56 spaces."""
+    """A NaN or inf weight fails the load naming the tensor and the file, not a ready server."""
     write_random_checkpoint(tmp_path, tiny_config())
     path = tmp_path / "model.safetensors"
     tensors = load_file(path)

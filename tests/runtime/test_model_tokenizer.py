@@ -58,7 +58,7 @@ def test_unloadable_tokenizer_is_named(tmp_path: Path) -> None:
 
 
 def test_a_broken_tokenizer_json_is_named(tmp_path: Path) -> None:
-    """Issue 10, finding 7: it was reported as tokenizer_config.json."""
+    """The error names tokenizer.json, the file at fault, not tokenizer_config.json."""
     write_char_tokenizer(tmp_path)
     (tmp_path / "tokenizer.json").write_text('{"version": "1.0", "model": {"type": "NoSuchModel"')
     with pytest.raises(CheckpointError, match=r"tokenizer\.json: not a valid tokenizer file: "):
@@ -66,7 +66,7 @@ def test_a_broken_tokenizer_json_is_named(tmp_path: Path) -> None:
 
 
 def test_missing_tokenizer_files_are_one_clear_line(tmp_path: Path) -> None:
-    """Issue 10, finding 7: transformers' 5-line 'install sentencepiece or tiktoken' message."""
+    """One line naming the missing file, not transformers' 5-line 'install sentencepiece' advice."""
     write_char_tokenizer(tmp_path)
     (tmp_path / "tokenizer.json").unlink()
     with pytest.raises(CheckpointError) as error:

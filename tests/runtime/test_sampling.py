@@ -1,7 +1,7 @@
-"""Sampling is numerically safe over the whole accepted range of every knob (issue 10, finding 1).
+"""Sampling is numerically safe over the whole accepted range of every knob.
 
-Before the fix a temperature of 1e-40 or 1e-300 overflowed logits / temperature in fp32: NaN
-probabilities, torch.multinomial raised, and a served request took its worker group down.
+A temperature as small as 1e-40 or 1e-300 must not overflow logits / temperature in fp32: NaN
+probabilities would make torch.multinomial raise, and a served request take its worker group down.
 """
 
 from __future__ import annotations

@@ -63,7 +63,7 @@ def test_a_stopped_scheduler_refuses_requests_instead_of_keeping_them() -> None:
     first = submit(s)
     assert isinstance(first.outcome(SETTLE_S), Completion)
     s.stop()
-    # Before the fix this was queued and never settled: its caller waited forever.
+    # Refused at once: queued, it would never settle and its caller would wait forever.
     with pytest.raises(SchedulerStopped, match="stopping"):
         submit(s)
 
