@@ -194,9 +194,9 @@ def test_a_scale_up_beyond_a_resource_quota_is_reported_and_the_deployed_group_s
     kube: KubeCluster, namespace: str
 ) -> None:
     """A ResourceQuota on StatefulSets refuses a scale-up's new group (403 Forbidden, "exceeded
-    quota"). Before, the reconcile raised it for kopf to retry, so status never said why and READY
-    kept the deployed count; now the condition carries the API's message, the group that cannot be
-    created says so, and once the quota allows it the group is made."""
+    quota"). Status says why: Reconciled is False with the API's message and an ApplyFailed event
+    is posted; READY reads 1/2, the group that cannot be created says GroupNotCreated while group 0
+    serves, and once the quota allows it the group is made."""
     ensure_chart(kube)
     quota = {
         "apiVersion": "v1", "kind": "ResourceQuota",

@@ -1,4 +1,4 @@
-"""Every decoding setting is listed everywhere settings are listed (issue 16, first point).
+"""Every decoding setting is listed everywhere settings are listed.
 
 DecodingParams is the one declaration; each place that must name every setting (the CLI flags'
 help, the client's overrides, the wire, the OpenAI body, the operator's keys, the CRD, the config

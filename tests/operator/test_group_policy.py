@@ -164,8 +164,8 @@ _STATUS: list[dict] = [{}]
 
 def test_group_that_never_becomes_available_reaches_degraded() -> None:
     # A rank that never joins: every pod runs, the master never serves, and the worker exits
-    # at its join timeout (600 s); resetAfterSeconds is as long. This used to restart forever
-    # with the count stuck at 1, because the window started when the pods ran.
+    # at its join timeout (600 s); resetAfterSeconds is as long. The restarts must count up to
+    # Degraded, not restart forever with the count stuck at 1 (a window started when the pods ran).
     policy = {**POLICY, "resetAfterSeconds": 600, "maxGroupRestarts": 3}
     _STATUS[0] = {}
     memory, now, states = group.Memory(), NOW, []
@@ -277,7 +277,8 @@ def test_transition_time_kept_while_status_unchanged() -> None:
 
 
 def test_a_failed_workers_exit_reason_is_in_the_message() -> None:
-    """Issue 12, item 5: OOMKilled / the exit code reach the condition message and the event."""
+    """A failed worker's exit reason (OOMKilled, the exit code, its log's last line) reaches the
+    condition message and the event."""
     crashed = pod("d-worker-1", "b", restarts=1)
     crashed["status"]["containerStatuses"][0]["lastState"] = {
         "terminated": {"reason": "OOMKilled", "exitCode": 137}

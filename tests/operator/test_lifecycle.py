@@ -175,7 +175,7 @@ def test_restarts_exhausted_is_degraded(kube: KubeCluster, ns: str) -> None:
     assert "maxGroupRestarts=0" in condition(final, "Degraded")["message"]
     assert condition(final, "Available")["status"] == "False"
     assert final["status"]["groupRestarts"] == 0  # bounded: nothing was recreated
-    # Issue 12, item 5: bumping spec.restartTrigger recreates the Degraded group, count cleared.
+    # Bumping spec.restartTrigger recreates the Degraded group, its restart count cleared.
     before = {p["metadata"]["uid"] for p in kube.get_json("pods", "-n", ns)["items"]
               if p["metadata"]["name"].startswith(f"{name}-0-worker-")}
     kube.kubectl("patch", "lopadeployment", name, "-n", ns, "--type=merge",

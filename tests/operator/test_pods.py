@@ -139,7 +139,7 @@ def test_metrics_are_not_on_the_client_service() -> None:
 
 
 def test_the_http_api_renders_its_port_service_probe_and_config() -> None:
-    """Issue 13: spec.service.httpPort turns on the master's OpenAI-compatible API."""
+    """spec.service.httpPort turns on the master's OpenAI-compatible API."""
     objs = by_kind(render.children("h", "ns", {"service": {"httpPort": 8080}}))
     master = objs["Deployment/h-0-master"]["spec"]["template"]["spec"]["containers"][0]
     assert {"name": "http", "containerPort": names.HTTP_PORT, "protocol": "TCP"} in master["ports"]
@@ -167,7 +167,7 @@ def test_the_http_api_renders_its_port_service_probe_and_config() -> None:
 
 
 def test_pods_get_a_grace_period_that_covers_the_drain() -> None:
-    """Issue 12, item 4: SIGTERM drains requests for up to limits.requestTimeoutSeconds."""
+    """SIGTERM drains requests for up to limits.requestTimeoutSeconds: the grace period covers it."""
     worker, master = pod_specs("g", {"limits": {"requestTimeoutSeconds": 120}})
     # the master's preStop sleep (out of the Services first), the longest request, the margin;
     # the workers get as long: they serve the steps of their master's drain

@@ -1,4 +1,4 @@
-"""End to end (issue 14): the pods the operator renders run, form their group and answer.
+"""End to end: the pods the operator renders run, form their group and answer.
 
 The CPU sample (manifests/samples/cpu.yaml: 2 branch workers) is applied with the operator
 running; the scheduler binds its pods to the process node of `kube.pod_runner` (the kwok nodes

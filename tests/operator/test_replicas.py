@@ -1,4 +1,4 @@
-"""Replicas of groups on the real control plane (issue 12): scale subresource, HPA, per-group
+"""Replicas of groups on the real control plane: scale subresource, HPA, per-group
 restarts and group-at-a-time rollouts. kwok plays the kubelets (pods turn Ready without running).
 """
 
