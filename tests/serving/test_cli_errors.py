@@ -75,7 +75,7 @@ def closed_address() -> str:
         ("--branches", "-1", "must be >= 0, got -1"),
         ("--seed", "-1", "must be >= 0, got -1"),
         ("--top-k", "-1", "must be >= 0, got -1"),
-        # Issue 10, finding 7: these said ">= 0" though the server refuses 0, or were accepted.
+        # The bound named is the one the server applies (>= 1, > 0): 0 is refused before sending.
         ("--max-new-tokens", "-5", "must be >= 1, got -5"),
         ("--max-new-tokens", "0", "must be >= 1, got 0"),
         ("--block-size", "0", "must be >= 1, got 0"),
@@ -352,7 +352,7 @@ def test_serve_stops_the_workers_and_fails_when_its_master_dies(checkpoint: Path
 
 
 def test_serve_killed_outright_leaves_no_process_and_no_temp_folder(checkpoint: Path, tmp_path: Path) -> None:
-    """Issue 10, finding 2: SIGKILL of `lopa serve` left its master and workers SERVING on the port."""
+    """SIGKILL of `lopa serve` takes its master and workers down too and frees the port."""
     if not Path(f"/proc/{os.getpid()}/task/{os.getpid()}/children").exists():
         pytest.skip("needs /proc/PID/task/PID/children to find the children")
     temp = tmp_path / "tmp"
@@ -383,7 +383,7 @@ def test_serve_killed_outright_leaves_no_process_and_no_temp_folder(checkpoint: 
 
 
 def test_serve_with_logs_reports_why_a_child_failed_and_where(checkpoint: Path, tmp_path: Path) -> None:
-    """Issue 10, finding 7: with --logs DIR a broken model printed only exit codes."""
+    """With --logs DIR a broken model's failure names the child, its exit code and its log's last line."""
     model, logs = tmp_path / "model", tmp_path / "logs"
     shutil.copytree(checkpoint, model)
     logs.mkdir()
@@ -443,8 +443,9 @@ LONGER_THAN_THE_MODEL = (
 def test_master_and_worker_refuse_a_default_answer_longer_than_the_model(
     capsys: pytest.CaptureFixture[str], tmp_path: Path, command: list[str]
 ) -> None:
-    """Issue 10, finding 3: every request without its own max_new_tokens would fail, naming a value
-    the client never sent; the file is refused at start instead, naming the key."""
+    """A default answer longer than the model would fail every request without its own
+    max_new_tokens, naming a value the client never sent: the file is refused at start instead,
+    naming the key."""
     path = tmp_path / "lopa.yaml"
     path.write_text(yaml.safe_dump({
         "decoding": {"max_new_tokens": 512}, "limits": {"max_new_tokens": 512},
@@ -463,8 +464,8 @@ def test_serve_refuses_a_default_answer_longer_than_the_model(capsys: pytest.Cap
 def test_a_bad_lopa_defaults_json_is_named_by_generate_master_and_worker(
     capsys: pytest.CaptureFixture[str], tmp_path: Path, checkpoint: Path
 ) -> None:
-    """Issue 10, finding 7: generate blamed --block-size (a flag nobody passed); the worker accepted
-    the same file silently."""
+    """A bad lopa_defaults.json is named by generate, master and worker alike (not a flag nobody
+    passed, such as --block-size)."""
     model = tmp_path / "model"
     shutil.copytree(checkpoint, model)
     (model / "lopa_defaults.json").write_text('{"block_size": 0}')

@@ -139,7 +139,7 @@ def test_a_file_that_is_not_utf8_is_named(tmp_path: Path) -> None:
 
 
 def test_a_key_given_twice_is_refused(tmp_path: Path) -> None:
-    """Issue 10, finding 8: YAML kept the last value silently."""
+    """A duplicate key is an error naming it and its line, not the last value kept silently."""
     path = tmp_path / "lopa.yaml"
     path.write_text("decoding:\n  branches: 1\n  tau_conf: 0.8\n  branches: 3\n")
     with pytest.raises(ConfigError) as error:

@@ -1,4 +1,4 @@
-"""Graceful drain (issue 12, item 4): SIGTERM to a group's processes, as a pod deletion sends it.
+"""Graceful drain: SIGTERM to a group's processes, as a pod deletion sends it.
 
 The master stops admitting (health NOT_SERVING, new requests UNAVAILABLE naming the shutdown),
 finishes every request queued or running, then exits; the workers keep serving its steps until it

@@ -1,10 +1,10 @@
-"""No valid request takes a worker group down (issue 10, finding 1).
+"""No valid request takes a worker group down.
 
 Every numeric knob at the edges of its accepted range, alone and combined, as request overrides
 and as the config's decoding defaults, against a real 2-worker group: each request succeeds or
 gets INVALID_ARGUMENT naming the field, and the worker processes are the same ones afterwards.
-Before the fix a temperature of 1e-40 made a worker exit (NaN probabilities in torch.multinomial)
-and the whole group restart.
+A temperature of 1e-40, for one, must not make a worker exit (NaN probabilities in
+torch.multinomial) and the whole group restart.
 """
 
 from __future__ import annotations

@@ -113,8 +113,8 @@ def streamed_ids(chunks: list) -> list[int]:
 def test_streamed_ids_equal_the_unary_ids_when_a_stop_cuts_the_answer(
     client: LopaClient, k: int, mode: str
 ) -> None:
-    """Issue 10, finding 4: the stream sent the ids decoded past a stop string (36 of 120
-    stop / decoding combinations differed from the unary answer); its text was right."""
+    """The stream sends no id decoded past a stop string: its ids equal the unary answer's for
+    every stop / decoding combination, as its text does."""
     settings = {"branches": k, "attention": mode, "max_new_tokens": 48}
     whole = client.generate(PROMPT, timeout=60, **settings).text
     assert len(whole) >= 12, whole
@@ -276,7 +276,7 @@ def test_an_expired_client_deadline_is_counted_as_a_deadline(
 def test_killed_worker_fails_requests_then_the_restarted_group_serves(
     cluster: LocalCluster, client: LopaClient, local: Decoder
 ) -> None:
-    """Issue 11: a SIGKILLed worker fails every running request with UNAVAILABLE within 10 s; the
+    """A SIGKILLed worker fails every running request with UNAVAILABLE within 10 s; the
     requests still queued (24 sent, 8 KV slots) wait and are served by the restarted group."""
     details: list[str] = []
     sent = 24  # 8 decoding + 16 queued (queue_size 16)
@@ -305,7 +305,7 @@ def test_killed_worker_fails_requests_then_the_restarted_group_serves(
         killed_at = time.monotonic()
         cluster.workers[1].send_signal(signal.SIGKILL)
         done, queued = wait(futures, timeout=10.0)
-        # Issue 10, finding 7: the requests in flight were told that rank 1 was lost.
+        # The requests in flight are told that rank 1 was lost, not that rank 0 was cancelled.
         assert any("worker rank 1" in d for d in details), details
         assert not any("rank 0" in d and "CANCELLED" in d for d in details), details
         failed = [(code, at) for code, at in (f.result() for f in done) if not isinstance(code, list)]
@@ -327,7 +327,7 @@ def test_killed_worker_fails_requests_then_the_restarted_group_serves(
             assert ids == expected[index[future] % 4]
     reply = client.generate(PROMPT, timeout=60, branches=3)
     assert list(reply.token_ids) == local_ids(local, PROMPT, branches=3)
-    # Issue 10, finding 9: the loss, the new group and request latencies are in the metrics.
+    # The loss, the new group and request latencies are in the metrics.
     samples = metric_samples(cluster.config.master.metrics_port)
     assert samples["lopa_group_losses_total"] >= 1 and samples["lopa_group_attaches_total"] >= 2
     assert samples["lopa_request_seconds_count"] >= sent and samples["lopa_queue_seconds_count"] >= sent
@@ -336,8 +336,8 @@ def test_killed_worker_fails_requests_then_the_restarted_group_serves(
 def test_a_frozen_worker_takes_the_group_out_of_serving_within_seconds(
     checkpoint: Path, tmp_path: Path
 ) -> None:
-    """Issue 10, finding 9: an idle group stayed SERVING while a worker was frozen (no step waited on
-    it, so the step timeout never fired); the master's keepalive pings now find it."""
+    """An idle group leaves SERVING within seconds when a worker freezes: no step waits on it, so
+    no step timeout fires; the master's keepalive pings find it."""
     config = loopback_config(parse_config(base_config(checkpoint)), workers=2)  # step timeout 20 s
     cluster = LocalCluster(config, tmp_path, log_dir=tmp_path)
     cluster.start(timeout=120)

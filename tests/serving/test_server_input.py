@@ -234,7 +234,7 @@ def test_invalid_utf8_is_invalid_argument_naming_the_field(
     client: LopaClient, caplog: pytest.LogCaptureFixture, request_: lopa_pb2.GenerateRequest, text: str,
     field: str,
 ) -> None:
-    """Issue 10, finding 6: gRPC answered UNKNOWN and logged a traceback at ERROR per request."""
+    """INVALID_ARGUMENT naming the field, not UNKNOWN with a traceback logged at ERROR per request."""
     for method in ("Generate", "GenerateStream"):
         with caplog.at_level("ERROR"):
             error = _raw_call(client, method, _with_bad_utf8(request_, text))
@@ -250,7 +250,7 @@ def test_bytes_that_are_no_request_at_all_are_invalid_argument(client: LopaClien
 
 
 def test_a_text_prompt_holding_the_mask_token_names_the_prompt(client: LopaClient) -> None:
-    """Issue 10, finding 7: it was reported as prompt_token_ids, a field the client never sent."""
+    """The error names prompt, the field sent, not prompt_token_ids, which the client never sent."""
     details = refused(client, "ab<|mask|>cd")
     assert details.startswith("prompt: contains the mask token (id "), details
     assert refused(client, [5, 1000]).startswith("prompt_token_ids: ids [1000] are outside the vocabulary")

@@ -23,7 +23,7 @@ def test_deltas_hold_back_a_possible_stop_and_flush_at_the_end() -> None:
     mask = 0
     assert tracker.step([1, 0, 2], mask) == (0, [1], "a")  # "b" could start the stop: held back
     assert tracker.step([1, 2, 3, 0], mask) == (1, [2], "bc")  # "<" too, and its token
-    # The stop arrived: the text is cut there and no id past it is sent (before the fix: [3, 4, 5]).
+    # The stop arrived: the text is cut there and no id past it is sent (not [3, 4, 5]).
     assert tracker.step([1, 2, 3, 4, 5], mask) == (2, [], "")
     assert tracker.finish("abc", [1, 2]) == (2, [], "")
     plain = DeltaTracker(lambda ids: "".join(vocab[i] for i in ids), frozenset({9}))
@@ -39,8 +39,8 @@ def test_the_last_chunk_carries_the_ids_held_back() -> None:
 
 
 def test_two_stop_strings_cut_at_the_earliest_whatever_their_order() -> None:
-    # One step reveals both stops; the one listed first comes later in the text. Before the fix the
-    # stream sent "ba" (it cut at "hm"), then could not finish: the answer is cut at "ba".
+    # One step reveals both stops; the one listed first comes later in the text. The stream must
+    # cut at "ba", the earliest (cut at "hm" it would send "ba", then could not finish).
     vocab = {1: "ddq", 2: "ijq", 3: "bah", 4: "hmd"}
     text = lambda ids: "".join(vocab[i] for i in ids)  # noqa: E731
     tracker = DeltaTracker(text, frozenset(), stop=("hm", "ba"))

@@ -1,5 +1,5 @@
-"""A failure inside one request's share of a step fails that request, not the worker group
-(issue 10, finding 1): the worker answers with the error instead of leaving, the master fails the
+"""A failure inside one request's share of a step fails that request, not the worker group:
+the worker answers with the error instead of leaving, the master fails the
 request with INTERNAL and keeps the group; a device fault still takes the worker out."""
 
 from __future__ import annotations
@@ -140,7 +140,7 @@ class _CancelledLink(_Link):
 
 
 def test_a_lost_group_is_reported_by_its_cause_not_by_the_cancelled_rank() -> None:
-    """Issue 10, finding 7: after a SIGKILL of rank 1 the client was told rank 0 was cancelled."""
+    """After a SIGKILL of rank 1 the error names rank 1's lost stream, not rank 0 cancelled."""
     from lopa.decoding.executor import BranchWindow
 
     group = _Group([])
