@@ -1,12 +1,12 @@
 #!/usr/bin/env bash
-# The GPU checks of runtime/BENCHMARKS.md as one prepared run for a lent GPU machine (CI has none):
+# The GPU checks of runtime/BENCHMARKS.md as one run on a GPU machine (CI has none):
 # the CUDA tests, then the concurrency sweeps of the 7B-shaped random checkpoint
 # (it prints its measured branch budget and, per level, the CUDA graphs it captured), with every
 # round captured, with large rounds eager (LOPA_CUDA_GRAPH_TOKENS) and with the layers' elementwise
 # steps compiled (LOPA_TORCH_COMPILE), torch.profiler tables of the first two, and the GPU's
 # utilisation.
-# Every step has a time limit (670 s in all, most steps finish well within theirs: a device call of
-# 600 s may cut the last sweep short, whose log still comes back under $OUT/logs); when the script
+# Every step has a time limit (670 s in all, most steps finish well within theirs: a run limited to
+# 600 s may cut the last sweep short, whose log is still under $OUT/logs); when the script
 # finishes, the logs and JSON go to one tarball, ${OUT:-gpu-checks}/gpu-checks.tgz.
 # It uses the machine's python3 and torch. Wheels the machine lacks (grpcio >= 1.85.1,
 # grpcio-health-checking) are installed from .whl/ when present; get them where PyPI is reachable:
@@ -55,7 +55,7 @@ LOPA_CUDA_GRAPH_TOKENS=256 step sweep-7b-eager-large 150 python3 -m lopa bench c
     --max-new-tokens 64 --passes 2 --json "$logs/sweep-7b-eager-large.json" \
     --profile "$logs/profile-7b-eager-large"
 # The layers' elementwise steps fused by torch.compile (every round captured): last, as the least
-# sure to fit; the logs come back even when the device call's limit cuts it short.
+# sure to fit; the logs are kept even when a time limit on the whole run cuts it short.
 LOPA_TORCH_COMPILE=1 step sweep-7b-compiled 130 python3 -m lopa bench concurrency --model /tmp/lopa-d7b \
     --device cuda --dtype bfloat16 --levels 1,8 --requests 32 --branches 3 --max-new-tokens 64 \
     --passes 2 --json "$logs/sweep-7b-compiled.json"

@@ -81,7 +81,7 @@ fi
 command -v go >/dev/null || { echo "build.sh: 'go' is not on PATH" >&2; exit 2; }
 mkdir -p "$BIN_DIR"
 
-# One build at a time per cache key: concurrent pytest sessions or make runs wait here
+# One build at a time per cache key: concurrent pytest or make runs wait here
 # instead of compiling the same thing twice on a 2-core machine.
 exec 9>"$CACHE_ROOT/$KEY/.lock"
 if ! flock -n 9; then
