@@ -27,6 +27,7 @@ testenv:
 
 lint: install
 	$(VENV)/bin/ruff check .
+	$(VENV)/bin/lint-imports
 
 test: install testenv lint
 	$(PY) -m pytest tests

@@ -9,14 +9,15 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
+from lopa.bundled import bundled_model_dir
 from lopa.decoding.decoder import Decoder, StepEvent
-from lopa.execution.calibration import measured_tokens
 from lopa.execution.local import LocalExecutor
-from lopa.execution.openmp import release_thread_pool
+from lopa.host.openmp import release_thread_pool
 from lopa.model.loader import LoadedModel, load_model
 from lopa.model.tokenizer import chat_prompt_ids
 from lopa.params import DecodingParams, InvalidParameter, check_length
 from lopa.scheduling.budget import Budget, default_budget
+from lopa.scheduling.calibration import measured_tokens
 from lopa.scheduling.request import Completion, Request, Waiter
 from lopa.scheduling.scheduler import Observer, Scheduler
 
@@ -25,11 +26,6 @@ DEFAULT_MAX_BATCH = 8
 DEFAULT_QUEUE_SIZE = 1024
 
 __all__ = ["Completion", "LocalEngine", "bundled_model_dir"]
-
-
-def bundled_model_dir() -> Path:
-    """The small D2F model shipped inside the package (the embedded default)."""
-    return Path(__file__).resolve().parent / "bundled" / "model"
 
 
 class LocalEngine:
@@ -54,7 +50,7 @@ class LocalEngine:
             self.executor, mask_id=loaded.special.mask, eos_ids=loaded.special.eos, max_length=self.max_length
         )
         # 0 or None: the device's default, as limits.max_step_tokens = 0 is for a served group: on an
-        # accelerator measured on this model now (lopa.execution.calibration), unless one request at
+        # accelerator measured on this model now (lopa.scheduling.calibration), unless one request at
         # a time runs (a lone request is never cut: nothing to measure for)
         if not max_step_tokens and max_batch > 1:
             max_step_tokens = measured_tokens(self.window_model, str(device))
@@ -63,7 +59,7 @@ class LocalEngine:
             self.decoder, self.executor, self.decode, DEFAULT_QUEUE_SIZE, budget, observer
         )
         # Forwards run on the scheduler thread: this thread's OpenMP pool (from loading the model)
-        # would otherwise slow every op there (lopa.execution.openmp).
+        # would otherwise slow every op there (lopa.host.openmp).
         release_thread_pool()
 
     @classmethod

@@ -7,7 +7,7 @@ from collections.abc import Callable, Sequence
 
 import torch
 
-from lopa.execution.protocol import WindowBatch, WindowModel
+from lopa.model.protocol import WindowBatch, WindowModel
 from lopa.params import AttentionMode
 
 MAX_LENGTH = 96

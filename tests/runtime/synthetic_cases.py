@@ -17,7 +17,7 @@ from lopa.decoding.decoder import Decoder, GenerationResult, StepEvent
 from lopa.decoding.executor import BranchWindow
 from lopa.decoding.rules import PositionStat
 from lopa.execution.local import LocalExecutor
-from lopa.execution.protocol import WindowBatch, WindowModel
+from lopa.model.protocol import WindowBatch, WindowModel
 from lopa.params import DecodingParams
 from lopa.synthetic.rule_model import Rule, SyntheticModel, peaked
 

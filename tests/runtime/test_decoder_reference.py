@@ -24,7 +24,7 @@ from synthetic_cases import (
     synthetic_model,
 )
 
-from lopa.execution.protocol import WindowBatch, WindowModel
+from lopa.model.protocol import WindowBatch, WindowModel
 from lopa.params import AttentionMode, ConfKind, DecodingParams
 
 # -- the reference ----------------------------------------------------------------------------------

@@ -7,9 +7,9 @@ import random
 
 import torch
 
-from lopa.decoding.executor import BranchWindow
+from lopa.decoding.executor import BranchWindow, VerifyPart
 from lopa.engine import bundled_model_dir
-from lopa.execution.local import LocalExecutor, VerifyPart
+from lopa.execution.local import LocalExecutor
 from lopa.model import DreamWindowModel
 from lopa.model.loader import load_model
 from lopa.params import ConfKind, DecodingParams

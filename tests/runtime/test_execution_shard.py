@@ -6,8 +6,8 @@ from pathlib import Path
 
 import torch
 
-from lopa.decoding.executor import BranchWindow
-from lopa.execution.local import LocalExecutor, VerifyPart
+from lopa.decoding.executor import BranchWindow, VerifyPart
+from lopa.execution.local import LocalExecutor
 from lopa.execution.shard import CommitOrder, ShardExecutor
 from lopa.model.loader import load_model
 from lopa.params import DecodingParams

@@ -4,7 +4,6 @@ capture and replay run in tests/runtime/test_cuda.py on a GPU)."""
 import pytest
 import torch
 
-from lopa.execution.protocol import WindowBatch
 from lopa.model.graph_layout import (
     CACHE_STEP,
     MAX_BATCHED_WIDTH,
@@ -18,6 +17,7 @@ from lopa.model.graph_layout import (
     compact_tokens,
     padded_requests,
 )
+from lopa.model.protocol import WindowBatch
 from lopa.params import AttentionMode
 
 

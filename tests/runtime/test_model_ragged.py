@@ -12,10 +12,10 @@ import pytest
 import torch
 
 from lopa.engine import bundled_model_dir
-from lopa.execution.protocol import WindowBatch
 from lopa.model import DreamModel, DreamWindowModel
 from lopa.model.invariant import tiled_linear
 from lopa.model.loader import load_model
+from lopa.model.protocol import WindowBatch
 from lopa.params import AttentionMode
 
 MAX_LENGTH = 64

@@ -17,11 +17,11 @@ from round_cases import MAX_LENGTH, ROUNDS, play_rounds, round_batch
 
 from lopa.bench.concurrency import captures_of
 from lopa.engine import bundled_model_dir
-from lopa.execution.protocol import WindowBatch
 from lopa.model import DreamModel, DreamWindowModel
 from lopa.model.cuda_graphs import WindowGraphs, round_staging
 from lopa.model.graph_layout import MAX_LAYOUT_TOKENS, Bucket
 from lopa.model.loader import load_model
+from lopa.model.protocol import WindowBatch
 from lopa.model.window import GRAPH_TOKENS_ENV, graph_capture_tokens, graph_staging
 from lopa.params import AttentionMode
 from lopa.synthetic.checkpoint import random_model, tiny_config

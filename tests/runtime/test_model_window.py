@@ -3,8 +3,8 @@
 import pytest
 import torch
 
-from lopa.execution.protocol import WindowBatch
 from lopa.model import DreamModel, DreamWindowModel, build_window_mask
+from lopa.model.protocol import WindowBatch
 from lopa.params import AttentionMode
 from lopa.synthetic import tiny_config
 from lopa.synthetic.checkpoint import random_weights

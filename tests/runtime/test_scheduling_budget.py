@@ -63,7 +63,7 @@ def test_the_budget_is_per_executor_with_rows_spread_from_each_slot() -> None:
 
 
 def test_defaults_per_device_kind_are_the_documented_ones() -> None:
-    # cuda's: the fixed count until (or when not) measured (lopa.execution.calibration)
+    # cuda's: the fixed count until (or when not) measured (lopa.scheduling.calibration)
     cpu, cuda = default_budget("cpu"), default_budget("cuda:3")
     assert default_budget("npu") == cuda == Budget(512)
     assert cuda.limit([ask(3, width=128)] * 8, executors=4) == cuda.tokens  # a fixed count per worker

@@ -1,6 +1,6 @@
 """A group runs the branch budget its workers measured at start (an accelerator's default): a real
 worker and master over gRPC, the worker's measurement standing in for a GPU's (CI has none;
-lopa.execution.calibration's own measurement is tested in tests/runtime)."""
+lopa.scheduling.calibration's own measurement is tested in tests/runtime)."""
 
 from __future__ import annotations
 

@@ -26,12 +26,12 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-from lopa.decoding.executor import BranchWindow
-from lopa.execution.calibration import COST_FACTOR, TOKENS, largest_within
-from lopa.execution.local import LocalExecutor, OutputPlan, VerifyPart
+from lopa.decoding.executor import BranchWindow, VerifyPart
+from lopa.execution.local import LocalExecutor, OutputPlan
 from lopa.model.dream import DreamModel
 from lopa.model.window import DreamWindowModel
 from lopa.params import DecodingParams
+from lopa.scheduling.calibration import COST_FACTOR, TOKENS, largest_within
 
 MASKED_FRACTION = 0.625  # of a window: one block partly decoded, the next still masked (D2F's usual state)
 COPY_BYTES = 2 * 1024**3
@@ -259,7 +259,7 @@ def _one_step(
 
 def suggested_step_tokens(rounds: Sequence[dict], factor: float = COST_FACTOR) -> int | None:
     """The branch budget (limits.max_step_tokens) the batched rounds measured here suggest, by the
-    rule a worker applies at start on an accelerator (lopa.execution.calibration): the largest
+    rule a worker applies at start on an accelerator (lopa.scheduling.calibration): the largest
     round of at most TOKENS[-1] tokens whose time is at most `factor` x the smallest round's. None
     without such rounds."""
     times = {row["tokens"]: row["ms"] for row in rounds if row["tokens"] <= TOKENS[-1]}

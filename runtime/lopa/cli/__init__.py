@@ -49,7 +49,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     if args.command in IN_PROCESS_MODEL_COMMANDS:
-        from lopa.execution.cpu_budget import fit_torch_threads
+        from lopa.host.cpu_budget import fit_torch_threads
 
         fit_torch_threads()  # a container's CPU limit, which torch does not see
     try:

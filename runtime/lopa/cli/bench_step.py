@@ -13,10 +13,10 @@ import torch
 from lopa.bench import step
 from lopa.bench.rows import check_json, markdown_table, show_row
 from lopa.cli.preflight import device_problem
-from lopa.execution.calibration import COST_FACTOR
 from lopa.model.dream import DreamModel
 from lopa.model.loader import load_model, parse_dtype
 from lopa.params import MAX_BRANCHES, InvalidParameter
+from lopa.scheduling.calibration import COST_FACTOR
 from lopa.serving.shared.config import DTYPES
 from lopa.synthetic.checkpoint import (
     PRESETS,

@@ -38,7 +38,7 @@ def run(args: argparse.Namespace) -> int:
     from lopa.serving.worker.service import exit_now, serve_worker  # torch import only for this command
 
     logging.basicConfig(level=args.log_level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    from lopa.execution.cpu_budget import fit_torch_threads
+    from lopa.host.cpu_budget import fit_torch_threads
 
     fit_torch_threads()  # a pod's CPU limit, which torch does not see
     # A worker has nothing to flush, and may be blocked inside a collective join: stop at once.

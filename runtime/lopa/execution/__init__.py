@@ -1,10 +1,9 @@
-"""Executors: how a round's candidates are verified on devices (the decoder's Executor protocol).
+"""Executors: how a round's candidates are verified on devices (the contract is
+lopa.decoding.executor; the window forward they drive is lopa.model.protocol).
 
-protocol   the WindowModel protocol between executors and models
 local      every candidate in one batched forward on one device (LocalExecutor)
 sampling   per-position statistics (x_hat, P, Conf) from logits
-openmp     one OpenMP thread pool per process: the loading thread hands its pool back
-cpu_budget the CPU threads torch may run (a container's CPU quota included)
+faults     which errors mean the device itself failed
 placement  which rank verifies which candidate when several ranks share a round
 shard      one rank's share of a round, and the commits between ranks (ShardExecutor)
 """

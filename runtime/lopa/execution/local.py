@@ -3,15 +3,15 @@ several requests (sequences) in one ragged forward."""
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 
 import torch
 
-from lopa.decoding.executor import BranchWindow
+from lopa.decoding.executor import BranchWindow, PartOutcome, VerifyPart, verify_alone
 from lopa.decoding.rules import PositionStat
-from lopa.execution.protocol import WindowBatch, WindowModel
 from lopa.execution.sampling import position_stats
+from lopa.model.protocol import WindowBatch, WindowModel
 from lopa.params import DecodingParams
 
 _STREAM_STRIDE = 0x9E3779B97F4A7C15  # spreads the candidates' seeds over 64 bits (golden ratio)
@@ -44,33 +44,7 @@ class OutputPlan:
         self.from_stored = tuple(from_stored)
 
 
-@dataclass(frozen=True)
-class VerifyPart:
-    """One sequence's verification in a batched round (see LocalExecutor.verify_many)."""
-
-    sequence: int
-    start: int
-    n_stage: int
-    windows: Sequence[BranchWindow]
-    # Each window's candidate index in the request's round (None: its index in windows). A worker
-    # verifying a share of the candidates passes theirs, so each samples from its own stream.
-    candidates: Sequence[int] | None = None
-
-
-# Per part: its statistics per candidate, or the error that failed this part alone.
-PartOutcome = list[list[PositionStat]] | Exception
 DeviceStats = tuple[torch.Tensor, torch.Tensor, torch.Tensor]  # (x_hat, P, Conf) of a part's positions
-
-
-def verify_alone(
-    verify_many: Callable[[Sequence[VerifyPart]], list[PartOutcome]], part: VerifyPart
-) -> list[list[PositionStat]]:
-    """One request's round through a batched verify (the Decoder's Executor protocol): its
-    statistics, or its error raised."""
-    (outcome,) = verify_many([part])
-    if isinstance(outcome, Exception):
-        raise outcome
-    return outcome
 
 
 @dataclass

@@ -17,7 +17,8 @@ from dataclasses import dataclass, replace
 
 import torch
 
-from lopa.execution.local import LocalExecutor, PartOutcome, VerifyPart
+from lopa.decoding.executor import PartOutcome, VerifyPart
+from lopa.execution.local import LocalExecutor
 from lopa.execution.placement import candidates_on
 from lopa.model.window import DreamWindowModel
 from lopa.params import DecodingParams

@@ -1,4 +1,5 @@
-"""The Dream model (plain torch), its static KV cache, and the WindowModel the executors drive."""
+"""The Dream model (plain torch), its static KV cache, and the window forward (protocol: the
+WindowModel contract the executors drive)."""
 
 from lopa.model.config import DreamConfig
 from lopa.model.dream import DreamModel

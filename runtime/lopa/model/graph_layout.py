@@ -18,7 +18,7 @@ from dataclasses import dataclass
 
 import torch
 
-from lopa.execution.protocol import WindowBatch
+from lopa.model.protocol import WindowBatch
 from lopa.params import AttentionMode
 
 WIDTH_STEP = 16

@@ -25,8 +25,7 @@ from collections.abc import Sequence
 
 import torch
 
-from lopa.execution.heap import keep_freed_memory
-from lopa.execution.protocol import WindowBatch
+from lopa.host.heap import keep_freed_memory
 from lopa.model.attention import Segment
 from lopa.model.cuda_graphs import WindowGraphs
 from lopa.model.dream import DreamModel
@@ -35,6 +34,7 @@ from lopa.model.graph_layout import MAX_LAYOUT_TOKENS, bucket_for
 from lopa.model.kv_cache import KVCache, cache_shape
 from lopa.model.layer_steps import COMPILE_ENV, compile_wanted
 from lopa.model.mask import additive_window_mask
+from lopa.model.protocol import WindowBatch
 from lopa.params import AttentionMode
 
 log = logging.getLogger("lopa.model")
@@ -94,7 +94,7 @@ def graphs_wanted(device: torch.device, requested: bool | None) -> bool:
 
 
 class DreamWindowModel:
-    """Runs verification forwards (see lopa.execution.protocol) on a real Dream model."""
+    """Runs verification forwards (see lopa.model.protocol) on a real Dream model."""
 
     def __init__(
         self,
@@ -147,7 +147,7 @@ class DreamWindowModel:
             self.graphs = WindowGraphs(model, self._physical, self.kv_storage, capture=capture,
                                        capture_tokens=graph_capture_tokens())
         if self.device.type == "cpu":
-            keep_freed_memory()  # batched CPU forwards otherwise pay page faults (lopa.execution.heap)
+            keep_freed_memory()  # batched CPU forwards otherwise pay page faults (lopa.host.heap)
             self._choose_cpu_products()
 
     @property

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from lopa.decoding.generation import RoundPlan
 
 # The default budgets (limits.max_step_tokens = 0). Accelerators: measured per model at start
-# (lopa.execution.calibration: 512 for a 7B forward on an H100, which stays memory-bound up to
+# (lopa.scheduling.calibration: 512 for a 7B forward on an H100, which stays memory-bound up to
 # ~256 query tokens); ACCELERATOR_TOKENS until the workers report it, or when measuring fails. A
 # fixed count also keeps a burst of long prompts from prefilling in one forward (activation
 # memory is not reserved at start, the KV caches are). CPU: a forward costs its tokens
@@ -73,7 +73,7 @@ def _share_lookaheads(ask: Ask, rows: int) -> int:
 
 def measured_on(device: str) -> bool:
     """Whether the device's default budget is measured at start (an accelerator's, see
-    lopa.execution.calibration) rather than a share of the running requests' rows (a CPU's)."""
+    lopa.scheduling.calibration) rather than a share of the running requests' rows (a CPU's)."""
     return device.split(":")[0] != "cpu"
 
 

@@ -16,31 +16,16 @@ import threading
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Protocol
 
 from lopa.decoding.decoder import Decoder
+from lopa.decoding.executor import BatchExecutor, VerifyPart
 from lopa.decoding.generation import Generation
-from lopa.execution.local import PartOutcome, VerifyPart
-from lopa.params import DecodingParams
 from lopa.scheduling.budget import Ask, Budget, grant
 from lopa.scheduling.request import Completion, Outcome, QueueFull, Request, RequestAborted, SchedulerStopped
 from lopa.stops import cut_at_stop, stop_check
 
 log = logging.getLogger("lopa.scheduler")
 _IDLE_WAIT_S = 0.05  # how often an idle scheduler re-checks deadlines and the executor
-
-
-class BatchExecutor(Protocol):
-    """What the scheduler drives: LocalExecutor, or the master's DistributedExecutor."""
-
-    max_batch: int  # KV slots (sequences)
-    executors: int  # devices a round's rows are spread over (the budget is per device)
-
-    def ready(self) -> bool: ...
-    def begin(self, params: DecodingParams, num_candidates: int, sequence: int = 0) -> None: ...
-    def verify_many(self, parts: Sequence[VerifyPart]) -> list[PartOutcome]: ...
-    def commit_many(self, commits: Sequence[tuple[int, int]]) -> None: ...
-    def release(self, sequence: int) -> None: ...
 
 
 class Observer:

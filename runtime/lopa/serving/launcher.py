@@ -21,7 +21,7 @@ import time
 from pathlib import Path
 from typing import IO
 
-from lopa.execution.cpu_budget import usable_cpus
+from lopa.host.cpu_budget import usable_cpus
 from lopa.serving.client import LopaClient
 from lopa.serving.shared.config import ServingConfig, WorkersConfig, dump_config
 from lopa.serving.shared.parent_watch import Lifeline

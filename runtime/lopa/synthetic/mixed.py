@@ -9,9 +9,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from lopa.bundled import tasks
+from lopa.bundled import bundled_model_dir, tasks
 from lopa.bundled.defaults import model_defaults
-from lopa.engine import bundled_model_dir
 from lopa.params import DecodingParams
 
 BRANCHES = (0, 1, 3, 5)

@@ -13,7 +13,7 @@ from collections.abc import Callable, Sequence
 
 import torch
 
-from lopa.execution.protocol import WindowBatch, take_outputs
+from lopa.model.protocol import WindowBatch, take_outputs
 
 Rule = Callable[[Sequence[int], int], torch.Tensor]
 

@@ -13,9 +13,8 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-from lopa.decoding.executor import BranchWindow
+from lopa.decoding.executor import BranchWindow, PartOutcome, VerifyPart, verify_alone
 from lopa.decoding.rules import PositionStat
-from lopa.execution.local import PartOutcome, VerifyPart, verify_alone
 from lopa.execution.placement import rank_of, shares
 from lopa.params import AttentionMode, DecodingParams
 from lopa.proto import worker_pb2

@@ -131,6 +131,6 @@ def served_model_name(config: ServingConfig, path: Path) -> str:
     """master.model_name, else the checkpoint directory's name ("lopa-bundled" for the bundled one)."""
     if config.master.model_name:
         return config.master.model_name
-    from lopa.engine import bundled_model_dir
+    from lopa.bundled import bundled_model_dir
 
     return "lopa-bundled" if path.resolve() == bundled_model_dir().resolve() else path.name

@@ -302,7 +302,7 @@ def defaults_message(d: DecodingParams) -> lopa_pb2.DecodingOverrides:
 def measured_budget(configured: int, measured: Sequence[int], device: str) -> Budget | None:
     """The budget a group runs once its workers joined, None to keep the current one. With
     limits.max_step_tokens = 0 on an accelerator every worker measures its forwards at start
-    (lopa.execution.calibration) and the group runs the smallest (each worker runs its share of a
+    (lopa.scheduling.calibration) and the group runs the smallest (each worker runs its share of a
     round's rows, so the slowest sets it); when one could not measure, the device's fixed default
     (a re-attached group never keeps a budget that its new workers did not measure). CPU workers
     measure nothing: their default stays."""

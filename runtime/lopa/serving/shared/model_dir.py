@@ -8,7 +8,7 @@ from pathlib import Path
 
 import torch
 
-from lopa.engine import bundled_model_dir
+from lopa.bundled import bundled_model_dir
 from lopa.model.config import CONFIG_FILE, DreamConfig
 from lopa.model.window import graphs_wanted, reserved_staging_tokens
 from lopa.serving.shared.config import ConfigError, ServingConfig, load_config, validate, with_model_defaults

@@ -17,15 +17,14 @@ from concurrent import futures
 
 import grpc
 
-from lopa.decoding.executor import BranchWindow
-from lopa.execution.calibration import measured_tokens
+from lopa.decoding.executor import BranchWindow, VerifyPart
 from lopa.execution.faults import is_device_fault
-from lopa.execution.local import VerifyPart
-from lopa.execution.openmp import release_thread_pool
 from lopa.execution.shard import CommitOrder, ShardExecutor
+from lopa.host.openmp import release_thread_pool
 from lopa.model.loader import load_model
 from lopa.params import DecodingParams
 from lopa.proto import worker_pb2, worker_pb2_grpc
+from lopa.scheduling.calibration import measured_tokens
 from lopa.serving.shared.config import ServingConfig
 from lopa.serving.shared.listen import NO_REUSEPORT, add_port
 from lopa.serving.shared.metrics import WorkerMetrics
@@ -135,7 +134,7 @@ class WorkerService(worker_pb2_grpc.WorkerServicer):
                 yield reply
         finally:
             self._attached.release()
-            release_thread_pool()  # the next stream may come on another gRPC thread (lopa.execution.openmp)
+            release_thread_pool()  # the next stream may come on another gRPC thread (lopa.host.openmp)
 
     def step(self, request: worker_pb2.StepRequest) -> worker_pb2.StepReply:
         """One round: Begins (local), the piggybacked commits (the collectives), this rank's rows of
@@ -259,7 +258,7 @@ def serve_worker(config: ServingConfig, rank: int, stop: threading.Event | None 
         if metrics is not None:
             metrics.joined.set(1)
         log.info("rank %d ready (group %s, %d workers)", rank, group.group_id, workers.count)
-        release_thread_pool()  # steps run on a gRPC thread, not this one (lopa.execution.openmp)
+        release_thread_pool()  # steps run on a gRPC thread, not this one (lopa.host.openmp)
         drain = Drain()
         if threading.current_thread() is threading.main_thread():
             # Joined: SIGTERM now drains (until here it stops at once: a join cannot be interrupted).

@@ -26,7 +26,7 @@ from collections.abc import Mapping, Sequence
 import torch
 
 from lopa.execution.faults import is_device_fault
-from lopa.execution.protocol import WindowBatch, WindowModel
+from lopa.model.protocol import WindowBatch, WindowModel
 from lopa.params import AttentionMode
 from lopa.scheduling.budget import measured_on
 

@@ -1,4 +1,4 @@
-"""The measured branch budget of an accelerator (lopa.execution.calibration), run on the CPU: the
+"""The measured branch budget of an accelerator (lopa.scheduling.calibration), run on the CPU: the
 rule, the measurement over a real window model, and what a group runs (the smallest of its workers')."""
 
 from __future__ import annotations
@@ -8,9 +8,9 @@ import logging
 import pytest
 
 from lopa.engine import bundled_model_dir
-from lopa.execution.calibration import MAX_ROWS, TOKENS, largest_within, measure_step_tokens, measured_tokens
 from lopa.model.loader import load_model
 from lopa.scheduling.budget import Budget, default_budget
+from lopa.scheduling.calibration import MAX_ROWS, TOKENS, largest_within, measure_step_tokens, measured_tokens
 from lopa.serving.master.service import measured_budget
 
 # Rounds of a 7B-shaped model on an H100 (runtime/BENCHMARKS.md): compute-bound from ~256 tokens.

@@ -1,4 +1,4 @@
-"""CPU forwards keep their freed memory mapped (lopa.execution.heap): a warm batched round of the
+"""CPU forwards keep their freed memory mapped (lopa.host.heap): a warm batched round of the
 bundled model does not page-fault (8 requests x 4 rows on the 2-core VM: ~2,600 minor faults a
 round with glibc's defaults, ~16,000 with its dynamic threshold off, 7 with freed memory kept when
 this was written; 10-70 by 2026-11-25, in two modes from run to run, 61 at most before the KV caches
@@ -15,7 +15,7 @@ import textwrap
 
 import pytest
 
-from lopa.execution.heap import user_tuned
+from lopa.host.heap import user_tuned
 
 # Runs in a fresh interpreter: the thresholds are process-wide, and the rounds run on a thread as
 # the scheduler's do (glibc gives a thread its own arena).
@@ -24,8 +24,8 @@ _ROUNDS = textwrap.dedent(
     import json, resource, threading
     from lopa.bench import step
     from lopa.engine import bundled_model_dir
-    from lopa.execution.heap import keep_freed_memory
-    from lopa.execution.local import VerifyPart
+    from lopa.host.heap import keep_freed_memory
+    from lopa.decoding.executor import VerifyPart
     from lopa.model.loader import load_model
 
     loaded = load_model(bundled_model_dir(), None, "float32", "cpu")

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from lopa.execution.cpu_budget import cpu_quota, fit_torch_threads, usable_cpus
+from lopa.host.cpu_budget import cpu_quota, fit_torch_threads, usable_cpus
 
 
 def cgroup_tree(tmp_path: Path, proc: str, files: dict[str, str]) -> tuple[Path, Path]:
