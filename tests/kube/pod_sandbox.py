@@ -15,7 +15,9 @@ The script, in the new mount namespace only (nothing leaks to the host's mounts)
   overlay mounted over its deepest existing ancestor directory (/etc), so the host's /etc is
   never written; a mount point nested in another volume's mount is created in that volume's files;
 - every volume directory (or its subPath) is bind-mounted at its mountPath, remounted read-only when
-  the mount says readOnly (ConfigMap, Secret, downwardAPI and projected volumes always are);
+  the mount says readOnly (ConfigMap, Secret, downwardAPI and projected volumes always are); a
+  mount over the directory holding the pod's files (an emptyDir at /tmp) is made last, bringing the
+  mounts nested in it along (`_bind_lines`);
 - /etc/hosts (the kubelet's managed file: localhost and the pod's own name, its FQDN when it has a
   subdomain), /etc/resolv.conf (dnsPolicy ClusterFirst: the cluster DNS, the search list
   `<ns>.svc.cluster.local svc.cluster.local cluster.local`, ndots:5) and /etc/hostname are bound
@@ -131,22 +133,47 @@ def prepare(
                 options = f"lowerdir={ancestor},upperdir={upper},workdir={work}"
                 script.append(f"mount -t overlay overlay -o {options} {ancestor}")
             script.append(f"{'mkdir -p' if source.is_dir() else 'touch'} {shlex.quote(target)}")
-    for source, target, ro in binds:
-        script.append(f"mount --bind {shlex.quote(str(source))} {shlex.quote(target)}")
-        if ro:
-            script.append(f"mount -o remount,bind,ro {shlex.quote(target)}")
+    # The pod's directory stays reachable through fd 9 whatever is mounted over it (say an emptyDir
+    # at /tmp, where the harness keeps it).
+    script.append(f"exec 9< {shlex.quote(str(pod_dir))}")
+    script += _bind_lines(binds, pod_dir)
     script.append(f"hostname {shlex.quote(plan.hostname)}")
     script.append(f"cd {shlex.quote(plan.working_dir)}")
     if plan.share_pid:  # PID 1 is the "pause" shell; it reaps the container and passes on its status
         # `echo` is a builtin (no child process): once the file exists, the only child is the container.
-        script += ['"$@" &', f"echo $! > {shlex.quote(str(pod_dir / LAUNCHED))}", "wait $!", "exit $?"]
+        script += ['"$@" 9<&- &', f"echo $! > /proc/self/fd/9/{LAUNCHED}", "wait $!", "exit $?"]
     else:
-        script.append('exec "$@"')
+        script.append('exec "$@" 9<&-')
     (pod_dir / "start.sh").write_text("\n".join(script) + "\n")
     return [
         _tool("nsenter"), f"--net={netns_path}", "--",
         sys.executable, "-I", "-S", str(LAUNCHER), str(pod_dir / "start.sh"), *plan.argv,
     ]
+
+
+def _bind_lines(binds: list[tuple[Path, str, bool]], pod_dir: Path) -> list[str]:
+    """The mount commands, in order. A mount whose path holds the pod's directory (the "cover")
+    would hide the sources of the binds after it: every other bind is made first, one nested in the
+    cover inside the cover's own source directory, and the cover last, recursively (--rbind), so
+    that it brings them along."""
+    covers = [(source, path) for source, path, _ in binds
+              if pod_dir.is_relative_to(path) and _enclosing_bind(path, binds) is None]
+    cover = covers[0] if covers else None
+    lines: list[str] = []
+
+    def bind(source: Path, at: str, ro: bool, flag: str = "--bind") -> None:
+        lines.append(f"mount {flag} {shlex.quote(str(source))} {shlex.quote(at)}")
+        if ro:
+            lines.append(f"mount -o remount,bind,ro {shlex.quote(at)}")
+
+    for source, target, ro in binds:
+        if cover is None or not Path(target).is_relative_to(cover[1]):
+            bind(source, target, ro)
+        elif target != cover[1]:
+            bind(source, str(cover[0] / os.path.relpath(target, cover[1])), ro)
+    if cover is not None:
+        bind(*next(b for b in binds if b[1] == cover[1]), flag="--rbind")
+    return lines
 
 
 def _enclosing_bind(target: str, binds: list[tuple[Path, str, bool]]) -> tuple[Path, str] | None:

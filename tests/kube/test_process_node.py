@@ -128,3 +128,34 @@ def test_the_container_is_pid_1_unless_the_pod_shares_its_pid_namespace(tmp_path
             assert process.wait(timeout=10) == -signal.SIGKILL  # the launcher ends as its child did
     finally:
         network.close()
+
+
+@needs_netns
+def test_an_empty_dir_over_the_pods_own_directory_keeps_the_other_volumes(tmp_path: Path) -> None:
+    """A pod's emptyDir at /tmp, where the harness keeps the pod's files (pytest's tmp_path here,
+    the cluster's work dir in a run): the volumes nested in it and beside it are still mounted, and
+    the "pause" still reports its container."""
+    assert tmp_path.is_relative_to("/tmp")
+    network = netns.PodNetwork()
+    try:
+        name, address = network.add()
+        script = """
+            ls -A /tmp; cat /tmp/conf/lopa.yaml /etc/lopa-harness-test/lopa.yaml
+            touch /tmp/conf/x 2>/dev/null && echo writable || echo read-only
+            touch /tmp/y && echo tmp-writable; exec sleep 60
+        """
+        plan = _plan(["sh", "-c", textwrap.dedent(script)], share_pid=True)
+        plan.mounts += [Mount("tmp", "/tmp"), Mount("config", "/tmp/conf", read_only=True)]
+        plan.volumes["tmp"] = {}
+        argv = pod_sandbox.prepare(plan, tmp_path, network.netns_path(name), address, network.gateway,
+                                   {"config"})
+        process = subprocess.Popen(argv, env=plan.env, stdout=subprocess.PIPE, text=True)
+        assert process.stdout is not None
+        pid = container_pid(process, tmp_path / pod_sandbox.LAUNCHED)
+        lines = [process.stdout.readline().strip() for _ in range(5)]
+        assert lines == ["conf", "k: v", "k: v", "read-only", "tmp-writable"]
+        assert pid != process.pid and (tmp_path / "volumes" / "tmp" / "y").exists()
+        os.kill(pid, signal.SIGKILL)
+        process.wait(timeout=10)
+    finally:
+        network.close()
