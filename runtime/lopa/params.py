@@ -51,6 +51,11 @@ class DecodingParams:
     seed: int = 0
 
     def __post_init__(self) -> None:
+        self._coerce_choices()
+        self.validate()
+
+    def _coerce_choices(self) -> None:
+        """The choice settings as their enums (from their names); InvalidParameter names an unknown one."""
         for name, kind in (("conf", ConfKind), ("attention", AttentionMode)):
             try:
                 object.__setattr__(self, name, kind(getattr(self, name)))
@@ -58,7 +63,6 @@ class DecodingParams:
                 choices = ", ".join(k.value for k in kind)
                 got = getattr(self, name)
                 raise InvalidParameter(name, f"must be one of {choices}, got {got!r}") from None
-        self.validate()
 
     def validate(self, max_branches: int = MAX_BRANCHES) -> None:
         """Raise InvalidParameter naming the first bad field."""
@@ -84,6 +88,16 @@ class DecodingParams:
         if not 0 <= self.seed < 2**64:  # the wire carries it as uint64
             raise InvalidParameter("seed", f"must be in [0, 2^64), got {self.seed}")
 
+    @classmethod
+    def trusted(cls, **values: object) -> DecodingParams:
+        """Settings someone upstream already checked (a worker rebuilding what its master admitted):
+        the defaults with `values`, not validated again."""
+        params = object.__new__(cls)
+        for f in fields(cls):
+            object.__setattr__(params, f.name, values.get(f.name, f.default))
+        params._coerce_choices()
+        return params
+
     @property
     def greedy(self) -> bool:
         return self.temperature == 0.0
@@ -101,6 +115,8 @@ def check_length(prompt_tokens: int, params: DecodingParams, max_length: int) ->
     """A prompt and its generation budget against the model's length limit, naming the field at fault
     (the decoder itself would stop at the limit: a caller asking for more is told instead)."""
     block, new = params.block_size, params.max_new_tokens
+    if new < block:  # generation grows in whole blocks
+        raise InvalidParameter("max_new_tokens", f"{new} is less than block_size {block}")
     if prompt_tokens + block > max_length:
         room = f"leave no room for one block of {block} in max_length {max_length}"
         raise InvalidParameter("prompt", f"{prompt_tokens} tokens {room}")

@@ -17,7 +17,7 @@ from lopa.cli import client as client_cli
 from lopa.cli.decoding_flags import HELP
 from lopa.params import DecodingParams
 from lopa.proto import lopa_pb2
-from lopa.serving.master import openai_body
+from lopa.serving.master.api import openai_body
 from lopa_operator import config as operator_config
 
 REPO = Path(__file__).resolve().parents[2]

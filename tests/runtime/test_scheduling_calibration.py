@@ -11,7 +11,7 @@ from lopa.engine import bundled_model_dir
 from lopa.model.loader import load_model
 from lopa.scheduling.budget import Budget, default_budget
 from lopa.scheduling.calibration import MAX_ROWS, TOKENS, largest_within, measure_step_tokens, measured_tokens
-from lopa.serving.master.service import measured_budget
+from lopa.serving.master.server import measured_budget
 
 # Rounds of a 7B-shaped model on an H100 (runtime/BENCHMARKS.md): compute-bound from ~256 tokens.
 H100_7B = {128: 9.42, 256: 11.54, 512: 17.92, 1024: 33.42}

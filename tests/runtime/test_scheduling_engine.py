@@ -45,7 +45,7 @@ def run_all(engine: LocalEngine, requests: list[MixedRequest], concurrent: bool)
 
 def same(a: Completion, b: Completion) -> bool:
     ra, rb = a.result, b.result
-    fields = ("output_ids", "generated_ids", "winners", "branches", "verified_tokens")
+    fields = ("output_ids", "generated_ids", "winners", "granted_branches", "verified_tokens")
     return (a.text, a.finish_reason, *(getattr(ra, f) for f in fields)) == (
         b.text, b.finish_reason, *(getattr(rb, f) for f in fields))
 
@@ -72,7 +72,7 @@ def test_sixteen_concurrent_requests_equal_each_alone(engine: LocalEngine, round
         assert same(a, b), f"request {i} changed in a batch"
     assert {c.finish_reason for c in alone} >= {"stop", "eos"}
     for i, c in enumerate(alone):  # alone, every round got the lookaheads it could spawn, up to k
-        assert max(c.result.branches) == (0, 1, 3, 5)[i % 4] or c.result.forwards <= 2
+        assert max(c.result.granted_branches) == (0, 1, 3, 5)[i % 4] or c.result.forwards <= 2
 
 
 def test_a_tight_budget_trades_branches_for_batch_size_and_pins_hold() -> None:

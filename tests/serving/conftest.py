@@ -19,8 +19,8 @@ from safetensors.torch import save_file
 from lopa.decoding.decoder import Decoder
 from lopa.model.loader import load_model
 from lopa.serving.launcher import LocalCluster, free_ports
-from lopa.serving.master.distributed import DistributedExecutor
-from lopa.serving.master.links import WorkerGroup
+from lopa.serving.master.group.distributed import DistributedExecutor
+from lopa.serving.master.group.links import WorkerGroup
 from lopa.serving.shared.config import dump_config, load_config, parse_config
 from lopa.synthetic import tiny_config, write_random_checkpoint
 

@@ -26,9 +26,9 @@ from lopa.engine import bundled_model_dir
 from lopa.scheduling.request import RequestAborted, SchedulerStopped
 from lopa.serving.client import LopaClient
 from lopa.serving.launcher import LocalCluster, free_ports, loopback_config
-from lopa.serving.master.http_api import failure
-from lopa.serving.master.links import WorkerLost
-from lopa.serving.master.openai_body import body_field
+from lopa.serving.master.api.openai_body import body_field
+from lopa.serving.master.api.openai_http import failure
+from lopa.serving.master.group.links import WorkerLost
 from lopa.serving.shared.config import ConfigError, parse_config, with_model_defaults
 
 from .conftest import metric_samples
@@ -77,9 +77,9 @@ def test_completion_equals_grpc_and_streams_the_same_text(
     assert "".join(p.choices[0].text for p in pieces) == reference.text
     assert len(pieces) > 2 and pieces[-1].choices[0].finish_reason == done.choices[0].finish_reason
     # The branches granted, round by round, as gRPC's stream gives them (a lone request: all of them).
-    granted = [b for p in pieces for b in p.model_extra["lopa"]["branches"]]
+    granted = [b for p in pieces for b in p.model_extra["lopa"]["granted_branches"]]
     chunks = [c for c in grpc_client.stream(PROMPTS[0], timeout=120, branches=3) if not c.last]
-    assert granted == [c.branches for c in chunks] and len(granted) == reference.stats.forwards
+    assert granted == [c.granted_branches for c in chunks] and len(granted) == reference.stats.forwards
     assert max(granted) == 3
     with_stop = api.completions.create(model=MODEL, prompt=PROMPTS[0], stop=["."], max_tokens=40)
     grpc_stop = grpc_client.generate(PROMPTS[0], timeout=120, stop=["."], max_new_tokens=40)

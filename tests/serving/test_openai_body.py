@@ -1,4 +1,4 @@
-"""OpenAI bodies -> GenerateRequest (pure): features this server lacks are accepted only at their
+"""OpenAI bodies -> admission Asks (pure): features this server lacks are accepted only at their
 defaults, on the endpoint that has them; anything else is an error naming the field."""
 
 from __future__ import annotations
@@ -8,18 +8,14 @@ from typing import Any
 import pytest
 
 from lopa.params import InvalidParameter
-from lopa.serving.master.openai_body import chat_request, completion_request
+from lopa.serving.master.api.openai_body import chat_request, completion_request
 
 MODEL = "m"
 
 
-def render(turns: list[dict[str, str]]) -> list[int]:
-    return [len(t["content"]) for t in turns]  # any ids: the template is not what is tested here
-
-
 def chat(**fields: Any) -> Any:
     body = {"model": MODEL, "messages": [{"role": "user", "content": "hi"}], **fields}
-    return chat_request(body, MODEL, render)
+    return chat_request(body, MODEL)
 
 
 def completion(**fields: Any) -> Any:
@@ -27,15 +23,15 @@ def completion(**fields: Any) -> Any:
 
 
 def test_defaults_and_nulls_give_the_plain_request() -> None:
-    plain_chat, plain_completion = chat().request, completion().request
+    plain_chat, plain_completion = chat().asks, completion().asks
     spelled_out = chat(logprobs=False, top_logprobs=0, tools=[], tool_choice="none",
                        response_format={"type": "text"}, presence_penalty=0, frequency_penalty=0.0,
                        logit_bias={}, repetition_penalty=1.0, ignore_eos=False, min_tokens=0)
-    assert spelled_out.request == plain_chat
-    assert chat(logprobs=None, tools=None, response_format=None).request == plain_chat
+    assert spelled_out.asks == plain_chat
+    assert chat(logprobs=None, tools=None, response_format=None).asks == plain_chat
     spelled_out = completion(logprobs=False, best_of=1, echo=False, suffix="", presence_penalty=0.0)
-    assert spelled_out.request == plain_completion
-    assert completion(logprobs=None, best_of=None, echo=None).request == plain_completion
+    assert spelled_out.asks == plain_completion
+    assert completion(logprobs=None, best_of=None, echo=None).asks == plain_completion
     assert completion(stream=True, stream_options={"include_usage": True}).include_usage
     assert not completion(stream=True, stream_options={}).include_usage
 

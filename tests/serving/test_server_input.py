@@ -17,13 +17,11 @@ import grpc
 import pytest
 
 import lopa
-from lopa.params import DecodingParams, InvalidParameter
 from lopa.proto import lopa_pb2
 from lopa.serving.client import LopaClient
 from lopa.serving.launcher import free_ports
-from lopa.serving.master.requests import check_budget, usable_limits
 from lopa.serving.master.server import serve_master
-from lopa.serving.shared.config import Limits, ServingConfig, parse_config
+from lopa.serving.shared.config import ServingConfig, parse_config
 from lopa.serving.worker.service import WorkerService, listen_address, listen_key, start_server
 
 MAX_LENGTH = 512  # the tiny checkpoint's max_position_embeddings, below the default limits
@@ -161,40 +159,6 @@ def test_length_errors_name_the_field_at_fault_with_numbers(client: LopaClient) 
     assert refused(client, [5] * 4, block_size=300) == block
     both = "max_new_tokens: 40 is less than block_size 300"
     assert refused(client, [5] * 4, block_size=300, max_new_tokens=40) == both
-
-
-def test_usable_limits_are_capped_by_max_length() -> None:
-    limits = usable_limits(Limits(max_new_tokens=1024, max_prompt_tokens=2048, max_branches=3), 256)
-    assert (limits.max_new_tokens, limits.max_prompt_tokens, limits.max_branches) == (256, 256, 3)
-    assert usable_limits(Limits(max_new_tokens=64, max_prompt_tokens=64), 256) == Limits(
-        max_new_tokens=64, max_prompt_tokens=64
-    )
-
-
-@pytest.mark.parametrize(
-    ("n_prompt", "request_kwargs", "field", "message"),
-    [
-        (10, {"max_new_tokens": 64}, None, ""),
-        (250, {}, "prompt", "250 tokens leave no room for one block of 8 in max_length 256"),
-        (200, {}, "max_new_tokens", "prompt 200 + max_new_tokens 64 exceed max_length 256; at most 56"),
-        (10, {"block_size": 80}, "decoding.block_size", "80 is more than max_new_tokens 64"),
-        (10, {"block_size": 80, "max_new_tokens": 64}, "max_new_tokens", "64 is less than block_size 80"),
-        (10, {"max_new_tokens": 4}, "max_new_tokens", "4 is less than block_size 8"),
-    ],
-)
-def test_budget_checks_name_the_field_at_fault(
-    n_prompt: int, request_kwargs: dict, field: str | None, message: str
-) -> None:
-    request = LopaClient.request("x", **request_kwargs)
-    params = DecodingParams(block_size=8, max_new_tokens=64).with_overrides(
-        max_new_tokens=request_kwargs.get("max_new_tokens"), block_size=request_kwargs.get("block_size")
-    )
-    if field is None:
-        check_budget(n_prompt, params, 256, request)
-        return
-    with pytest.raises(InvalidParameter) as error:
-        check_budget(n_prompt, params, 256, request)
-    assert (error.value.field, str(error.value)) == (field, f"{field}: {message}")
 
 
 def test_a_worker_bind_error_names_the_key_the_port_came_from(checkpoint: Path) -> None:

@@ -1,20 +1,22 @@
-"""Committed deltas for GenerateStream (lopa.serving.master.streaming)."""
+"""Committed deltas of a stream (lopa.serving.master.streaming) and a stream's end (dispatch.Ticket)."""
 
 from __future__ import annotations
 
 import asyncio
+import time
 
 import pytest
 
 from lopa.bundled.defaults import model_defaults
 from lopa.engine import LocalEngine, bundled_model_dir
 from lopa.params import DecodingParams
-from lopa.proto import lopa_pb2
-from lopa.serving.master import jobs
-from lopa.serving.master.jobs import Job, JobRunner
-from lopa.serving.master.requests import ValidRequest
-from lopa.serving.master.service import job_chunks
+from lopa.serving.master import dispatch
+from lopa.serving.master.admission import Admission, Admitted, Ask
+from lopa.serving.master.dispatch import Dispatcher, Ticket
+from lopa.serving.master.events import Progress
 from lopa.serving.master.streaming import DeltaTracker
+from lopa.serving.shared.config import Limits
+from lopa.serving.shared.metrics import MasterMetrics
 
 
 def test_deltas_hold_back_a_possible_stop_and_flush_at_the_end() -> None:
@@ -49,61 +51,71 @@ def test_two_stop_strings_cut_at_the_earliest_whatever_their_order() -> None:
     assert tracker.finish("ddqijq", [1, 2]) == (2, [], "")
 
 
-def test_a_stream_whose_last_chunk_fails_ends_with_the_error(monkeypatch: pytest.MonkeyPatch) -> None:
-    """A failure while building the last chunk ends the job with that error (the gRPC / HTTP stream
-    reports it) instead of leaving the job unresolved and its client waiting forever."""
+def test_a_stream_whose_end_fails_ends_with_the_error(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A failure while building a stream's end ends the request with that error (the gRPC / HTTP
+    stream reports it) instead of leaving it unresolved and its client waiting forever."""
     engine = LocalEngine.from_dirs(bundled_model_dir(), max_batch=1)
-    runner = JobRunner(engine.scheduler, engine.decode, engine.loaded.special.mask)
+    params = model_defaults(bundled_model_dir())
+    admission = Admission(engine.tokenizer, engine.loaded.config.vocab_size, engine.loaded.special.mask,
+                          params, Limits(), engine.max_length)
+    dispatcher = Dispatcher(admission, engine.scheduler, engine.decode, MasterMetrics.create(),
+                            lambda: True, 30)
 
-    def broken(_: object) -> None:
-        raise ValueError("stats could not be built")
+    def broken(*_: object) -> None:
+        raise ValueError("the end could not be built")
 
-    monkeypatch.setattr(jobs, "stats_of", broken)
-    params = model_defaults(bundled_model_dir()).with_overrides(max_new_tokens=8)
+    monkeypatch.setattr(dispatch.DeltaTracker, "finish", broken)
 
     async def outcome() -> object:
-        request = ValidRequest(engine.encode("case:abc.def="), params, ())
-        job = Job(request, asyncio.get_running_loop(), stream=True)
-        runner.submit(job)
-        runner.start()
-        assert job.done is not None
-        return await asyncio.wait_for(job.done, 30)
+        (ticket,) = await dispatcher.open([Ask(prompt="case:abc.def=", max_new_tokens=8)], stream=True)
+        dispatcher.start()
+        try:
+            async for _ in ticket.events():
+                pass
+        except ValueError as error:
+            return error
+        return None
 
     try:
-        result = asyncio.run(outcome())
+        result = asyncio.run(asyncio.wait_for(outcome(), 30))
     finally:
         engine.close()
-    assert isinstance(result, ValueError) and "stats" in str(result)
+    assert isinstance(result, ValueError) and "could not be built" in str(result)
 
 
-def test_a_stream_closed_by_its_client_stops_its_job() -> None:
+def test_a_stream_closed_by_its_client_stops_its_request() -> None:
     """grpc.aio closes a stream's generator at its yield when the client cancels while a chunk is
-    being written; the job must stop then too (before: it decoded to the end, holding its slot),
-    and once, not when it already finished."""
-    gone: list[Job] = []
+    being written; the request must stop then too (not decode to the end, holding its slot), and
+    be counted once: cancelled, unless its end was read."""
+    counted: list[str] = []
 
-    async def settle(outcome: object) -> None:
-        pass
-
-    async def run() -> tuple[bool, bool]:
+    async def run() -> tuple[bool, bool, bool]:
         loop = asyncio.get_running_loop()
-        open_job = Job(ValidRequest([1], DecodingParams(), ()), loop, stream=True)
-        open_job.post(lopa_pb2.GenerateChunk(step=1, text="a"))
-        chunks = job_chunks(open_job, settle, gone.append)
-        assert (await anext(chunks)).text == "a"
-        await chunks.aclose()  # the client went away at the yield
-        finished = Job(ValidRequest([1], DecodingParams(), ()), loop, stream=True)
-        finished.finish(RuntimeError("done"))
-        async for _ in job_chunks(finished, settle, gone.append):
-            pass
+
+        def ticket() -> Ticket:
+            return Ticket(Admitted([1], DecodingParams()), True, loop, counted.append, time.monotonic() + 60)
+
+        progress = Progress(1, 0, [], "a", [], 1, 0, 0)
+        open_one = ticket()
+        open_one.post(progress)
+        events = open_one.events()
+        assert (await anext(events)).text == "a"
+        await events.aclose()  # the client went away at the yield
+        finished = ticket()
+        finished.post(RuntimeError("done"))
+        with pytest.raises(RuntimeError):
+            async for _ in finished.events():
+                pass
         # Ended (its deadline, in the same moment as the client's) with a chunk still unread when
-        # the client went away: before, neither settled nor gone, so the request was never counted.
-        raced = Job(ValidRequest([1], DecodingParams(), ()), loop, stream=True)
-        raced.post(lopa_pb2.GenerateChunk(step=1, text="b"))
-        raced.finish(RuntimeError("deadline"))
-        chunks = job_chunks(raced, settle, gone.append)
-        assert (await anext(chunks)).text == "b"
-        await chunks.aclose()
-        return open_job in gone, finished in gone, raced in gone
+        # the client went away: counted once, as cancelled.
+        raced = ticket()
+        raced.post(progress)
+        raced.post(RuntimeError("deadline"))
+        events = raced.events()
+        assert (await anext(events)).text == "a"
+        await events.aclose()
+        return (open_one.abort.cancelled.is_set(), finished.abort.cancelled.is_set(),
+                raced.abort.cancelled.is_set())
 
     assert asyncio.run(run()) == (True, False, True)
+    assert counted == ["cancelled", "error", "cancelled"]

@@ -17,9 +17,10 @@ from lopa.params import DecodingParams
 from lopa.proto import worker_pb2
 from lopa.scheduling.request import SchedulerStopped
 from lopa.serving.launcher import free_ports
-from lopa.serving.master.distributed import DistributedExecutor, StepFailed
-from lopa.serving.master.links import WorkerLink, WorkerLost
-from lopa.serving.master.service import status_of
+from lopa.serving.master.api.grpc_service import status_of
+from lopa.serving.master.dispatch import outcome_label
+from lopa.serving.master.group.distributed import DistributedExecutor, StepFailed
+from lopa.serving.master.group.links import WorkerLink, WorkerLost
 from lopa.serving.shared.config import load_config
 from lopa.serving.worker.service import WorkerService, start_server
 
@@ -121,9 +122,10 @@ def test_the_master_fails_the_request_and_keeps_the_group() -> None:
     with pytest.raises(StepFailed, match="worker rank 1: RuntimeError: out of memory"):
         executor.verify(0, 0, windows)
     assert group.attached and not group.losses
-    assert status_of(StepFailed("x"))[0] is grpc.StatusCode.INTERNAL
+    assert status_of(StepFailed("x")) is grpc.StatusCode.INTERNAL
     # A request the stopping master did not finish may be retried elsewhere (not CANCELLED).
-    assert status_of(SchedulerStopped("stopping")) == (grpc.StatusCode.UNAVAILABLE, "unavailable")
+    stopped = SchedulerStopped("stopping")
+    assert (status_of(stopped), outcome_label(stopped)) == (grpc.StatusCode.UNAVAILABLE, "unavailable")
 
 
 class _CancelledLink(_Link):

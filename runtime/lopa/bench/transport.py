@@ -26,7 +26,7 @@ import grpc
 from lopa.bench.rows import check_json, finish, show_row
 from lopa.params import InvalidParameter
 from lopa.proto import worker_pb2, worker_pb2_grpc
-from lopa.serving.master.links import WorkerGroup, WorkerLink
+from lopa.serving.master.group.links import WorkerGroup, WorkerLink
 
 TRANSPORTS = ("socket", "grpc")
 WARMUP_ROUNDS = 20

@@ -13,7 +13,7 @@ from collections.abc import Callable, Sequence
 from lopa.decoding.blocks import SequenceConstants
 from lopa.decoding.executor import Executor
 from lopa.decoding.generation import Generation, GenerationResult, StepEvent, StopCheck
-from lopa.params import DecodingParams, InvalidParameter
+from lopa.params import DecodingParams
 
 __all__ = ["Decoder", "GenerationResult", "StepEvent", "StopCheck"]
 
@@ -26,23 +26,7 @@ class Decoder:
         self.max_length = max_length
 
     def spec_for(self, prompt: Sequence[int], params: DecodingParams) -> SequenceConstants:
-        """Validate the request against the model and build the per-request constants."""
-        if not prompt:
-            raise InvalidParameter("prompt", "is empty")
-        if self.mask_id in prompt:
-            raise InvalidParameter("prompt", f"contains the mask token id {self.mask_id}")
-        if params.max_new_tokens < params.block_size:
-            raise InvalidParameter(
-                "max_new_tokens",
-                f"must be >= block_size ({params.block_size}): generation grows in whole blocks, "
-                f"got {params.max_new_tokens}",
-            )
-        if len(prompt) + params.block_size > self.max_length:
-            raise InvalidParameter(
-                "prompt",
-                f"{len(prompt)} tokens leave no room for one {params.block_size}-token block "
-                f"within the length limit {self.max_length}",
-            )
+        """The per-request constants. The request was checked where it entered (check_request)."""
         return SequenceConstants(
             mask_id=self.mask_id,
             eos_ids=self.eos_ids,
@@ -54,7 +38,7 @@ class Decoder:
     def start(
         self, prompt: Sequence[int], params: DecodingParams, should_stop: StopCheck | None = None
     ) -> Generation:
-        """Validate the request and make its round-by-round state."""
+        """The request's round-by-round state."""
         return Generation(self.spec_for(prompt, params), prompt, params, should_stop)
 
     def generate(

@@ -32,7 +32,7 @@ class StepEvent:
     prompt_length: int
     candidates: int
     winner: int
-    branches: int = 0  # lookahead branches granted this round
+    granted_branches: int = 0  # lookahead branches the budget granted this round
 
 
 @dataclass
@@ -44,7 +44,7 @@ class GenerationResult:
     wall_s: float  # whole generation, prefill included
     winners: list[int] = field(default_factory=list)  # candidate index that won each round
     stopped_early: bool = False
-    branches: list[int] = field(default_factory=list)  # lookahead branches granted each round
+    granted_branches: list[int] = field(default_factory=list)  # lookahead branches granted each round
     # Window tokens verified: every verified row's length (its branch's tokens from the window
     # start), summed over the rounds, prefill included. The same whatever executor ran it (an
     # executor's padding of short rows, and block_causal's cache-only rows on a worker without a
@@ -70,7 +70,7 @@ class GenerationResult:
 
     @property
     def mean_branches(self) -> float:
-        return sum(self.branches) / len(self.branches) if self.branches else 0.0
+        return sum(self.granted_branches) / len(self.granted_branches) if self.granted_branches else 0.0
 
 
 @dataclass(frozen=True)
@@ -108,7 +108,7 @@ class Generation:
         self.began = time.perf_counter()
         self.forwards = 0
         self.winners: list[int] = []
-        self.branches: list[int] = []
+        self.granted_branches: list[int] = []
         self.verified_tokens = 0
         self.stopped_early = False
         self.finished = False
@@ -121,7 +121,7 @@ class Generation:
     @property
     def mean_branches(self) -> float:
         """Lookahead branches granted per round so far."""
-        return sum(self.branches) / len(self.branches) if self.branches else 0.0
+        return sum(self.granted_branches) / len(self.granted_branches) if self.granted_branches else 0.0
 
     # -- one round --------------------------------------------------------------------------------
 
@@ -172,7 +172,7 @@ class Generation:
         self.forwards += 1
         self.verified_tokens += self._round_tokens
         self.winners.append(winner)
-        self.branches.append(self._granted)
+        self.granted_branches.append(self._granted)
         self._candidates = self._spawn(base, stats[winner], shared_start)
         self._done = None
         if self.should_stop is not None and self.should_stop(self.contiguous()):
@@ -203,7 +203,7 @@ class Generation:
             wall_s=time.perf_counter() - self.began,
             winners=self.winners,
             stopped_early=self.stopped_early,
-            branches=self.branches,
+            granted_branches=self.granted_branches,
             verified_tokens=self.verified_tokens,
         )
 

@@ -1,13 +1,17 @@
-"""The master role (`lopa master`): the client API and the workers' side of each round.
+"""The master role (`lopa master`): the client APIs and the workers' side of each round.
 
-server       the process: gRPC and health ports, the HTTP API, group wiring, drain (serve_master)
-service      the gRPC client API (Generate, GenerateStream, model info)
-http_api     the OpenAI-compatible HTTP API on the same event loop
-openai_body  OpenAI request bodies -> GenerateRequest (pure)
-requests     a client request -> validated job inputs (pure)
-undecodable  requests whose bytes do not parse -> INVALID_ARGUMENT naming the field
-jobs         gRPC jobs in, the shared Scheduler decides; chunks and outcomes back
-streaming    committed deltas for GenerateStream (pure)
-distributed  the master's Executor: one step message per worker per round
-links        one step stream per worker, and the group state (attached or not)
+A request passes through, in order:
+
+api/         the doors: gRPC (grpc_service) and OpenAI HTTP (openai_http, openai_body) translate
+             their own messages into an admission Ask, and the pipeline's events back
+admission    the only place a request is checked: Ask -> Admitted (types, ranges, limits, prompt)
+dispatch     Admitted -> the shared Scheduler (lopa.scheduling); per request a Ticket of events
+events       what decoding tells a client, whatever the transport (Progress, Finished)
+streaming    committed text deltas of a stream (pure)
+group/       the worker group: one step stream per worker (links), the master's executor over
+             them (distributed)
+
+served       the served model's facts (name, tokenizer, length, usable limits)
+observer     the scheduler's hooks -> Prometheus
+server       the process: builds the pipeline, serves its doors, drains on SIGTERM (serve_master)
 """

@@ -1,6 +1,9 @@
-"""The `lopa master` process: the gRPC server (client API + grpc.health.v1, an optional plaintext
-health port), the optional OpenAI-compatible HTTP API, the worker group's wiring to health and
-metrics, and the drain on SIGTERM. The API itself is service.LopaService.
+"""The `lopa master` process: builds the request pipeline and serves it.
+
+The pipeline: the served model and admission, the scheduler over the group's DistributedExecutor,
+the dispatcher; then its doors: the gRPC server (client API + grpc.health.v1, an optional plaintext
+health port) and the optional OpenAI-compatible HTTP API. The worker group's state drives health,
+metrics and the branch budget; SIGTERM drains.
 """
 
 from __future__ import annotations
@@ -8,17 +11,25 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from pathlib import Path
+from collections.abc import Sequence
+from dataclasses import dataclass
 
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_health.v1.health import aio as health_aio
 
 from lopa import __version__
-from lopa.scheduling.budget import measured_on
-from lopa.serving.master.links import WorkerGroup
-from lopa.serving.master.service import SERVICE, LopaService
-from lopa.serving.master.undecodable import add_lopa_servicer
+from lopa.decoding.decoder import Decoder
+from lopa.scheduling.budget import Budget, default_budget, measured_on
+from lopa.scheduling.scheduler import Scheduler
+from lopa.serving.master.admission import Admission
+from lopa.serving.master.api.grpc_parsing import add_lopa_servicer
+from lopa.serving.master.api.grpc_service import SERVICE, LopaService
+from lopa.serving.master.dispatch import Dispatcher
+from lopa.serving.master.group.distributed import DistributedExecutor, StepTiming
+from lopa.serving.master.group.links import WorkerGroup
+from lopa.serving.master.observer import MasterObserver
+from lopa.serving.master.served import ServedModel
 from lopa.serving.shared.config import ServingConfig
 from lopa.serving.shared.listen import NO_REUSEPORT, add_port
 from lopa.serving.shared.metrics import MasterMetrics
@@ -28,23 +39,69 @@ from lopa.serving.shared.tls import server_credentials
 log = logging.getLogger("lopa.master")
 
 
+@dataclass
+class Pipeline:
+    """The master's request pipeline, whatever door a request comes in by."""
+
+    served: ServedModel
+    group: WorkerGroup
+    scheduler: Scheduler
+    dispatcher: Dispatcher
+    metrics: MasterMetrics
+
+    @classmethod
+    def build(cls, config: ServingConfig, metrics: MasterMetrics) -> Pipeline:
+        served = ServedModel.load(config, model_path(config.model.path))
+        limits = config.limits
+        group = WorkerGroup(config.workers.addresses)
+        group.expected = (served.config.vocab_size, served.max_length, limits.max_batch)
+
+        def observe_step(timing: StepTiming) -> None:
+            metrics.step_seconds.labels("forward").observe(timing.forward_s)
+            metrics.step_seconds.labels("commit").observe(timing.commit_s)
+            metrics.step_seconds.labels("coordination").observe(timing.coordination_s)
+
+        executor = DistributedExecutor(group, config.workers.step_timeout_s, observe_step, limits.max_batch)
+        decoder = Decoder(executor, served.special.mask, served.special.eos, served.max_length)
+        device = config.model.device
+        budget = Budget(limits.max_step_tokens) if limits.max_step_tokens else default_budget(device)
+        observer = MasterObserver(metrics)
+        scheduler = Scheduler(decoder, executor, served.decode, limits.queue_size, budget, observer)
+        dispatcher = Dispatcher(Admission.of(served), scheduler, served.decode, metrics,
+                                lambda: group.attached, limits.request_timeout_s)
+        return cls(served, group, scheduler, dispatcher, metrics)
+
+    def serving(self) -> bool:
+        """What health says: the group is attached and the master admits requests."""
+        return self.group.attached and not self.dispatcher.draining
+
+    def adopt_budget(self, measured: Sequence[int], config: ServingConfig) -> None:
+        """Run the budget the joined workers measured at start (see measured_budget)."""
+        budget = measured_budget(config.limits.max_step_tokens, measured, config.model.device)
+        if budget is None:
+            return
+        self.scheduler.budget = budget
+        how = (f"measured by the workers at start: {', '.join(map(str, measured))} tokens"
+               if min(measured, default=0) > 0 else "a worker did not measure it: the fixed default")
+        log.info("branch budget: %s (%s)", budget.describe(), how)
+
+
 async def serve_master(
     config: ServingConfig, started: asyncio.Event | None = None, drain: asyncio.Event | None = None
 ) -> None:
     """Run the master until cancelled, or until `drain` is set and its requests are done."""
-    path = model_path(config.model.path)
     metrics = MasterMetrics.create()
     metrics.serve(config.master.metrics_port)
-    group = WorkerGroup(config.workers.addresses)
-    service = LopaService(config, path, group, metrics)
+    pipeline = Pipeline.build(config, metrics)
+    group = pipeline.group
     health = health_aio.HealthServicer()
     loop = asyncio.get_running_loop()
 
     def on_group(attached: bool) -> None:
         if attached:
-            service.adopt_budget(group.step_tokens)
+            pipeline.adopt_budget(group.step_tokens, config)
         serving = health_pb2.HealthCheckResponse
-        status = serving.SERVING if attached and not service.draining else serving.NOT_SERVING
+        status = serving.SERVING if pipeline.serving() else serving.NOT_SERVING
         metrics.workers_joined.set(group.size if attached else 0)
         if attached:
             metrics.group_attaches.inc()
@@ -54,7 +111,8 @@ async def serve_master(
             asyncio.run_coroutine_threadsafe(health.set(name, status), loop)
 
     server = grpc.aio.server(options=[NO_REUSEPORT])
-    add_lopa_servicer(service, server)  # a request that does not parse: INVALID_ARGUMENT, not UNKNOWN
+    # a request that does not parse: INVALID_ARGUMENT, not UNKNOWN
+    add_lopa_servicer(LopaService(pipeline.dispatcher, pipeline.served), server)
     health_pb2_grpc.add_HealthServicer_to_server(health, server)
     for name in ("", SERVICE):
         await health.set(name, health_pb2.HealthCheckResponse.NOT_SERVING)
@@ -74,63 +132,69 @@ async def serve_master(
     http = None
     try:  # from here on every exit stops what started (an HTTP port in use included)
         if config.master.http_port:
-            from lopa.serving.master.http_api import start_http
+            from lopa.serving.master.api.openai_http import OpenAIApi, start_http
 
-            name = served_model_name(config, path)
-            http = await start_http(service, name, config.master.http_port, config.tls)
+            name = pipeline.served.name
+            api = OpenAIApi(pipeline.dispatcher, name, config.limits.queue_size, pipeline.serving)
+            http = await start_http(api, config.master.http_port, config.tls)
             log.info("OpenAI-compatible HTTP API on port %d, model %r", config.master.http_port, name)
         group.listeners.append(on_group)
         group.start()
-        service.runner.start()
+        pipeline.dispatcher.start()
         log.info("lopa %s master listening on %s (%s), %d workers: %s", __version__, listen,
                  "TLS" if credentials else "plaintext", group.size, ", ".join(config.workers.addresses))
-        log_batching(config, service)
+        log_batching(config, pipeline.scheduler.budget)
         if started is not None:
             started.set()
         if drain is None:
             await server.wait_for_termination()
         else:
             await drain.wait()
-            await drain_requests(service, health, group, config.limits.request_timeout_s)
+            await drain_requests(pipeline, health, config.limits.request_timeout_s)
     finally:
         if http is not None:
             await http.cleanup()
-        service.runner.stop()
+        pipeline.dispatcher.stop()
         group.stop()
         if health_server is not None:
             await health_server.stop(grace=None)
         await server.stop(grace=2.0)
 
 
-async def drain_requests(service: LopaService, health: health_aio.HealthServicer, group: WorkerGroup,
-                         limit_s: float) -> None:
+async def drain_requests(pipeline: Pipeline, health: health_aio.HealthServicer, limit_s: float) -> None:
     """Stop admitting (health NOT_SERVING, new requests UNAVAILABLE), let the queued and running
     requests finish, for at most the longest a request may last; stop early if the group is gone
     (nothing more can finish)."""
-    service.draining = True
+    dispatcher = pipeline.dispatcher
+    dispatcher.draining = True
     for name in ("", SERVICE):
         await health.set(name, health_pb2.HealthCheckResponse.NOT_SERVING)
     deadline = time.monotonic() + limit_s
-    log.info("draining: %d running, %d queued (at most %.1f s)", service.runner.scheduler.running,
-             service.runner.scheduler.waiting, limit_s)
-    while service.busy() and group.attached and time.monotonic() < deadline:
+    log.info("draining: %d running, %d queued (at most %.1f s)", pipeline.scheduler.running,
+             pipeline.scheduler.waiting, limit_s)
+    while dispatcher.busy() and pipeline.group.attached and time.monotonic() < deadline:
         await asyncio.sleep(0.05)
-    log.info("drained" if not service.busy() else "drain ended with requests left (group lost or timeout)")
+    log.info("drained" if not dispatcher.busy() else "drain ended with requests left (group lost or timeout)")
 
 
-def log_batching(config: ServingConfig, service: LopaService) -> None:
+def log_batching(config: ServingConfig, budget: Budget) -> None:
     limits, device = config.limits, config.model.device
     source = "limits.max_step_tokens" if limits.max_step_tokens else f"the {device} default"
     if not limits.max_step_tokens and measured_on(device):
         source += ", until the workers report the budget they measure at start"
     log.info("batching: %d requests at once (limits.max_batch), branch budget %s (%s)", limits.max_batch,
-             service.budget.describe(), source)
+             budget.describe(), source)
 
 
-def served_model_name(config: ServingConfig, path: Path) -> str:
-    """master.model_name, else the checkpoint directory's name ("lopa-bundled" for the bundled one)."""
-    if config.master.model_name:
-        return config.master.model_name
-    from lopa.bundled import bundled_model_dir
-
-    return "lopa-bundled" if path.resolve() == bundled_model_dir().resolve() else path.name
+def measured_budget(configured: int, measured: Sequence[int], device: str) -> Budget | None:
+    """The budget a group runs once its workers joined, None to keep the current one. With
+    limits.max_step_tokens = 0 on an accelerator every worker measures its forwards at start
+    (lopa.scheduling.calibration) and the group runs the smallest (each worker runs its share of a
+    round's rows, so the slowest sets it); when one could not measure, the device's fixed default
+    (a re-attached group never keeps a budget that its new workers did not measure). CPU workers
+    measure nothing: their default stays."""
+    if configured:
+        return None
+    if measured and min(measured) > 0:
+        return Budget(min(measured))
+    return default_budget(device) if measured_on(device) else None

@@ -40,7 +40,8 @@ SERVER_OPTIONS = [
     ("grpc.keepalive_timeout_ms", 5_000),
     ("grpc.keepalive_permit_without_calls", 1),
     ("grpc.http2.max_pings_without_data", 0),
-    # The master pings every 5 s (lopa.serving.master.links): allow it (the default minimum is 5 minutes).
+    # The master pings every 5 s (lopa.serving.master.group.links): allow it (the default minimum
+    # is 5 minutes).
     ("grpc.http2.min_recv_ping_interval_without_data_ms", 4_000),
     ("grpc.http2.max_ping_strikes", 0),
 ]
@@ -48,8 +49,8 @@ SERVER_OPTIONS = [
 
 def params_of(begin: worker_pb2.Begin) -> DecodingParams:
     """The sampling knobs of a request (each candidate samples from its own stream of the seed:
-    lopa.execution.local.SequenceState.stream)."""
-    return DecodingParams(
+    lopa.execution.local.SequenceState.stream), as the master admitted them."""
+    return DecodingParams.trusted(
         attention=begin.attention,
         conf=begin.conf,
         temperature=begin.temperature,

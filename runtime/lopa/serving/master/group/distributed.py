@@ -19,7 +19,7 @@ from lopa.execution.placement import rank_of, shares
 from lopa.params import AttentionMode, DecodingParams
 from lopa.proto import worker_pb2
 from lopa.scheduling.request import Abort, RequestAborted
-from lopa.serving.master.links import WorkerGroup, WorkerLost
+from lopa.serving.master.group.links import WorkerGroup, WorkerLost
 
 __all__ = ["Abort", "DistributedExecutor", "RequestAborted", "StepFailed", "StepTiming"]
 

@@ -4,7 +4,7 @@
     GET  /v1/models, /v1/models/{id}    GET /health (200 once the group serves, else 503)   GET /live
 
 Why aiohttp: it runs on the event loop grpc.aio already drives in the master, so an HTTP request
-enters the very same LopaService.open_job as a gRPC one (one queue, one validation, one set of
+enters the very same Dispatcher.open as a gRPC one (one queue, one validation, one set of
 limits and metrics), with no second server thread; it is already in the stack (kopf) and streams
 server-sent events with a plain StreamResponse.
 
@@ -19,18 +19,18 @@ import asyncio
 import json
 import time
 import uuid
+from collections.abc import Callable
 from typing import Any
 
 from aiohttp import web
 
-from lopa.model.tokenizer import NO_CHAT_TEMPLATE, chat_ids
+from lopa.model.tokenizer import NO_CHAT_TEMPLATE
 from lopa.params import InvalidParameter
-from lopa.proto import lopa_pb2
-from lopa.scheduling.request import Completion, QueueFull, RequestAborted, SchedulerStopped
-from lopa.serving.master.jobs import GroupUnavailable
-from lopa.serving.master.links import WorkerLost
-from lopa.serving.master.openai_body import Parsed, body_field, chat_request, completion_request
-from lopa.serving.master.service import InvalidInBatch
+from lopa.scheduling.request import Completion, QueueFull, RequestAborted
+from lopa.serving.master.admission import InvalidInBatch
+from lopa.serving.master.api.openai_body import Parsed, body_field, chat_request, completion_request
+from lopa.serving.master.dispatch import Dispatcher, GroupUnavailable, Ticket, outcome_label
+from lopa.serving.master.events import Finished, Progress
 from lopa.serving.shared.config import TlsConfig
 from lopa.serving.shared.tls import ssl_context
 
@@ -58,20 +58,23 @@ def _unreadable(error: Exception) -> str:
 
 def failure(error: BaseException) -> web.Response:
     """A request that was queued and did not complete."""
-    if isinstance(error, (WorkerLost, SchedulerStopped)):
-        return error_response(503, str(error), "service_unavailable")
     if isinstance(error, RequestAborted):
         if error.deadline:
             return error_response(504, str(error), "timeout")
         return error_response(499, str(error), "cancelled")
     if isinstance(error, InvalidParameter):
         return error_response(400, str(error), "invalid_request_error", error.field)
+    if outcome_label(error) == "unavailable":
+        return error_response(503, str(error), "service_unavailable")
     return error_response(500, "internal error (see the master log)", "server_error")
 
 
 class OpenAIApi:
-    def __init__(self, service: Any, served_model: str) -> None:
-        self.service, self.model = service, served_model
+    def __init__(self, dispatcher: Dispatcher, served_model: str, queue_size: int,
+                 serving: Callable[[], bool]) -> None:
+        """serving: whether the group serves (attached and not draining), what /health says."""
+        self.dispatcher, self.model, self.queue_size = dispatcher, served_model, queue_size
+        self.serving = serving
 
     def app(self) -> web.Application:
         app = web.Application(client_max_size=8 << 20)
@@ -100,7 +103,7 @@ class OpenAIApi:
         return {"id": self.model, "object": "model", "created": 0, "owned_by": "lopa"}
 
     async def health(self, request: web.Request) -> web.Response:
-        ready = self.service.group.attached and not self.service.draining
+        ready = self.serving()
         status = {"status": "SERVING" if ready else "NOT_SERVING"}
         return web.json_response(status, status=200 if ready else 503)
 
@@ -115,62 +118,47 @@ class OpenAIApi:
 
     # -- the shared path ----------------------------------------------------------------------------
 
-    def _render(self, messages: list[dict[str, str]]) -> list[int]:
-        try:
-            return chat_ids(self.service.tokenizer, messages)
-        except InvalidParameter as error:  # chat_request names the field ("messages")
-            if error.reason == NO_CHAT_TEMPLATE:
-                raise InvalidParameter("messages", NO_TEMPLATE_HINT) from None
-            raise
-
     async def _serve(self, request: web.Request, chat: bool) -> web.StreamResponse:
         try:
             body = await request.json()
         except (json.JSONDecodeError, UnicodeDecodeError, LookupError, RecursionError) as error:
-            self.service.metrics.requests.labels("invalid").inc()
+            self.dispatcher.refused("invalid")
             return invalid("body", _unreadable(error))
         try:
-            parsed = (chat_request(body, self.model, self._render) if chat
-                      else completion_request(body, self.model))
+            parsed = chat_request(body, self.model) if chat else completion_request(body, self.model)
         except InvalidParameter as error:  # named as in the body already
-            self.service.metrics.requests.labels("invalid").inc()
+            self.dispatcher.refused("invalid")
             return invalid(error.field, error.reason)
-        queue_size = self.service.config.limits.queue_size
-        if len(parsed.requests) > queue_size:  # could never be queued at once: no retry helps
-            self.service.metrics.requests.labels("invalid").inc()
-            return invalid("prompt", f"at most {queue_size} prompts per request (limits.queue_size), "
-                                     f"got {len(parsed.requests)}")
+        if len(parsed.asks) > self.queue_size:  # could never be queued at once: no retry helps
+            self.dispatcher.refused("invalid")
+            return invalid("prompt", f"at most {self.queue_size} prompts per request (limits.queue_size), "
+                                     f"got {len(parsed.asks)}")
         try:  # all of a batch valid before any is queued, then all queued or none: counts its refusals
-            jobs = self.service.open_jobs(parsed.requests, parsed.stream, None)
+            tickets = await self.dispatcher.open(parsed.asks, parsed.stream)
         except (InvalidParameter, QueueFull, GroupUnavailable) as error:
             index = error.index if isinstance(error, InvalidInBatch) and parsed.batch else None
             return self._refused(error, chat, body, index)
         ident = f"{'chatcmpl' if chat else 'cmpl'}-{uuid.uuid4().hex}"
-        settled: set[int] = set()  # the jobs already counted in the request metrics
-        try:
-            if parsed.stream:
-                return await self._stream(request, jobs, parsed, ident, chat, settled)
-            done = await asyncio.gather(*(job.done for job in jobs))
-        except (asyncio.CancelledError, ConnectionResetError):
-            for i, job in enumerate(jobs):
-                if i not in settled:
-                    self.service.cancelled(job)  # the client went away: stop the jobs between rounds
-            raise
-        outcomes = [self.service.settle(outcome) for outcome in done]
-        failed = next((o for o in outcomes if not isinstance(o, Completion)), None)
+        if parsed.stream:
+            return await self._stream(request, tickets, parsed, ident, chat)
+        # A client that disconnects cancels the handler, and with it every ticket's wait (each then
+        # counted as cancelled); otherwise each is counted by its own outcome.
+        done = await asyncio.gather(*(ticket.finished() for ticket in tickets), return_exceptions=True)
+        failed = next((outcome for outcome in done if isinstance(outcome, BaseException)), None)
         if failed is not None:
             return failure(failed)
-        return web.json_response(self._response(outcomes, parsed, ident, chat))
+        return web.json_response(self._response([f.completion for f in done], parsed, ident, chat))
 
     def _refused(self, error: Exception, chat: bool, body: Any, index: int | None) -> web.Response:
         """A request the pipeline would not queue; `index`: which prompt of a batch."""
-        if isinstance(error, InvalidParameter):  # the shared pipeline names the gRPC field
+        if isinstance(error, InvalidParameter):  # admission names the server's field
             param = body_field(error.field, chat, body)
+            reason = NO_TEMPLATE_HINT if error.reason == NO_CHAT_TEMPLATE else error.reason
             if index is None:
-                return invalid(param, error.reason)
+                return invalid(param, reason)
             if param == "prompt":
-                return invalid(f"prompt[{index}]", error.reason)
-            return invalid(param, f"{error.reason} (prompt[{index}])")
+                return invalid(f"prompt[{index}]", reason)
+            return invalid(param, f"{reason} (prompt[{index}])")
         if isinstance(error, QueueFull):
             return error_response(429, str(error), "rate_limit_exceeded")
         return error_response(503, str(error), "service_unavailable")
@@ -193,11 +181,11 @@ class OpenAIApi:
         return reply if parsed.batch else {**reply, "lopa": lopa_stats(done[0])}
 
     async def _stream(
-        self, request: web.Request, jobs: list[Any], parsed: Parsed, ident: str, chat: bool, settled: set[int]
+        self, request: web.Request, tickets: list[Ticket], parsed: Parsed, ident: str, chat: bool
     ) -> web.StreamResponse:
-        """Server-sent events of every job (a batch's choices interleave, each event naming its
+        """Server-sent events of every ticket (a batch's choices interleave, each event naming its
         choice), then [DONE]. A failure after the status line travels as an error event, and the
-        batch's other jobs stop."""
+        batch's other requests stop (counted as cancelled)."""
         headers = {"Content-Type": "text/event-stream", "Cache-Control": "no-cache"}
         response = web.StreamResponse(headers=headers)
         await response.prepare(request)
@@ -217,52 +205,46 @@ class OpenAIApi:
                 choice = {"index": index, "text": delta, "finish_reason": finish, "logprobs": None}
             await write([choice], extra)
 
-        merged: asyncio.Queue[tuple[int, Any]] = asyncio.Queue()
+        merged: asyncio.Queue[tuple[int, Progress | Finished | Exception]] = asyncio.Queue()
 
-        async def pump(index: int, job: Any) -> None:
-            while True:
-                item = await job.chunks.get()
-                await merged.put((index, item))
-                if not isinstance(item, lopa_pb2.GenerateChunk) or item.last:
-                    return
+        async def pump(index: int, ticket: Ticket) -> None:
+            try:
+                async for event in ticket.events():
+                    merged.put_nowait((index, event))
+            except Exception as error:
+                merged.put_nowait((index, error))
 
-        pumps = [asyncio.create_task(pump(i, job)) for i, job in enumerate(jobs)]
+        pumps = [asyncio.create_task(pump(i, ticket)) for i, ticket in enumerate(tickets)]
         # Every event carries the lookahead branches granted in each round since the one before
-        # (rounds that added no text send no event): gRPC's GenerateChunk.branches, round by round.
-        first, rounds = [True] * len(jobs), [[] for _ in jobs]
+        # (rounds that added no text send no event): gRPC's GenerateChunk.granted_branches.
+        first, rounds = [True] * len(tickets), [[] for _ in tickets]
         done: list[Completion] = []
-        failed: BaseException | None = None
+        failed: Exception | None = None
         try:
-            while len(done) < len(jobs):
+            while len(done) < len(tickets):
                 index, item = await merged.get()
-                if isinstance(item, lopa_pb2.GenerateChunk) and not item.last:
-                    rounds[index].append(item.branches)
+                if isinstance(item, Progress):
+                    rounds[index].append(item.granted_branches)
                     if item.text or first[index]:
-                        await send(index, item.text, extra={"lopa": {"branches": rounds[index]}},
+                        await send(index, item.text, extra={"lopa": {"granted_branches": rounds[index]}},
                                    first=first[index])
                         first[index], rounds[index] = False, []
                     continue
-                outcome = self.service.settle(await jobs[index].done)
-                settled.add(index)
-                if not isinstance(outcome, Completion):
-                    failed = outcome
+                if isinstance(item, Exception):
+                    failed = item
                     break
-                tail = item.text if isinstance(item, lopa_pb2.GenerateChunk) else ""
-                stats = {"branches": rounds[index], **lopa_stats(outcome)}
+                outcome = item.completion
+                stats = {"granted_branches": rounds[index], **lopa_stats(outcome)}
                 # With include_usage only the last chunk carries usage, as OpenAI's do (clients that
                 # add up every chunk's usage would count it twice); the choice's stats stay in lopa.
                 own = None if parsed.include_usage else usage(outcome)
-                await send(index, tail, FINISH[outcome.finish_reason],
+                await send(index, item.text, FINISH[outcome.finish_reason],
                            {"usage": own, "lopa": stats}, first=first[index])
                 done.append(outcome)
         finally:
-            for task in pumps:
+            for task in pumps:  # a failure or a client gone: the others stop, counted as cancelled
                 task.cancel()
         if failed is not None:  # the status line is sent: the error travels as an event, as OpenAI's do
-            for i, job in enumerate(jobs):  # the batch's others end with it, counted as cancelled
-                if i not in settled:
-                    self.service.cancelled(job)
-                    settled.add(i)
             await response.write(f"data: {failure(failed).text}\n\n".encode())
         elif parsed.include_usage:  # OpenAI's shape: one more chunk, the totals and no choices
             await write([], {"usage": total_usage(done)})
@@ -290,11 +272,10 @@ def lopa_stats(c: Completion) -> dict[str, float]:
             "wall_s": round(r.wall_s, 4), "ttft_s": round(c.ttft_s, 4), "queue_s": round(c.queue_s, 4)}
 
 
-async def start_http(service: Any, served_model: str, port: int, tls: TlsConfig) -> web.AppRunner:
+async def start_http(api: OpenAIApi, port: int, tls: TlsConfig) -> web.AppRunner:
     """Serve the API on 0.0.0.0:port; handler_cancellation: a disconnect cancels the handler, which
     cancels the request (see OpenAIApi._serve)."""
-    runner = web.AppRunner(OpenAIApi(service, served_model).app(), handler_cancellation=True,
-                           access_log=None)
+    runner = web.AppRunner(api.app(), handler_cancellation=True, access_log=None)
     await runner.setup()
     try:
         await web.TCPSite(runner, "0.0.0.0", port, ssl_context=ssl_context(tls), reuse_port=False).start()

@@ -1,0 +1,226 @@
+"""Admission: a client's request, whatever its transport, checked once into what the scheduler runs.
+
+Each API adapter (lopa.serving.master.api) translates its own message into an `Ask`, the request
+in the server's own names and not yet checked (a JSON body may carry any type). `Admission.admit`
+is the only place a parameter is checked: its type, its range (DecodingParams.validate), the
+server's limits, the prompt and the length. The scheduler, the decoder and the workers trust what
+it admits. Every refusal is an InvalidParameter naming the field in the server's names (the
+DecodingParams names, `prompt`, `prompt_token_ids`, `messages`, `max_new_tokens`, `stop[i]`);
+each adapter renames them into its own vocabulary.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field, fields
+from typing import Any
+
+from lopa.model.tokenizer import chat_ids
+from lopa.params import DecodingParams, InvalidParameter, check_length
+from lopa.serving.master.served import ServedModel
+from lopa.serving.shared.config import Limits
+
+# The JSON types each setting accepts (DecodingParams' annotations are strings under __future__).
+_TYPES = {"int": (int,), "float": (int, float)}
+SETTING_TYPES: dict[str, tuple[type, ...]] = {
+    f.name: _TYPES.get(str(f.type), (str,)) for f in fields(DecodingParams) if f.name != "max_new_tokens"
+}
+# Integer settings travel on the gRPC wire as uint32 (uint64: the seed): a value outside cannot be
+# meant, whichever transport sent it.
+_INT_BITS = {"seed": 64}
+
+
+@dataclass(frozen=True)
+class Ask:
+    """One generation request as a client sent it, in the server's names, not yet checked.
+
+    Exactly one of prompt (text), prompt_token_ids or messages (chat turns, {role, content}, for the
+    model's chat template). `decoding` holds the settings the client overrides (DecodingParams
+    names); max_new_tokens None takes the server's default.
+    """
+
+    prompt: Any = None
+    prompt_token_ids: Any = None
+    messages: Any = None
+    max_new_tokens: Any = None
+    stop: Any = ()
+    decoding: Mapping[str, Any] = field(default_factory=dict)
+    pin_branches: Any = False
+
+
+@dataclass(frozen=True)
+class Admitted:
+    """A request that passed every check: what the scheduler runs."""
+
+    prompt_ids: list[int]
+    params: DecodingParams
+    stop: tuple[str, ...] = ()
+    pin_branches: bool = False
+
+
+class InvalidInBatch(InvalidParameter):
+    """The InvalidParameter of request `index` of those admitted together."""
+
+    def __init__(self, index: int, error: InvalidParameter) -> None:
+        super().__init__(error.field, error.reason)
+        self.index = index
+
+
+class Admission:
+    """The served model's facts and the server's limits and defaults, against which requests are
+    checked. `limits`: those a request can reach (usable_limits)."""
+
+    def __init__(
+        self, tokenizer: Any, vocab_size: int, mask_id: int, defaults: DecodingParams, limits: Limits,
+        max_length: int,
+    ) -> None:
+        self.tokenizer, self.vocab_size, self.mask_id = tokenizer, vocab_size, mask_id
+        self.defaults, self.limits, self.max_length = defaults, limits, max_length
+
+    @classmethod
+    def of(cls, served: ServedModel) -> Admission:
+        return cls(served.tokenizer, served.config.vocab_size, served.special.mask, served.defaults,
+                   served.limits, served.max_length)
+
+    def admit_all(self, asks: Sequence[Ask]) -> list[Admitted]:
+        """admit() of each; the first refusal names its request (InvalidInBatch)."""
+        admitted = []
+        for index, ask in enumerate(asks):
+            try:
+                admitted.append(self.admit(ask))
+            except InvalidParameter as error:
+                raise InvalidInBatch(index, error) from None
+        return admitted
+
+    def admit(self, ask: Ask) -> Admitted:
+        params = self.params(ask)
+        stop = check_stop(ask.stop)
+        ids = self.prompt_ids(ask)
+        if params.max_new_tokens < params.block_size and ask.max_new_tokens is None:
+            # the request's block size, not the server's default answer length, is at fault
+            raise InvalidParameter("block_size", f"{params.block_size} is more than max_new_tokens "
+                                                 f"{params.max_new_tokens}")
+        check_length(len(ids), params, self.max_length)
+        return Admitted(ids, params, stop, typed("pin_branches", ask.pin_branches, (bool,)) or False)
+
+    def params(self, ask: Ask) -> DecodingParams:
+        """The server's defaults with the request's overrides, checked against the server's limits."""
+        overrides = {name: setting(name, value) for name, value in ask.decoding.items() if value is not None}
+        if ask.max_new_tokens is not None:
+            overrides["max_new_tokens"] = wire_int("max_new_tokens", ask.max_new_tokens, lowest=1)
+        branches = overrides.get("branches", self.defaults.branches)
+        if branches > self.limits.max_branches:  # before the generic range check: name the server's limit
+            limit = self.limits.max_branches
+            raise InvalidParameter("branches", f"{branches} exceeds the server limit {limit}")
+        params = self.defaults.with_overrides(**overrides)
+        if params.max_new_tokens > self.limits.max_new_tokens:
+            limit = self.limits.max_new_tokens
+            raise InvalidParameter("max_new_tokens",
+                                   f"{params.max_new_tokens} exceeds the server limit {limit}")
+        return params
+
+    def prompt_ids(self, ask: Ask) -> list[int]:
+        given = [name for name in ("prompt", "prompt_token_ids", "messages") if getattr(ask, name)]
+        if len(given) > 1:
+            raise InvalidParameter(given[1], f"set one of {' or '.join(given)}, not both")
+        if ask.prompt_token_ids:
+            ids = token_ids(ask.prompt_token_ids)
+            bad = [t for t in ids if not 0 <= t < self.vocab_size or t == self.mask_id]
+            if bad:
+                raise InvalidParameter("prompt_token_ids", f"ids {bad[:5]} are outside the vocabulary or the "
+                                                           "mask id")
+            self._check_count("prompt_token_ids", ids)
+            return ids
+        if ask.messages:
+            ids = self._chat(ask.messages)
+            self._check_count("messages", ids)
+            return ids
+        text = typed("prompt", ask.prompt, (str,)) or ""
+        if not text:
+            raise InvalidParameter("prompt", "is empty")
+        check_text("prompt", text)
+        ids = list(self.tokenizer.encode(text, add_special_tokens=False))
+        self._check_count("prompt", ids)
+        if self.mask_id in ids:
+            raise InvalidParameter("prompt", f"contains the mask token (id {self.mask_id}), which only "
+                                             "decoding may place")
+        return ids
+
+    def _chat(self, messages: Any) -> list[int]:
+        try:
+            return chat_ids(self.tokenizer, messages)
+        except InvalidParameter as error:
+            raise InvalidParameter("messages", error.reason) from None
+
+    def _check_count(self, name: str, ids: list[int]) -> None:
+        if not ids:
+            raise InvalidParameter(name, "is empty")
+        if len(ids) > self.limits.max_prompt_tokens:
+            raise InvalidParameter(name, f"{len(ids)} tokens exceed the server limit "
+                                         f"{self.limits.max_prompt_tokens}")
+
+
+def typed(name: str, value: Any, types: tuple[type, ...]) -> Any:
+    """value when it is one of `types` (None passes), else InvalidParameter naming the field."""
+    if value is None:
+        return None
+    # bool is an int in Python, never a number in a request
+    if (isinstance(value, bool) and bool not in types) or not isinstance(value, types):
+        names = {float: "a number", int: "an integer", str: "a string", bool: "a boolean"}
+        kind = " or ".join(names[t] for t in types if not (t is int and float in types))
+        raise InvalidParameter(name, f"must be {kind}, got {value!r}")
+    return value
+
+
+def wire_int(name: str, value: Any, lowest: int = 0) -> int:
+    """An integer setting within the range its wire type carries (uint32, the seed uint64)."""
+    number = typed(name, value, (int,))
+    if number < lowest:
+        raise InvalidParameter(name, f"must be >= {lowest}, got {number}")
+    if number >= 2 ** _INT_BITS.get(name, 32):
+        raise InvalidParameter(name, f"is too large, got {number}")
+    return number
+
+
+def setting(name: str, value: Any) -> Any:
+    """One decoding override, typed (its range is DecodingParams.validate's)."""
+    types = SETTING_TYPES.get(name)
+    if types is None:
+        raise InvalidParameter(name, "is not a decoding setting")
+    if types == (int,):
+        return wire_int(name, value)
+    value = typed(name, value, types)
+    if isinstance(value, float) and math.isnan(value):  # NaN passes every range check otherwise
+        raise InvalidParameter(name, "is NaN")
+    return value
+
+
+def token_ids(value: Any) -> list[int]:
+    if not isinstance(value, (list, tuple)) or not all(
+        isinstance(t, int) and not isinstance(t, bool) for t in value
+    ):
+        raise InvalidParameter("prompt_token_ids", "must be a list of integers")
+    return list(value)
+
+
+def check_stop(stop: Any) -> tuple[str, ...]:
+    if stop is None:
+        return ()
+    if not isinstance(stop, (list, tuple)) or not all(isinstance(s, str) for s in stop):
+        raise InvalidParameter("stop", "must be a list of strings")
+    for index, text in enumerate(stop):
+        if not text:
+            raise InvalidParameter(f"stop[{index}]", "stop sequences must be non-empty")
+        check_text(f"stop[{index}]", text)
+    return tuple(stop)
+
+
+def check_text(name: str, text: str) -> None:
+    """JSON may carry a lone UTF-16 surrogate ("\\ud800"), which no UTF-8 text can hold."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as error:
+        bad = text[error.start : error.end].encode("unicode_escape").decode()
+        reason = f"is not valid Unicode text: a lone surrogate {bad} at index {error.start}"
+        raise InvalidParameter(name, reason) from None

@@ -1,0 +1,181 @@
+"""The gRPC client API (Generate, GenerateStream, GetModelInfo): a thin adapter of the pipeline.
+
+A GenerateRequest becomes an admission Ask (protobuf field names -> the server's names); the
+pipeline's events become GenerateChunk / GenerateResponse messages. Status codes: bad input
+INVALID_ARGUMENT naming the protobuf field, full queue RESOURCE_EXHAUSTED, lost or missing workers
+UNAVAILABLE, deadline DEADLINE_EXCEEDED, a client's cancel CANCELLED, anything else INTERNAL.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from enum import Enum
+from typing import Any, NoReturn
+
+import grpc
+
+from lopa import __version__
+from lopa.params import DecodingParams, InvalidParameter
+from lopa.proto import lopa_pb2, lopa_pb2_grpc
+from lopa.scheduling.request import Completion, QueueFull, RequestAborted
+from lopa.serving.master.admission import SETTING_TYPES, Ask
+from lopa.serving.master.api.grpc_parsing import Undecodable
+from lopa.serving.master.dispatch import Dispatcher, GroupUnavailable, outcome_label
+from lopa.serving.master.events import Finished, Progress
+from lopa.serving.master.served import ServedModel
+
+SERVICE = "lopa.v1.Lopa"
+_OVERRIDES = tuple(SETTING_TYPES)  # every DecodingOverrides field
+
+
+class LopaService(lopa_pb2_grpc.LopaServicer):
+    def __init__(self, dispatcher: Dispatcher, served: ServedModel) -> None:
+        self.dispatcher, self.served = dispatcher, served
+
+    async def Generate(self, request: lopa_pb2.GenerateRequest, context: Any) -> lopa_pb2.GenerateResponse:
+        ticket = await self._open(request, context, stream=False)
+        try:
+            finished = await ticket.finished()
+        except Exception as error:
+            await _abort(context, error)
+        completion = finished.completion
+        return lopa_pb2.GenerateResponse(
+            text=completion.text,
+            token_ids=completion.result.output_ids,
+            finish_reason=completion.finish_reason,
+            stats=stats_of(completion),
+        )
+
+    async def GenerateStream(
+        self, request: lopa_pb2.GenerateRequest, context: Any
+    ) -> AsyncIterator[lopa_pb2.GenerateChunk]:
+        ticket = await self._open(request, context, stream=True)
+        events = ticket.events()
+        try:
+            async for event in events:
+                yield chunk_of(event)
+        except Exception as error:
+            await _abort(context, error)
+        finally:
+            await events.aclose()  # a client gone at a yield stops its request (Ticket.events)
+
+    async def GetModelInfo(self, request: lopa_pb2.ModelInfoRequest, context: Any) -> lopa_pb2.ModelInfo:
+        await self._refuse_undecodable(request, context)
+        served, limits = self.served, self.served.limits
+        return lopa_pb2.ModelInfo(
+            model=str(served.path),
+            vocab_size=served.config.vocab_size,
+            max_length=served.max_length,
+            workers=served.workers,
+            backend=served.backend,
+            max_branches=limits.max_branches,
+            max_new_tokens=limits.max_new_tokens,
+            max_prompt_tokens=limits.max_prompt_tokens,
+            default_max_new_tokens=served.defaults.max_new_tokens,
+            defaults=defaults_message(served.defaults),
+            server_version=__version__,
+        )
+
+    async def _open(self, request: Any, context: Any, stream: bool) -> Any:
+        await self._refuse_undecodable(request, context)
+        try:
+            (ticket,) = await self.dispatcher.open([ask_of(request)], stream, context.time_remaining())
+        except (InvalidParameter, GroupUnavailable, QueueFull) as error:
+            await _abort(context, error)
+        return ticket
+
+    async def _refuse_undecodable(self, request: Any, context: Any) -> None:
+        if isinstance(request, Undecodable):
+            self.dispatcher.refused("invalid")
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, request.message)
+
+
+def ask_of(request: lopa_pb2.GenerateRequest) -> Ask:
+    """The request in the server's names (chat: the prompt is one user turn of the chat template)."""
+    chat = request.chat and request.prompt
+    return Ask(
+        prompt=None if chat else request.prompt,
+        prompt_token_ids=list(request.prompt_token_ids),
+        messages=[{"role": "user", "content": request.prompt}] if chat else None,
+        max_new_tokens=request.max_new_tokens if request.HasField("max_new_tokens") else None,
+        stop=list(request.stop),
+        decoding={name: getattr(request.decoding, name) for name in _OVERRIDES
+                  if request.decoding.HasField(name)},
+        pin_branches=request.pin_branches,
+    )
+
+
+def field_name(name: str) -> str:
+    """A field of the server's names as the GenerateRequest names it."""
+    if name in SETTING_TYPES:
+        return f"decoding.{name}"
+    return "chat" if name == "messages" else name
+
+
+def status_of(error: BaseException) -> grpc.StatusCode:
+    if isinstance(error, InvalidParameter):
+        return grpc.StatusCode.INVALID_ARGUMENT
+    if isinstance(error, QueueFull):
+        return grpc.StatusCode.RESOURCE_EXHAUSTED
+    if isinstance(error, RequestAborted):
+        return grpc.StatusCode.DEADLINE_EXCEEDED if error.deadline else grpc.StatusCode.CANCELLED
+    if outcome_label(error) == "unavailable":
+        return grpc.StatusCode.UNAVAILABLE
+    return grpc.StatusCode.INTERNAL
+
+
+async def _abort(context: Any, error: BaseException) -> NoReturn:
+    message = str(error)
+    if isinstance(error, InvalidParameter):  # named as the GenerateRequest names it
+        message = f"{field_name(error.field)}: {error.reason}"
+    await context.abort(status_of(error), message)
+    raise AssertionError("unreachable")
+
+
+def chunk_of(event: Progress | Finished) -> lopa_pb2.GenerateChunk:
+    if isinstance(event, Progress):
+        return lopa_pb2.GenerateChunk(
+            step=event.step,
+            offset=event.offset,
+            token_ids=event.token_ids,
+            text=event.text,
+            fills=[lopa_pb2.Fill(position=p, token_id=t) for p, t in event.fills],
+            candidates=event.candidates,
+            winner=event.winner,
+            granted_branches=event.granted_branches,
+        )
+    return lopa_pb2.GenerateChunk(
+        last=True,
+        offset=event.offset,
+        token_ids=event.token_ids,
+        text=event.text,
+        finish_reason=event.completion.finish_reason,
+        stats=stats_of(event.completion),
+    )
+
+
+def stats_of(completion: Completion) -> lopa_pb2.Stats:
+    result = completion.result
+    return lopa_pb2.Stats(
+        forwards=result.forwards,
+        tokens=result.tokens,
+        generated_positions=len(result.generated_ids),
+        tpf=result.tpf,
+        padded_tpf=result.padded_tpf,
+        tokens_per_s=result.tokens_per_s,
+        wall_s=result.wall_s,
+        ttft_s=completion.ttft_s,
+        queue_s=completion.queue_s,
+        mean_branches=result.mean_branches,
+        verified_tokens=result.verified_tokens,
+    )
+
+
+def defaults_message(d: DecodingParams) -> lopa_pb2.DecodingOverrides:
+    """Every override field of the wire, set to the server's default (derived: a new setting needs
+    no edit here)."""
+    values = {}
+    for name in lopa_pb2.DecodingOverrides.DESCRIPTOR.fields_by_name:
+        value = getattr(d, name)
+        values[name] = value.value if isinstance(value, Enum) else value
+    return lopa_pb2.DecodingOverrides(**values)

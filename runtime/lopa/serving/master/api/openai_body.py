@@ -1,0 +1,164 @@
+"""OpenAI request bodies -> admission Asks (pure: no I/O, no server state).
+
+This module checks only what OpenAI's API has and the server's own names lack: the body's shape,
+`model`, `n`, `stream`, `stream_options`, the `messages` list and the OpenAI features accepted at
+their defaults. Every request setting is copied into the Ask as sent and checked once, by
+admission (types included). The LoPA knobs are extra body fields with the server's names; errors
+name the body field, so the HTTP layer answers in OpenAI's error shape.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Collection
+from dataclasses import dataclass, replace
+from typing import Any
+
+from lopa.params import InvalidParameter
+from lopa.serving.master.admission import SETTING_TYPES, Ask, check_text, typed
+
+# The LoPA knobs a body may carry beside OpenAI's sampling fields (all: the server's setting names).
+OPENAI_SAMPLING = frozenset({"temperature", "top_p", "seed"})
+LOPA_FIELDS = frozenset(SETTING_TYPES) - OPENAI_SAMPLING
+# Accepted and ignored: they change nothing about the answer (stream_options is read, not ignored).
+IGNORED = frozenset({"user", "stream_options", "metadata", "store"})
+# Features this server lacks, accepted at their defaults (or null), which change nothing: clients and
+# benchmark tools (OpenAI SDKs, vLLM's and genai-perf's) send them spelled out. Any other value is a
+# 400 naming the field. Each maps to its accepted values (booleans only where a boolean is named;
+# completions' logprobs: 0 asks for the sampled tokens' logprobs, so only false or null pass).
+NEUTRAL: dict[str, tuple[Any, ...]] = {
+    "frequency_penalty": (0,), "presence_penalty": (0,), "logit_bias": ({},), "logprobs": (False,),
+    "repetition_penalty": (1,), "ignore_eos": (False,), "min_tokens": (0,),  # vLLM's extras
+}
+COMPLETION_NEUTRAL: dict[str, tuple[Any, ...]] = {"best_of": (1,), "echo": (False,), "suffix": ("",)}
+CHAT_NEUTRAL: dict[str, tuple[Any, ...]] = {
+    "top_logprobs": (0,), "tools": ([],), "tool_choice": ("none",), "response_format": ({"type": "text"},),
+}
+COMMON = frozenset({"model", "max_tokens", "stop", "n", "stream", "pin_branches",
+                    *LOPA_FIELDS, *OPENAI_SAMPLING, *IGNORED, *NEUTRAL})
+COMPLETION_FIELDS = COMMON | {"prompt", *COMPLETION_NEUTRAL}
+CHAT_FIELDS = COMMON | {"messages", "max_completion_tokens", *CHAT_NEUTRAL}
+ROLES = frozenset({"system", "user", "assistant", "developer"})
+
+
+@dataclass(frozen=True)
+class Parsed:
+    asks: tuple[Ask, ...]  # one, or one per prompt of a /v1/completions batch (choice i answers prompt i)
+    stream: bool
+    model: str
+    include_usage: bool = False  # stream_options.include_usage: a last chunk of usage, no choices
+    batch: bool = False
+
+
+def _common(body: Any, known: frozenset[str], served_model: str) -> tuple[Parsed, Ask]:
+    """The fields both endpoints share; the caller adds its prompt and its token budget."""
+    if not isinstance(body, dict):
+        raise InvalidParameter("body", "must be a JSON object")
+    unknown = sorted(set(body) - known)
+    if unknown:
+        raise InvalidParameter(unknown[0], "is not supported by this server")
+    for name, accepted in {**NEUTRAL, **COMPLETION_NEUTRAL, **CHAT_NEUTRAL}.items():
+        if name in known and body.get(name) is not None and not _neutral(body[name], accepted):
+            shown = " or ".join(json.dumps(a) for a in accepted)
+            raise InvalidParameter(name, f"is not supported by this server: only {shown} (the default), "
+                                         f"got {json.dumps(body[name])}")
+    model = typed("model", body.get("model"), (str,))
+    if not model:
+        raise InvalidParameter("model", f"is required (this server serves {served_model!r})")
+    if model != served_model:
+        raise InvalidParameter("model", f"unknown model {model!r}; this server serves {served_model!r}")
+    n = typed("n", body.get("n"), (int,))
+    if n is not None and n != 1:
+        raise InvalidParameter("n", f"only n = 1 is supported, got {n}")
+    stream = typed("stream", body.get("stream"), (bool,)) or False
+    options = body.get("stream_options")
+    if options is not None and not isinstance(options, dict):
+        raise InvalidParameter("stream_options", f"must be an object, got {json.dumps(options)}")
+    try:
+        include_usage = typed("include_usage", (options or {}).get("include_usage"), (bool,))
+    except InvalidParameter as error:
+        raise InvalidParameter("stream_options.include_usage", error.reason) from None
+    stop = body.get("stop")
+    if isinstance(stop, str):
+        stop = [stop]
+    if stop is not None and not (isinstance(stop, list) and all(isinstance(s, str) for s in stop)):
+        raise InvalidParameter("stop", "must be a string or a list of strings")
+    ask = Ask(
+        stop=stop or (),
+        decoding={name: body[name] for name in SETTING_TYPES if body.get(name) is not None},
+        pin_branches=body.get("pin_branches") or False,
+    )
+    return Parsed((), stream, model, bool(include_usage)), ask
+
+
+def _neutral(value: Any, accepted: tuple[Any, ...]) -> bool:
+    """value is one of `accepted`, a boolean only where a boolean is accepted (True == 1 in Python)."""
+    def same(a: Any) -> bool:
+        if isinstance(a, bool) or isinstance(value, bool):
+            return value is a
+        return (type(a) is type(value) or (isinstance(a, int) and isinstance(value, float))) and value == a
+
+    return any(same(a) for a in accepted)
+
+
+def completion_request(body: Any, served_model: str) -> Parsed:
+    """One prompt (a string or a list of token ids), or a batch: a list of several, each of which
+    becomes its own request with the same settings (choice i answers prompt i)."""
+    parsed, ask = _common(body, COMPLETION_FIELDS, served_model)
+    ask = replace(ask, max_new_tokens=body.get("max_tokens"))
+    prompt = body.get("prompt")
+    if isinstance(prompt, list) and prompt and all(isinstance(p, (str, list)) for p in prompt):
+        if len(prompt) == 1:  # a batch of one
+            return replace(parsed, asks=(_with_prompt(ask, prompt[0], "prompt"),))
+        asks = tuple(_with_prompt(ask, one, f"prompt[{i}]") for i, one in enumerate(prompt))
+        return replace(parsed, asks=asks, batch=True)
+    return replace(parsed, asks=(_with_prompt(ask, prompt, "prompt"),))
+
+
+def _with_prompt(ask: Ask, prompt: Any, name: str) -> Ask:
+    if isinstance(prompt, str) and prompt:
+        return replace(ask, prompt=prompt)
+    if isinstance(prompt, list) and prompt and all(isinstance(t, int) and not isinstance(t, bool)
+                                                   for t in prompt):
+        return replace(ask, prompt_token_ids=prompt)
+    if isinstance(prompt, str):
+        raise InvalidParameter(name, "is empty")
+    raise InvalidParameter(name, "is required: a non-empty string or list of token ids")
+
+
+def chat_request(body: Any, served_model: str) -> Parsed:
+    parsed, ask = _common(body, CHAT_FIELDS, served_model)
+    if body.get("max_tokens") is not None and body.get("max_completion_tokens") is not None:
+        raise InvalidParameter("max_completion_tokens", "send either it or max_tokens, not both")
+    messages = body.get("messages")
+    if not isinstance(messages, list) or not messages:
+        raise InvalidParameter("messages", "is required: a non-empty list of {role, content}")
+    turns = []
+    for i, message in enumerate(messages):
+        if not isinstance(message, dict) or message.get("role") not in ROLES:
+            raise InvalidParameter(f"messages[{i}].role", f"must be one of {sorted(ROLES)}")
+        content = message.get("content")
+        if isinstance(content, list):  # content parts: text only
+            if not all(isinstance(p, dict) and p.get("type") == "text" for p in content):
+                raise InvalidParameter(f"messages[{i}].content", "only text parts are supported")
+            content = "".join(str(p.get("text", "")) for p in content)
+        if not isinstance(content, str):
+            raise InvalidParameter(f"messages[{i}].content", "must be a string")
+        check_text(f"messages[{i}].content", content)
+        turns.append({"role": message["role"], "content": content})
+    budget = body.get("max_completion_tokens")
+    budget = body.get("max_tokens") if budget is None else budget
+    return replace(parsed, asks=(replace(ask, messages=turns, max_new_tokens=budget),))
+
+
+def body_field(field: str, chat: bool, sent: Collection[str] = ()) -> str:
+    """The body field an error of admission is about (admission names the server's fields); `sent`:
+    the body's fields (which of max_tokens / max_completion_tokens the client used, whether its
+    stop was one string)."""
+    if field == "max_new_tokens":
+        return "max_completion_tokens" if "max_completion_tokens" in sent else "max_tokens"
+    if field in ("prompt", "prompt_token_ids", "messages"):
+        return "messages" if chat else "prompt"
+    if field.startswith("stop[") and isinstance(sent, dict) and isinstance(sent.get("stop"), str):
+        return "stop"
+    return field

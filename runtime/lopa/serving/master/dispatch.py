@@ -1,0 +1,225 @@
+"""Dispatch: admitted requests into the shared Scheduler, transport-free events back out.
+
+An API adapter calls `Dispatcher.open` with its requests as `Ask`s: they are admitted (off the
+event loop: tokenizing a prompt takes time), queued all or none, and come back as `Ticket`s. The
+scheduler thread (lopa.scheduling.scheduler) batches every running request's rounds over the
+master's executor and posts each ticket's events to the event loop: a Progress per round for a
+stream, then a Finished, or the error that ended it. Every request is counted once in
+`lopa_requests_total`: refused at the door, or settled when its client reads the end, or cancelled
+when its client goes away first.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import AsyncIterator, Callable, Sequence
+from typing import Any
+
+from lopa.decoding.generation import StepEvent
+from lopa.params import InvalidParameter
+from lopa.scheduling.request import (
+    Abort,
+    Completion,
+    Outcome,
+    QueueFull,
+    Request,
+    RequestAborted,
+    SchedulerStopped,
+)
+from lopa.scheduling.scheduler import Scheduler
+from lopa.serving.master.admission import Admission, Admitted, Ask
+from lopa.serving.master.events import Event, Finished, Progress
+from lopa.serving.master.group.links import WorkerLost
+from lopa.serving.master.streaming import DeltaTracker
+from lopa.serving.shared.metrics import MasterMetrics
+
+log = logging.getLogger("lopa.master")
+
+__all__ = ["Dispatcher", "GroupUnavailable", "QueueFull", "Ticket", "outcome_label"]
+
+
+class GroupUnavailable(Exception):
+    """No worker group is attached, or the master is draining: a request cannot be queued."""
+
+
+def outcome_label(error: BaseException) -> str:
+    """A failed request's outcome in lopa_requests_total."""
+    if isinstance(error, InvalidParameter):
+        return "invalid"
+    if isinstance(error, (WorkerLost, SchedulerStopped, GroupUnavailable)):
+        return "unavailable"
+    if isinstance(error, RequestAborted):
+        return "deadline" if error.deadline else "cancelled"
+    return "error"
+
+
+class Ticket:
+    """One admitted request on its way through the scheduler, as its API adapter holds it."""
+
+    def __init__(self, admitted: Admitted, stream: bool, loop: asyncio.AbstractEventLoop,
+                 count: Callable[[str], None], deadline: float) -> None:
+        self.admitted, self.stream, self.loop = admitted, stream, loop
+        self.abort = Abort(deadline=deadline)
+        self.arrived = time.perf_counter()
+        self._items: asyncio.Queue[Event | BaseException] = asyncio.Queue()
+        self._count = count
+        self._counted = False
+
+    def post(self, item: Event | BaseException) -> None:
+        """From the scheduler thread: the next event, or the error that ended the request."""
+        self.loop.call_soon_threadsafe(self._items.put_nowait, item)
+
+    async def events(self) -> AsyncIterator[Event]:
+        """Progress events (a stream's), then the Finished; raises the error that ended the request.
+        Closed or cancelled before the end (the client went away), the request stops between rounds."""
+        try:
+            while True:
+                item = await self._items.get()
+                if isinstance(item, Progress):
+                    yield item
+                    continue
+                yield self._settle(item)
+                return
+        finally:
+            self.cancel()
+
+    async def finished(self) -> Finished:
+        """The request's Finished, or its error raised; cancelled while waiting, the request stops."""
+        async for event in self.events():
+            if isinstance(event, Finished):
+                return event
+        raise AssertionError("a request's events end with its Finished")
+
+    def cancel(self) -> None:
+        """The client went away (or its deadline passed): stop the request between rounds, counted
+        as cancelled (deadline once it expired) unless its end was already read."""
+        if self._counted:
+            return
+        self.abort.cancelled.set()
+        # gRPC cancels the handler when the client's deadline passes, often before the scheduler
+        # checks that same deadline between rounds: that is a deadline, not a client cancel.
+        expired = self.abort.deadline is not None and time.monotonic() >= self.abort.deadline
+        self._count_once("deadline" if expired else "cancelled")
+
+    def _settle(self, item: Finished | BaseException) -> Finished:
+        if isinstance(item, Finished):
+            self._count_once("ok")
+            return item
+        label = outcome_label(item)
+        self._count_once(label)
+        if label == "error":
+            log.error("request failed", exc_info=item)
+        raise item
+
+    def _count_once(self, label: str) -> None:
+        if not self._counted:
+            self._counted = True
+            self._count(label)
+
+
+class Dispatcher:
+    """The door of the request pipeline: admission, the queue, and each request's events."""
+
+    def __init__(
+        self,
+        admission: Admission,
+        scheduler: Scheduler,
+        decode: Callable[[list[int]], str],
+        metrics: MasterMetrics,
+        group_ready: Callable[[], bool],
+        request_timeout_s: float,
+    ) -> None:
+        self.admission, self.scheduler, self.decode, self.metrics = admission, scheduler, decode, metrics
+        self.group_ready, self.request_timeout_s = group_ready, request_timeout_s
+        self.draining = False  # SIGTERM: no new request; the queued and running ones finish
+
+    def start(self) -> None:
+        self.scheduler.start()
+
+    def stop(self) -> None:
+        self.scheduler.stop()
+
+    def busy(self) -> bool:
+        """Requests queued or decoding (what a drain waits for)."""
+        return bool(self.scheduler.waiting or self.scheduler.running)
+
+    def refused(self, label: str, count: int = 1) -> None:
+        """Count requests an adapter turned away before admission (a body that does not parse)."""
+        self.metrics.requests.labels(label).inc(count)
+
+    async def open(self, asks: Sequence[Ask], stream: bool, remaining_s: float | None = None) -> list[Ticket]:
+        """Admit every request (InvalidParameter, InvalidInBatch naming which), then queue all of them
+        or none (GroupUnavailable, QueueFull); each refusal counted once per request."""
+        try:
+            admitted = await asyncio.to_thread(self.admission.admit_all, asks)
+        except InvalidParameter:
+            self.refused("invalid")
+            raise
+        return self.submit(admitted, stream, remaining_s)
+
+    def submit(
+        self, admitted: Sequence[Admitted], stream: bool, remaining_s: float | None = None
+    ) -> list[Ticket]:
+        n = len(admitted)
+        if self.draining:
+            self.refused("unavailable", n)
+            raise GroupUnavailable("the master is shutting down (draining its requests): retry elsewhere")
+        if not self.group_ready():
+            self.refused("unavailable", n)
+            raise GroupUnavailable("the worker group is not ready (see health)")
+        timeout = self.request_timeout_s if remaining_s is None else min(self.request_timeout_s, remaining_s)
+        loop = asyncio.get_running_loop()
+        count = self.metrics.requests.labels
+        tickets = [Ticket(one, stream, loop, lambda label: count(label).inc(), time.monotonic() + timeout)
+                   for one in admitted]
+        try:
+            self.scheduler.submit_many([self._request(ticket) for ticket in tickets])
+        except InvalidParameter:
+            self.refused("invalid", n)
+            raise
+        except QueueFull:
+            self.refused("rejected", n)
+            raise
+        except SchedulerStopped as error:  # stopping between the drain check and the queue
+            self.refused("unavailable", n)
+            raise GroupUnavailable(str(error)) from None
+        return tickets
+
+    def _request(self, ticket: Ticket) -> Request:
+        admitted = ticket.admitted
+        tracker = DeltaTracker(self.decode, frozenset(self.scheduler.decoder.eos_ids), admitted.stop)
+        prompt_length = len(admitted.prompt_ids)
+        mask_id = self.scheduler.decoder.mask_id
+
+        def on_step(event: StepEvent) -> None:
+            offset, ids, text = tracker.step(event.tokens[prompt_length:], mask_id)
+            fills = [(p - prompt_length, t) for p, t in event.fills]
+            ticket.post(Progress(event.step, offset, ids, text, fills, event.candidates, event.winner,
+                                 event.granted_branches))
+
+        def on_done(outcome: Outcome) -> None:
+            item: Any = outcome
+            if isinstance(outcome, Completion):
+                try:
+                    if ticket.stream:
+                        offset, ids, text = tracker.finish(outcome.text, list(outcome.result.output_ids))
+                        item = Finished(outcome, offset, ids, text)
+                    else:
+                        item = Finished(outcome)
+                except Exception as error:  # no end event: the request ends with this error, never hangs
+                    log.exception("the end of a stream could not be built")
+                    item = error
+            ticket.post(item)
+
+        return Request(
+            admitted.prompt_ids,
+            admitted.params,
+            admitted.stop,
+            admitted.pin_branches,
+            on_step=on_step if ticket.stream else None,
+            on_done=on_done,
+            abort=ticket.abort,
+            arrived=ticket.arrived,
+        )
