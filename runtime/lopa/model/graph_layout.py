@@ -8,7 +8,7 @@ sizes, compact_tokens), and only attention runs on the padded layout [requests x
 each request padded to the most rows and the widest window among them. Requests beside each other
 differ in rows (one was granted a lookahead, another not) and width (one window spans two blocks,
 another one): padded for the linears too, a 7B round of 8 requests computed ~1.5x its tokens
-(runtime/BENCHMARKS.md, H200 second session).
+(runtime/BENCHMARKS.md, "Many requests at once on a GPU").
 """
 
 from __future__ import annotations

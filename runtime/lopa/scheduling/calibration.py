@@ -4,7 +4,7 @@ How many tokens one forward may run before batching stops being cheap depends on
 device: on an H100 a 7B forward turns compute-bound at ~256 tokens (batched rounds of 128 / 256 /
 512 / 1024 tokens: 9.4 / 11.5 / 17.9 / 33.4 ms), while a small model's forwards are launch-bound
 and cost about the same at 1024 tokens; a fixed count cuts a small model's branches for nothing
-(runtime/BENCHMARKS.md, "GPU: many requests at once"). So a worker (or a local engine) on an
+(runtime/BENCHMARKS.md, "Many requests at once on a GPU"). So a worker (or a local engine) on an
 accelerator times lone forwards of growing size and takes the largest whose cost stays within
 COST_FACTOR of the smallest: on those rounds 512 for the 7B (the budget that beat 2048 in its
 concurrency sweep; 1024 would need 2.5x more than 2.5x), for a launch-bound model 1024.
