@@ -19,8 +19,9 @@ back on). One container per pod, no init containers. `resourceFieldRef` env, vol
 kinds above, `hostAliases`, service links (KUBERNETES_SERVICE_* included) and security contexts are
 not supported (they raise `Unsupported`, or are ignored where the pod would run the same: the
 process runs as root, its root filesystem writable, whatever runAsUser or readOnlyRootFilesystem
-say; its volumes are mounted as the pod asks). Volume files are written once at start: plain files, not the kubelet's
-`..data` symlinks, and not refreshed when their ConfigMap or Secret changes.
+say; its volumes are mounted as the pod asks). Volume files are written once at start: plain
+files, not the kubelet's `..data` symlinks, and not refreshed when their ConfigMap or Secret
+changes.
 """
 
 from __future__ import annotations
