@@ -23,5 +23,10 @@ COPY runtime/ ./runtime/
 RUN pip install ./runtime && rm -rf /src
 # The CANN environment (set_env.sh) is sourced by the base image's entrypoint on most tags;
 # lopa imports torch_npu only when the config asks for device npu.
+# Non-root, as the operator runs every runtime pod (runAsUser 65532). The NPUs (/dev/davinci*) are
+# usually owned by the driver's HwHiAiUser group: give the pods that group (the LoPADeployment's
+# spec.podSecurityContext.supplementalGroups), or run them as root where the driver insists
+# (README, "Pod security").
+USER 65532:65532
 EXPOSE 50051 50052 29500 9090
 ENTRYPOINT ["lopa"]

@@ -75,14 +75,18 @@ def render_file(source: str) -> str:
     """The children the operator would apply for every LoPADeployment in `source` (no cluster)."""
     import yaml
 
-    from . import names, render
+    from . import inference_pool, names, render
+    from . import spec as specs
 
     text = sys.stdin.read() if source == "-" else Path(source).read_text()
     out = []
     for doc in yaml.safe_load_all(text):
         if doc and doc.get("kind") == names.KIND:
             meta = doc["metadata"]
-            out += render.children(meta["name"], meta.get("namespace", "default"), doc.get("spec") or {})
+            name, namespace, spec = meta["name"], meta.get("namespace", "default"), doc.get("spec") or {}
+            out += render.children(name, namespace, spec)
+            if inference_pool.enabled(spec):
+                out.append(inference_pool.render(name, namespace, specs.with_defaults(spec)))
     return yaml.safe_dump_all(out, sort_keys=False)
 
 

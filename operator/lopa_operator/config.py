@@ -77,10 +77,18 @@ def render(name: str, namespace: str, spec: dict[str, Any], index: int) -> dict[
             "rendezvous": f"{names.worker_host(name, namespace, index, 0)}:{names.RENDEZVOUS_PORT}",
             "join_timeout_s": spec["collective"]["joinTimeoutSeconds"],
             "step_timeout_s": spec["collective"]["stepTimeoutSeconds"],
+            # The group Secret (credentials.py), mounted in every pod of the group.
+            "secret_file": f"{names.GROUP_DIR}/secret",
         },
     }
     tls = spec.get("tls")
     if tls:
+        # With the client API on TLS the master-worker link is mutual TLS too, on the group's own CA.
+        doc["workers"].update(
+            tls_cert=f"{names.GROUP_DIR}/tls.crt",
+            tls_key=f"{names.GROUP_DIR}/tls.key",
+            tls_ca=f"{names.GROUP_DIR}/ca.crt",
+        )
         doc["tls"] = {
             "cert": f"{names.TLS_DIR}/tls.crt",
             "key": f"{names.TLS_DIR}/tls.key",

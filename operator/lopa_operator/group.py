@@ -101,6 +101,10 @@ def config_hash(pod: Pod) -> str | None:
     return (pod["metadata"].get("annotations") or {}).get(names.CONFIG_HASH_ANNOTATION)
 
 
+def secret_hash(pod: Pod) -> str | None:
+    return (pod["metadata"].get("annotations") or {}).get(names.SECRET_HASH_ANNOTATION)
+
+
 def backoff_seconds(policy: dict[str, Any], recent: int) -> float:
     """Wait before restart number recent+1: none for the first, then backoff * 2^(recent-1), capped."""
     if recent == 0:
@@ -148,7 +152,10 @@ def decide(
     memory: Memory,
     policy: dict[str, Any],
     now: dt.datetime,
+    desired_secret: str | None = None,
 ) -> Decision:
+    """`desired_secret`: the hash of the group Secret's data the pods must run with (None: not
+    checked, for a group the rollout holds)."""
     live = {p["metadata"]["name"]: p for p in workers if not is_terminating(p)}
 
     stale = [p for p in live.values() if config_hash(p) != desired_hash]
@@ -159,6 +166,16 @@ def decide(
             delete=stale,
             state=GroupState.ROLLING,
             message=f"rolling {len(stale)} worker pod(s) to config {desired_hash}",
+        )
+    old_secret = [p for p in live.values() if desired_secret is not None and secret_hash(p) != desired_secret]
+    if old_secret:
+        # The group Secret was made again (deleted by hand, say): a group never runs two secrets.
+        # No failure either; the master's Deployment rolls by itself (its template changed too).
+        return Decision(
+            replace(memory, members=(), formed_at=None),
+            delete=old_secret,
+            state=GroupState.ROLLING,
+            message=f"rolling {len(old_secret)} worker pod(s) onto the group's new Secret",
         )
 
     if memory.members:

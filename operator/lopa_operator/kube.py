@@ -21,10 +21,13 @@ from . import names
 # kind -> (apiVersion, plural); everything the operator reads or writes.
 RESOURCES = {
     "ConfigMap": ("v1", "configmaps"),
+    "Secret": ("v1", "secrets"),
     "Service": ("v1", "services"),
     "Pod": ("v1", "pods"),
     "StatefulSet": ("apps/v1", "statefulsets"),
     "Deployment": ("apps/v1", "deployments"),
+    "NetworkPolicy": ("networking.k8s.io/v1", "networkpolicies"),
+    "InferencePool": ("inference.networking.k8s.io/v1", "inferencepools"),  # Gateway API Inference Extension
     names.KIND: (names.API_VERSION, names.PLURAL),
 }
 TIMEOUT = (5.0, 30.0)  # connect, read: a stalled API call must not wedge a handler thread

@@ -14,6 +14,8 @@ MANAGER = "lopa-operator"  # field manager of server-side apply and app.kubernet
 CONFIG_FILE = "lopa.yaml"
 CONFIG_DIR = "/etc/lopa"
 TLS_DIR = "/etc/lopa/tls"
+GROUP_DIR = "/etc/lopa/group"  # the group Secret: the link's shared secret and mutual TLS files
+CLUSTER_DOMAIN = "cluster.local"
 
 # The pod contract of docs/design (architecture.md "Processes and the pod contract").
 CLIENT_PORT = 50051
@@ -26,6 +28,10 @@ HTTP_PORT = 8000  # the master's OpenAI-compatible HTTP API (spec.service.httpPo
 
 CONFIG_HASH_ANNOTATION = f"{GROUP}/config-hash"
 POD_INDEX_LABEL = "apps.kubernetes.io/pod-index"
+# On pod templates: a hash of the group Secret's data (a group restarts when its Secret is made again).
+SECRET_HASH_ANNOTATION = f"{GROUP}/group-secret-hash"
+# On a group Secret: the spec.restartTrigger it was made for (a new trigger makes it again).
+TRIGGER_ANNOTATION = f"{GROUP}/restart-trigger"
 
 ROLE_WORKER = "worker"
 ROLE_MASTER = "master"
@@ -45,6 +51,10 @@ def group(name: str, index: int) -> str:
 
 def config_map(name: str, index: int) -> str:
     return f"{group(name, index)}-config"
+
+
+def group_secret(name: str, index: int) -> str:
+    return f"{group(name, index)}-group"
 
 
 def worker_set(name: str, index: int) -> str:
@@ -69,6 +79,14 @@ def client_service(name: str) -> str:
 
 def master_metrics_service(name: str) -> str:
     return f"{name}-master-metrics"
+
+
+def network_policy(name: str) -> str:
+    return name
+
+
+def inference_pool(name: str) -> str:
+    return name
 
 
 def worker_host(name: str, namespace: str, index: int, rank: int) -> str:

@@ -5,12 +5,13 @@ from __future__ import annotations
 import copy
 from typing import Any
 
-from . import accelerators, names, placement
+from . import accelerators, names, placement, security
 from . import spec as specs
 
 MODEL_VOLUME = "model"
 CONFIG_VOLUME = "config"
 TLS_VOLUME = "tls"
+GROUP_VOLUME = "group"
 # A container that exits with an error leaves its log's tail as its termination message: a lopa
 # process's last line names what stopped it ("lopa worker: error: limits.max_step_tokens: ..."),
 # which the group's restart reason and event then carry (group.exit_reason).
@@ -23,6 +24,21 @@ def _field_env(name: str, path: str) -> dict[str, Any]:
 
 def _config_volume(name: str, index: int) -> dict[str, Any]:
     return {"name": CONFIG_VOLUME, "configMap": {"name": names.config_map(name, index)}}
+
+
+def _group_volumes(name: str, index: int) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """What every pod of group `index` mounts beside its config: the group Secret (read-only) and
+    the writable emptyDir (the root filesystem is read-only)."""
+    volumes = [
+        {"name": GROUP_VOLUME, "secret": {"secretName": names.group_secret(name, index)}},
+        security.volume(),
+    ]
+    mounts = [
+        {"name": CONFIG_VOLUME, "mountPath": names.CONFIG_DIR, "readOnly": True},
+        {"name": GROUP_VOLUME, "mountPath": names.GROUP_DIR, "readOnly": True},
+        security.mount(),
+    ]
+    return [_config_volume(name, index), *volumes], mounts
 
 
 def _model_volumes(spec: dict[str, Any]) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
@@ -94,6 +110,9 @@ def _common_pod_spec(spec: dict[str, Any], tolerations: list[dict[str, Any]]) ->
         # every roll or group restart that caught one waited out the whole grace period
         # (tests/operator/test_pods_run.py).
         "shareProcessNamespace": True,
+        # lopa never calls the API server: no token in the pods.
+        "automountServiceAccountToken": False,
+        "securityContext": security.pod_context(spec),
     }
     if spec.get("serviceAccountName"):
         pod["serviceAccountName"] = spec["serviceAccountName"]
@@ -113,19 +132,21 @@ _SCRAPE = {"prometheus.io/scrape": "true", "prometheus.io/port": str(names.METRI
            "prometheus.io/path": "/metrics"}
 
 
-def _template(name: str, role: str, index: int, config_hash: str, pod: dict[str, Any]) -> dict[str, Any]:
-    return {
-        "metadata": {
-            "labels": names.labels(name, role, index),
-            "annotations": {names.CONFIG_HASH_ANNOTATION: config_hash, **_SCRAPE},
-        },
-        "spec": pod,
-    }
+def _template(
+    name: str, role: str, index: int, config_hash: str, secret_hash: str, pod: dict[str, Any]
+) -> dict[str, Any]:
+    annotations = {names.CONFIG_HASH_ANNOTATION: config_hash, **_SCRAPE}
+    if secret_hash:  # (group_hash renders the templates without it: one hash per spec)
+        annotations[names.SECRET_HASH_ANNOTATION] = secret_hash
+    return {"metadata": {"labels": names.labels(name, role, index), "annotations": annotations}, "spec": pod}
 
 
-def worker_template(name: str, spec: dict[str, Any], config_hash: str, index: int) -> dict[str, Any]:
+def worker_template(
+    name: str, spec: dict[str, Any], config_hash: str, index: int, secret_hash: str = ""
+) -> dict[str, Any]:
     wiring = accelerators.wiring(spec)
     model_volumes, model_mounts = _model_volumes(spec)
+    group_volumes, group_mounts = _group_volumes(name, index)
     env = _merge_env(
         [
             # Rank = StatefulSet pod index; kubelet expands $(LOPA_RANK) in the command below.
@@ -133,6 +154,7 @@ def worker_template(name: str, spec: dict[str, Any], config_hash: str, index: in
             {"name": "LOPA_WORLD_SIZE", "value": str(spec["branchParallelism"])},
             _field_env("LOPA_POD_NAME", "metadata.name"),
             _field_env("LOPA_NAMESPACE", "metadata.namespace"),
+            *security.env(),
             *wiring.env,
         ],
         spec.get("env"),
@@ -156,22 +178,19 @@ def worker_template(name: str, spec: dict[str, Any], config_hash: str, index: in
             {"name": "metrics", "containerPort": names.METRICS_PORT, "protocol": "TCP"},
         ],
         "resources": _resources(spec.get("resources"), wiring.limits),
-        "volumeMounts": [
-            {"name": CONFIG_VOLUME, "mountPath": names.CONFIG_DIR, "readOnly": True},
-            *model_mounts,
-            *wiring.mounts,
-        ],
+        "volumeMounts": [*group_mounts, *model_mounts, *wiring.mounts],
         # The worker API listens once the model is loaded and, on an accelerator, its branch budget
         # measured (seconds; workers serve no grpc.health); that the group joined is what the
         # master's health reports (CollectiveReady).
         "readinessProbe": {"tcpSocket": {"port": "grpc"}, "periodSeconds": 5, "failureThreshold": 3},
         "terminationMessagePolicy": TERMINATION_MESSAGE,
+        "securityContext": security.container_context(spec),
     }
     pod = _common_pod_spec(spec, wiring.tolerations)
     pod["containers"] = [container]
-    pod["volumes"] = [_config_volume(name, index), *model_volumes, *wiring.volumes]
+    pod["volumes"] = [*group_volumes, *model_volumes, *wiring.volumes]
     _place(pod, spec, name, index, names.ROLE_WORKER)
-    return _template(name, names.ROLE_WORKER, index, config_hash, pod)
+    return _template(name, names.ROLE_WORKER, index, config_hash, secret_hash, pod)
 
 
 def _master_probe(tls: dict[str, Any] | None, http: bool) -> dict[str, Any]:
@@ -188,10 +207,13 @@ def _master_probe(tls: dict[str, Any] | None, http: bool) -> dict[str, Any]:
     return {"grpc": {"port": port}, **timing}
 
 
-def master_template(name: str, spec: dict[str, Any], config_hash: str, index: int) -> dict[str, Any]:
+def master_template(
+    name: str, spec: dict[str, Any], config_hash: str, index: int, secret_hash: str = ""
+) -> dict[str, Any]:
     model_volumes, model_mounts = _model_volumes(spec)  # the master needs the tokenizer files
-    mounts = [{"name": CONFIG_VOLUME, "mountPath": names.CONFIG_DIR, "readOnly": True}, *model_mounts]
-    volumes = [_config_volume(name, index), *model_volumes]
+    group_volumes, group_mounts = _group_volumes(name, index)
+    mounts = [*group_mounts, *model_mounts]
+    volumes = [*group_volumes, *model_volumes]
     ports = [
         {"name": "grpc", "containerPort": names.CLIENT_PORT, "protocol": "TCP"},
         {"name": "metrics", "containerPort": names.METRICS_PORT, "protocol": "TCP"},
@@ -213,6 +235,7 @@ def master_template(name: str, spec: dict[str, Any], config_hash: str, index: in
             [
                 _field_env("LOPA_POD_NAME", "metadata.name"),
                 _field_env("LOPA_NAMESPACE", "metadata.namespace"),
+                *security.env(),
             ],
             spec.get("env"),
         ),
@@ -222,6 +245,7 @@ def master_template(name: str, spec: dict[str, Any], config_hash: str, index: in
         "readinessProbe": _master_probe(tls, http),
         "lifecycle": {"preStop": {"sleep": {"seconds": PRE_STOP_SLEEP_S}}},
         "terminationMessagePolicy": TERMINATION_MESSAGE,
+        "securityContext": security.container_context(spec),
     }
     # The workers' tolerations (the automatic device one included) but not their device requests:
     # with spec.nodeSelector picking tainted accelerator nodes the master must tolerate the taint
@@ -230,7 +254,7 @@ def master_template(name: str, spec: dict[str, Any], config_hash: str, index: in
     pod["containers"] = [container]
     pod["volumes"] = volumes
     _place(pod, spec, name, index, names.ROLE_MASTER)
-    return _template(name, names.ROLE_MASTER, index, config_hash, pod)
+    return _template(name, names.ROLE_MASTER, index, config_hash, secret_hash, pod)
 
 
 def _place(pod: dict[str, Any], spec: dict[str, Any], name: str, index: int, role: str) -> None:

@@ -16,43 +16,16 @@ from typing import Any
 
 import kopf
 
-from . import config, group, metrics, names, render, rollout
+from . import config, credentials, group, inference_pool, metrics, names, network, render, rollout
 from . import spec as specs
 from . import status as statuses
 from .kube import Kube, KubeError, path
+from .ownership import refuse_foreign, spec_error
 
 # A rendering the API server rejected does not heal by retrying soon: it is tried again (dry run) this
 # rarely, while every resync still looks after the deployed groups and a new rendering (an edit) is
 # tried at once.
 APPLY_FAILED_RETRY_SECONDS = 60.0
-# Bad Request / Unprocessable Entity: the rendered object is invalid. Forbidden: an admission rule
-# refuses it (a ResourceQuota such as count/statefulsets.apps on a scale-up, a webhook, a policy) or the
-# operator lacks a permission; neither heals by retrying soon, and its message is what the user needs.
-_SPEC_ERRORS = (400, 403, 422)
-# Server-side applies answered 500 that are yet the spec's fault: a value that does not decode (e.g.
-# resources.limits.cpu: banana: "failed to convert new object ...: quantities must match ...") and a
-# field the child's schema lacks, from a spec field the CRD leaves open (resources, affinity,
-# tolerations: e.g. affinity.nodeAfinity: "failed to create typed patch object ...: field not
-# declared in schema").
-_SPEC_500S = ("unable to convert unstructured object", "failed to create typed patch object")
-
-
-class ForeignObject(KubeError):
-    """A child's name is taken by an object this LoPADeployment does not control (the user's own, or
-    another LoPADeployment's): server-side apply with force would take it over, and the garbage
-    collector would delete it with this CR."""
-
-    def __init__(self, message: str) -> None:
-        super().__init__(409, message)
-
-
-def _spec_error(error: KubeError) -> bool:
-    if isinstance(error, ForeignObject):
-        return True
-    spec_500 = error.status == 500 and any(marker in error.message for marker in _SPEC_500S)
-    return error.status in _SPEC_ERRORS or spec_500
-
-
 EventFn = Callable[[dict[str, Any], str, str, str], None]  # (object, type, reason, message)
 
 Memo = MutableMapping[str, Any]  # kopf's per-object memo (a plain dict in unit tests)
@@ -86,33 +59,16 @@ def _ensure(kube: Kube, children: list[dict[str, Any]], owner: dict[str, Any], m
             raise refused[2]
         try:
             for child in children:
-                _refuse_foreign(kube, child, owner)
+                refuse_foreign(kube, child, owner)
                 kube.apply(child, dry_run=True)
         except KubeError as error:
-            if _spec_error(error):
+            if spec_error(error):
                 memo["refused"] = (rendered, time.monotonic(), error)
             raise
         memo["validated"] = rendered
         memo.pop("refused", None)
     for child in children:
         kube.apply(child)
-
-
-def _refuse_foreign(kube: Kube, child: dict[str, Any], owner: dict[str, Any]) -> None:
-    """ForeignObject when the child's name exists without this CR as its controller."""
-    meta = child["metadata"]
-    existing = kube.get(path(child["kind"], meta["namespace"], meta["name"]))
-    if existing is None:
-        return
-    refs = (existing.get("metadata") or {}).get("ownerReferences") or []
-    controller = next((r for r in refs if r.get("controller")), None)
-    if controller is not None and controller.get("uid") == owner["metadata"]["uid"]:
-        return
-    holder = f"{controller['kind']} {controller['name']}" if controller else "no controller (made elsewhere)"
-    raise ForeignObject(
-        f"{child['kind']} {meta['namespace']}/{meta['name']} already exists and belongs to {holder}: "
-        "not taken over (rename this LoPADeployment, or delete that object)"
-    )
 
 
 def _rejection(
@@ -222,12 +178,18 @@ def _reconcile(
     deployed = rollout.deployed_groups(worker_sets, masters, entries, pods)
     plan = rollout.plan(deployed, spec["replicas"], desired_hash, spec["rollout"]["maxUnavailable"])
     raw = obj.get("spec") or {}
-    children = [c for i in plan.update for c in render.group_children(name, namespace, raw, i)]
+    # Each group takes its Secret's data as it is, made anew only where credentials.py says so.
+    secrets = {
+        i: credentials.pending(memo, kube.get(path("Secret", namespace, names.group_secret(name, i))),
+                               name, namespace, i, spec)
+        for i in plan.update
+    }
+    children = [c for i in plan.update for c in render.group_children(name, namespace, raw, i, secrets[i])]
     rejected: dict[str, Any] | None = None  # the Reconciled=False condition of a refused spec
     try:
         _ensure(kube, children + render.shared_children(name, namespace, raw), obj, memo)
     except KubeError as e:
-        if not _spec_error(e):
+        if not spec_error(e):
             raise
         patch = _rejection(obj, e, post, logger)
         if not deployed or not before.get("observedGeneration") or not before.get("configHash"):
@@ -236,6 +198,7 @@ def _reconcile(
         # Nothing of the refused spec was applied (dry run first): the groups keep running what
         # they run, and a worker lost meanwhile must still be handled and reported.
         plan = rollout.hold_deployed(plan, deployed)
+        secrets = {}
     in_force = before["configHash"] if rejected else desired_hash
     listed = {
         "StatefulSet": worker_sets,
@@ -244,10 +207,20 @@ def _reconcile(
     }
     # An operator from before groups left unlabelled children: they serve until enough groups do.
     legacy_too = sum(d.available for d in deployed.values()) >= statuses.min_available(spec)
-    for kind, objs in listed.items():  # (a list's items carry no kind)
-        for child in [] if rejected else rollout.unexpected(objs, spec["replicas"], legacy_too):
+    doomed = {k: [] if rejected else rollout.unexpected(objs, spec["replicas"], legacy_too)
+              for k, objs in listed.items()}  # (a list's items carry no kind)
+    # A removed group's Secret goes first: found by its group's other children, never listed.
+    removed = {names.group_of(c) for objs in doomed.values() for c in objs} - {None}
+    for index in sorted(i for i in removed if i is not None):
+        kube.delete("Secret", namespace, names.group_secret(name, index))
+    for kind, objs in doomed.items():
+        for child in objs:
             kube.delete(kind, namespace, child["metadata"]["name"], uid=child["metadata"]["uid"])
             logger.info("deleted %s %s: no group of spec.replicas owns it", kind, child["metadata"]["name"])
+    if not rejected:
+        fence = names.network_policy(name)
+        _remove_unless(network.enabled(spec), kube, memo, "NetworkPolicy", namespace, fence)
+    extra = _pool_condition(kube, obj, spec, memo, post, before, rejected)
 
     now = dt.datetime.now(dt.timezone.utc)
     rounds = []
@@ -263,12 +236,13 @@ def _reconcile(
             memory = replace(memory, recent_restarts=0)
         mine = [p for p in pods if names.group_of(p) == index]
         workers = [p for p in mine if p["metadata"]["labels"].get(_ROLE) == names.ROLE_WORKER]
-        decision = group.decide(workers, wanted, config_hash, memory, spec["failurePolicy"], now)
+        secret_hash = credentials.digest(secrets[index]) if index in secrets else None
+        decision = group.decide(workers, wanted, config_hash, memory, spec["failurePolicy"], now, secret_hash)
         _act(kube, namespace, name, index, decision, logger)
         refused = rejected is not None and index not in plan.hold
         rounds.append(statuses.GroupRound(index, mine, config_hash, wanted, decision, refused))
 
-    after = statuses.derive(obj, spec, rounds, in_force, now, rejected)
+    after = statuses.derive(obj, spec, rounds, in_force, now, rejected, extra)
     if any(before.get(k) != v for k, v in after.items()):
         kube.patch_status(namespace, name, after)
     _events(obj, before, after, rounds, plan.remove, post)
@@ -279,6 +253,27 @@ def _reconcile(
 
 
 _ROLE = "app.kubernetes.io/component"
+
+
+def _remove_unless(wanted: bool, kube: Kube, memo: Memo, kind: str, namespace: str, name: str) -> None:
+    """Deletes an optional child the spec does not want: once, not every resync, while it does not."""
+    if wanted:
+        memo.pop(f"absent:{kind}", None)
+    elif not memo.get(f"absent:{kind}"):
+        kube.delete(kind, namespace, name)
+        memo[f"absent:{kind}"] = True
+
+
+def _pool_condition(
+    kube: Kube, obj: dict[str, Any], spec: dict[str, Any], memo: Memo, post: EventFn,
+    before: dict[str, Any], rejected: dict[str, Any] | None,
+) -> list[dict[str, Any]]:
+    """The InferencePool condition, as extra conditions of the status: none without a pool. A refused
+    spec applies nothing of itself, so the last reported condition stands."""
+    if rejected:
+        return [c for c in before.get("conditions") or [] if c.get("type") == inference_pool.CONDITION]
+    condition = inference_pool.sync(kube, obj, spec, memo, post)
+    return [condition] if condition else []
 
 
 def _act(

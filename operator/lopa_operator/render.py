@@ -1,8 +1,10 @@
 """Pure rendering of a LoPADeployment's children: no cluster access, no owner references.
 
-Shared children (the Services) serve every group; each group `index` < spec.replicas has its own
-ConfigMap, worker StatefulSet and master Deployment (`group_children`). reconcile applies the
-shared ones and the groups the rollout lets change; `children()` renders them all (unit tests).
+Shared children (the Services, the NetworkPolicy) serve every group; each group `index` <
+spec.replicas has its own Secret, ConfigMap, worker StatefulSet and master Deployment
+(`group_children`). reconcile applies the shared ones and the groups the rollout lets change, each
+with the Secret data it keeps (credentials.py); `children()` renders them all, with fresh secrets
+(unit tests, --render).
 """
 
 from __future__ import annotations
@@ -10,7 +12,7 @@ from __future__ import annotations
 import copy
 from typing import Any
 
-from . import config, names, pods
+from . import config, credentials, names, network, pods
 from . import spec as specs
 
 
@@ -106,7 +108,7 @@ def master_metrics_service(name: str, namespace: str) -> dict[str, Any]:
 
 
 def worker_statefulset(
-    name: str, namespace: str, spec: dict[str, Any], config_hash: str, index: int
+    name: str, namespace: str, spec: dict[str, Any], config_hash: str, index: int, secret_hash: str = ""
 ) -> dict[str, Any]:
     return {
         "apiVersion": "apps/v1",
@@ -124,13 +126,13 @@ def worker_statefulset(
             # The group rolls as a unit: the operator deletes every stale pod at once.
             "updateStrategy": {"type": "OnDelete"},
             "selector": {"matchLabels": names.labels(name, names.ROLE_WORKER, index)},
-            "template": pods.worker_template(name, spec, config_hash, index),
+            "template": pods.worker_template(name, spec, config_hash, index, secret_hash),
         },
     }
 
 
 def master_deployment(
-    name: str, namespace: str, spec: dict[str, Any], config_hash: str, index: int
+    name: str, namespace: str, spec: dict[str, Any], config_hash: str, index: int, secret_hash: str = ""
 ) -> dict[str, Any]:
     return {
         "apiVersion": "apps/v1",
@@ -145,7 +147,7 @@ def master_deployment(
             # Never two masters for one worker group.
             "strategy": {"type": "Recreate"},
             "selector": {"matchLabels": names.labels(name, names.ROLE_MASTER, index)},
-            "template": pods.master_template(name, spec, config_hash, index),
+            "template": pods.master_template(name, spec, config_hash, index, secret_hash),
         },
     }
 
@@ -163,31 +165,41 @@ def group_hash(name: str, namespace: str, spec: dict[str, Any]) -> str:
 
 
 def shared_children(name: str, namespace: str, raw_spec: dict[str, Any]) -> list[dict[str, Any]]:
-    """The Services every group shares."""
+    """The Services every group shares, and the NetworkPolicy (spec.networkPolicy.enabled)."""
     spec = specs.with_defaults(raw_spec)
     objs = [
         worker_service(name, namespace),
         client_service(name, namespace, spec),
         master_metrics_service(name, namespace),
     ]
+    if network.enabled(spec):
+        objs.append(network.policy(name, namespace, spec))
     return [copy.deepcopy(obj) for obj in objs]
 
 
-def group_children(name: str, namespace: str, raw_spec: dict[str, Any], index: int) -> list[dict[str, Any]]:
-    """Group `index`'s ConfigMap, worker StatefulSet and master Deployment (config before its readers)."""
+def group_children(
+    name: str, namespace: str, raw_spec: dict[str, Any], index: int, secret: credentials.Data | None = None
+) -> list[dict[str, Any]]:
+    """Group `index`'s Secret (`secret`: its data; None: fresh), ConfigMap, worker StatefulSet and
+    master Deployment (what the pods mount before the pods)."""
     spec = specs.with_defaults(raw_spec)
+    if secret is None:
+        secret = credentials.fresh(name, namespace, index, bool(spec.get("tls")))
     text = config.dump(config.render(name, namespace, spec, index))
     digest = group_hash(name, namespace, spec)
+    secret_hash = credentials.digest(secret)
     objs = [
+        credentials.secret(name, namespace, index, secret, spec),
         config_map(name, namespace, index, text),
-        worker_statefulset(name, namespace, spec, digest, index),
-        master_deployment(name, namespace, spec, digest, index),
+        worker_statefulset(name, namespace, spec, digest, index, secret_hash),
+        master_deployment(name, namespace, spec, digest, index, secret_hash),
     ]
     return [copy.deepcopy(obj) for obj in objs]
 
 
 def children(name: str, namespace: str, raw_spec: dict[str, Any]) -> list[dict[str, Any]]:
-    """Every child of LoPADeployment `name` at its spec, every group included, in apply order."""
+    """Every child of LoPADeployment `name` at its spec, every group included (fresh secrets), in
+    apply order. The InferencePool (spec.inferencePool) is not among them: inference_pool.py."""
     replicas = specs.with_defaults(raw_spec)["replicas"]
     groups = [obj for index in range(replicas) for obj in group_children(name, namespace, raw_spec, index)]
     return groups + shared_children(name, namespace, raw_spec)

@@ -39,6 +39,8 @@ DEFAULTS: dict[str, Any] = {
         "resetAfterSeconds": 600,
     },
     "service": {"type": "ClusterIP", "port": 50051},
+    "networkPolicy": {"enabled": True},
+    "inferencePool": {"enabled": False},
 }
 
 BACKENDS = {"nvidia": "nccl", "ascend": "hccl", "cpu": "gloo"}
@@ -51,11 +53,12 @@ DEFAULT_IMAGES = {
 }
 
 
-def _merge(defaults: dict[str, Any], given: dict[str, Any]) -> dict[str, Any]:
+def merge(defaults: dict[str, Any], given: dict[str, Any]) -> dict[str, Any]:
+    """`given` over a deep copy of `defaults`: maps merged key by key, anything else replaced."""
     out = copy.deepcopy(defaults)
     for key, value in given.items():
         if isinstance(value, dict) and isinstance(out.get(key), dict):
-            out[key] = _merge(out[key], value)
+            out[key] = merge(out[key], value)
         else:
             out[key] = copy.deepcopy(value)
     return out
@@ -63,7 +66,7 @@ def _merge(defaults: dict[str, Any], given: dict[str, Any]) -> dict[str, Any]:
 
 def with_defaults(spec: dict[str, Any] | None) -> dict[str, Any]:
     """A deep copy of `spec` with every defaulted field filled in."""
-    return _merge(DEFAULTS, dict(spec or {}))
+    return merge(DEFAULTS, dict(spec or {}))
 
 
 def accelerator_type(spec: dict[str, Any]) -> str:

@@ -12,6 +12,7 @@ from . import group, names, placement
 
 Pod = dict[str, Any]
 CONDITION_TYPES = ("Available", "Progressing", "Degraded", "Schedulable", "CollectiveReady", "Reconciled")
+OPTIONAL_CONDITION_TYPES = ("InferencePool",)  # only while spec.inferencePool.enabled
 MESSAGE_LIMIT = 1000  # characters of an API error kept in a condition message
 _INSUFFICIENT = re.compile(r"Insufficient ([\w./-]+)")
 
@@ -183,9 +184,12 @@ def derive(
     desired_hash: str,
     now: dt.datetime,
     rejected: dict[str, Any] | None = None,
+    extra: list[dict[str, Any]] | None = None,
 ) -> dict[str, Any]:
     """The full status for `obj` (a merge patch: every key present, None clears).
 
+    `extra`: conditions of optional children (type, status, reason, message: the InferencePool's),
+    written before Reconciled.
     `rejected`: the Reconciled=False condition of a spec the API server refused (apply_failed).
     The groups then run what was deployed before, and the status describes that: `desired_hash`
     is the last applied config's and observedGeneration stays the last applied generation.
@@ -264,6 +268,7 @@ def derive(
             generation,
         ),
         _condition("CollectiveReady", not not_joined, joined[0], joined[1], generation),
+        *({**c, "observedGeneration": c.get("observedGeneration", generation)} for c in extra or []),
         rejected or _condition("Reconciled", True, "Applied", "every child object was applied", generation),
     ]
     stamp = group.format_time(now) or ""

@@ -39,6 +39,21 @@ def ensure_chart(kube: KubeCluster) -> None:
     kube.kubectl("wait", "--for=condition=Established", "crd/lopadeployments.lopa.dev", "--timeout=60s")
 
 
+def inference_extension(kube: KubeCluster) -> Path:
+    """Installs the Gateway API Inference Extension's InferencePool CRD (fetched once per machine by
+    tools/k8s-testenv/inference-crds.sh) and returns the directory of the fetched files."""
+    script = REPO / "tools" / "k8s-testenv" / "inference-crds.sh"
+    found = subprocess.run([str(script)], check=True, capture_output=True, text=True, timeout=600)
+    directory = Path(found.stdout.strip().splitlines()[-1])
+    for crd in sorted(directory.glob("*.yaml")):
+        kube.kubectl("apply", "--server-side", "--force-conflicts", "-f", str(crd))
+    kube.kubectl("wait", "--for=condition=Established", f"crd/{INFERENCE_POOL_CRD}", "--timeout=60s")
+    return directory
+
+
+INFERENCE_POOL_CRD = "inferencepools.inference.networking.k8s.io"
+
+
 class OperatorProcess:
     """`python -m lopa_operator` (all namespaces, or `namespaces`) with a ServiceAccount's token."""
 

@@ -11,7 +11,16 @@ from pathlib import Path
 
 import pytest
 import yaml
-from lopa_op_helpers import CHART, RELEASE, RELEASE_NAMESPACE, REPO, SAMPLES, SERVICE_ACCOUNT, ensure_chart
+from lopa_op_helpers import (
+    CHART,
+    RELEASE,
+    RELEASE_NAMESPACE,
+    REPO,
+    SAMPLES,
+    SERVICE_ACCOUNT,
+    ensure_chart,
+    inference_extension,
+)
 
 from kube.cluster import KubeCluster
 
@@ -73,10 +82,16 @@ def test_helm_install(kube: KubeCluster) -> None:
         ("delete", "statefulsets.apps", True),  # scale-down removes a group's children
         ("list", "configmaps", True),
         ("get", "services", True),  # a child's name is checked before it is first applied
+        ("get", "secrets", True),  # a group's Secret is read back (its data is kept)
+        ("delete", "secrets", True),  # with its group
+        ("patch", "networkpolicies.networking.k8s.io", True),
+        ("create", "inferencepools.inference.networking.k8s.io", True),
         # Not needed, so not granted: least privilege.
         ("delete", "services", False),
         ("update", "statefulsets.apps", False),
-        ("get", "secrets", False),
+        ("list", "secrets", False),  # group Secrets are read by name: no enumerating the namespace's
+        ("watch", "secrets", False),
+        ("list", "networkpolicies.networking.k8s.io", False),
         ("create", "pods", False),
         ("delete", "lopadeployments.lopa.dev", False),
         ("list", "customresourcedefinitions.apiextensions.k8s.io", False),
@@ -84,6 +99,8 @@ def test_helm_install(kube: KubeCluster) -> None:
 )
 def test_rbac_is_least_privilege(kube: KubeCluster, verb: str, resource: str, allowed: bool) -> None:
     ensure_chart(kube)
+    if resource.startswith("inferencepools."):
+        inference_extension(kube)  # kubectl resolves a resource by discovery: the CRD must be there
     result = kube.kubectl("auth", "can-i", verb, resource, "-A", f"--as={SA_USER}", check=False)
     assert result.stdout.strip() == ("yes" if allowed else "no"), (
         verb,
@@ -162,6 +179,7 @@ def test_install_bundle_matches_helm_template(kube: KubeCluster, tmp_path: Path)
 
 def test_install_bundle_and_samples_pass_server_validation(kube: KubeCluster, namespace: str) -> None:
     ensure_chart(kube)
+    inference_extension(kube)  # inferencepool.yaml's InferencePool
     kube.kubectl("apply", "--dry-run=server", "-f", str(REPO / "manifests" / "install.yaml"))
     for sample in sorted(SAMPLES.glob("*.yaml")):
         kube.kubectl("apply", "--dry-run=server", "-n", namespace, "-f", str(sample))

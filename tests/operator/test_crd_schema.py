@@ -52,12 +52,13 @@ def test_crd_identity_and_columns() -> None:
 def test_crd_defaults_equal_operator_defaults() -> None:
     spec_schema = crd()["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]["spec"]
     defaults = schema_defaults(spec_schema)
-    for section in ("limits", "collective", "failurePolicy", "service", "rollout"):
+    for section in ("limits", "collective", "failurePolicy", "service", "rollout", "networkPolicy"):
         assert defaults[section] == specs.DEFAULTS[section], section
     assert defaults["accelerator"] == specs.DEFAULTS["accelerator"]
     assert defaults["branchParallelism"] == specs.DEFAULTS["branchParallelism"]
     assert defaults["replicas"] == specs.DEFAULTS["replicas"]
     assert defaults["imagePullPolicy"] == specs.DEFAULTS["imagePullPolicy"]
+    assert defaults["inferencePool"]["enabled"] is specs.DEFAULTS["inferencePool"]["enabled"] is False
 
 
 def test_decoding_has_no_defaults() -> None:

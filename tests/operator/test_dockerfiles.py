@@ -9,6 +9,8 @@ from pathlib import Path
 
 import pytest
 
+from lopa_operator import security
+
 tomllib = pytest.importorskip("tomllib")  # Python >= 3.11
 REPO = Path(__file__).resolve().parents[2]
 DOCKER = REPO / "docker"
@@ -38,7 +40,9 @@ def test_dockerfile_copies_existing_paths_and_runs_a_known_entrypoint(name: str)
     package = "operator" if name.startswith("operator") else "runtime"
     scripts = tomllib.loads((REPO / package / "pyproject.toml").read_text())["project"]["scripts"]
     assert program in scripts, f"{name}: ENTRYPOINT {program} is not a console script of {package}/"
-    assert any(k == "USER" for k, _ in steps) or "ascend" in name, f"{name} runs as root"
+    # Non-root, the user the operator runs the pods as (and the chart the operator).
+    users = [rest for k, rest in steps if k == "USER"]
+    assert users and users[-1] == f"{security.RUN_AS}:{security.RUN_AS}", f"{name} runs as {users or 'root'}"
 
 
 def test_operator_image_and_package_have_no_torch() -> None:

@@ -11,6 +11,7 @@ them: a client pod runs `lopa client generate` against the LoPADeployment's stat
 
 from __future__ import annotations
 
+import base64
 import json
 import os
 import signal
@@ -18,9 +19,11 @@ import subprocess
 import sys
 import time
 from collections.abc import Callable, Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
+import yaml
 from lopa_op_helpers import (
     RELEASE_NAMESPACE,
     OperatorProcess,
@@ -69,7 +72,9 @@ def runner(kube: KubeCluster) -> Iterator[PodRunner]:
 def ns(kube: KubeCluster, runner: PodRunner, operator: OperatorProcess) -> Iterator[str]:
     name = f"t-pods-run-{os.getpid()}"
     kube.kubectl("create", "namespace", name)
-    kube.kubectl("label", "namespace", name, "lopa.dev/test=true")
+    # The rendered pods pass the restricted Pod Security Standard (the client pod below too).
+    kube.kubectl("label", "namespace", name, "lopa.dev/test=true",
+                 "pod-security.kubernetes.io/enforce=restricted")
     kube.wait_for(
         lambda: runner.api.get(f"/api/v1/namespaces/{name}/serviceaccounts/default"),
         timeout=30, description="the default ServiceAccount",
@@ -144,7 +149,10 @@ def _client_pod(kube: KubeCluster, runner: PodRunner, ns: str, name: str) -> tup
         "metadata": {"name": name},
         "spec": {
             "restartPolicy": "Never",
-            "containers": [{"name": "client", "image": image, "command": command}],
+            "securityContext": {"runAsNonRoot": True, "runAsUser": 65532,
+                                "seccompProfile": {"type": "RuntimeDefault"}},
+            "containers": [{"name": "client", "image": image, "command": command, "securityContext": {
+                "allowPrivilegeEscalation": False, "capabilities": {"drop": ["ALL"]}}}],
         },
     })
 
@@ -183,6 +191,27 @@ def test_sample_runs_serves_and_answers_like_lopa_generate(
     # Lookahead branches granted per round: up to the 3 asked, fewer in rounds with few masked positions.
     assert 0 < answer["mean_branches"] <= 3
     assert answer["verified_tokens"] == expected[3]["verified_tokens"]  # alone: as `lopa generate`
+
+
+def test_the_processes_see_their_group_secret_and_write_to_tmp(
+    kube: KubeCluster, runner: PodRunner, ns: str
+) -> None:
+    """What the pods mount besides the config: the group Secret, read-only, and the emptyDir at /tmp
+    that HOME and the caches point to (the root filesystem is read-only in a real container)."""
+    available(kube, runner, ns, "the group Available")
+    shared = base64.b64decode(kube.get_json("secret", f"{NAME}-0-group", "-n", ns)["data"]["secret"]).decode()
+    for pod in pods(kube, ns, NAME) + pods(kube, ns, NAME, "master"):
+        pid = runner.pid(ns, pod["metadata"]["name"])
+        root = Path(f"/proc/{pid}/root")  # the process's own view of its mounts
+        assert (root / "etc/lopa/group/secret").read_text() == shared
+        lines = Path(f"/proc/{pid}/mountinfo").read_text().splitlines()
+        mounts = {line.split()[4]: line.split()[5] for line in lines}  # mount point: options (last wins)
+        assert mounts["/etc/lopa/group"].startswith("ro") and mounts["/tmp"].startswith("rw")
+        variables = Path(f"/proc/{pid}/environ").read_text().split("\0")
+        environ = dict(e.split("=", 1) for e in variables if "=" in e)
+        assert environ["HOME"] == "/tmp" and environ["XDG_CACHE_HOME"].startswith("/tmp/")
+        config = yaml.safe_load((root / "etc/lopa/lopa.yaml").read_text())
+        assert config["workers"]["secret_file"] == "/etc/lopa/group/secret"
 
 
 def test_a_killed_worker_restarts_the_whole_group(kube: KubeCluster, runner: PodRunner, ns: str,

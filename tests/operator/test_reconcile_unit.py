@@ -99,7 +99,7 @@ def test_rejected_child_changes_nothing_and_is_reported_once(fake: FakeKube) -> 
     for _ in range(2):  # the timer retries: one event, one status write
         run(fake, posted)  # nothing raised: kopf would hold the object's handlers and timer a minute
     # The refused rendering was tried once; the second resync refused it from the memo.
-    assert dry_runs == [("ConfigMap", "d-0-config"), ("StatefulSet", "d-0-worker")]
+    assert dry_runs == [("Secret", "d-0-group"), ("ConfigMap", "d-0-config"), ("StatefulSet", "d-0-worker")]
     assert fake.objects[path("ConfigMap", "ns", "d-0-config")] == config  # the dry run stopped everything
     st = cr["status"]
     assert st["observedGeneration"] == 1 and st["configHash"] == first["configHash"]

@@ -35,12 +35,14 @@ def env_of(container: dict) -> dict[str, dict]:
 def test_children_names_and_contract() -> None:
     objs = render.children("demo", "ns1", {"branchParallelism": 3})
     assert list(by_kind(objs)) == [
+        "Secret/demo-0-group",
         "ConfigMap/demo-0-config",
         "StatefulSet/demo-0-worker",
         "Deployment/demo-0-master",
         "Service/demo-workers",
         "Service/demo",
         "Service/demo-master-metrics",
+        "NetworkPolicy/demo",
     ]
     kinds = by_kind(objs)
     headless = kinds["Service/demo-workers"]["spec"]
@@ -232,10 +234,10 @@ def test_cli_render_prints_children_without_a_cluster() -> None:
     ).stdout
     docs = list(yaml.safe_load_all(out))
     assert [d["kind"] for d in docs] == [
-        "ConfigMap", "StatefulSet", "Deployment", "Service", "Service", "Service"
+        "Secret", "ConfigMap", "StatefulSet", "Deployment", "Service", "Service", "Service", "NetworkPolicy"
     ]
-    assert docs[0]["metadata"]["name"] == "d2f-dream-0-config"
-    assert docs[0]["metadata"]["namespace"] == "default"
+    assert docs[1]["metadata"]["name"] == "d2f-dream-0-config"
+    assert docs[1]["metadata"]["namespace"] == "default"
 
 
 def test_cpu_sample_serves_the_bundled_models_decoding_defaults(tmp_path: Path) -> None:

@@ -111,6 +111,42 @@ CASES = [
         {"failurePolicy": {"backoffSeconds": 600, "maxBackoffSeconds": 60}},
         "spec.failurePolicy.backoffSeconds",
     ),
+    ("models-over-the-group-secret", {"model": {"pvc": {"claimName": "m", "mountPath": "/etc/lopa/group"}}},
+     "spec.model.pvc.mountPath"),
+    ("models-over-tmp", {"model": {"pvc": {"claimName": "m", "mountPath": "/tmp/"}}},
+     "spec.model.pvc.mountPath"),
+    # Security overrides: each would have been merged over the defaults into pods the API server
+    # or the kubelet refuses.
+    ("privileged-without-escalation", {"securityContext": {"privileged": True}},
+     "spec.securityContext.privileged needs allowPrivilegeEscalation: true"),
+    ("root-pod-still-non-root", {"podSecurityContext": {"runAsUser": 0}},
+     "runAsUser 0 (root) needs runAsNonRoot: false"),
+    ("root-container-still-non-root", {"securityContext": {"runAsUser": 0},
+                                       "podSecurityContext": {"runAsNonRoot": True}},
+     "runAsUser 0 (root) needs runAsNonRoot: false"),
+    ("uid-not-a-number", {"podSecurityContext": {"runAsUser": "root"}}, "spec.podSecurityContext.runAsUser"),
+    ("negative-group", {"podSecurityContext": {"supplementalGroups": [-1]}},
+     "spec.podSecurityContext.supplementalGroups[0]"),
+    ("unknown-seccomp-type", {"podSecurityContext": {"seccompProfile": {"type": "Default"}}},
+     "spec.podSecurityContext.seccompProfile.type"),
+    ("localhost-seccomp-without-profile", {"securityContext": {"seccompProfile": {"type": "Localhost"}}},
+     "localhostProfile goes with type Localhost"),
+    ("capabilities-not-a-list", {"securityContext": {"capabilities": {"add": "NET_ADMIN"}}},
+     "spec.securityContext.capabilities.add"),
+    # NetworkPolicy peers and the InferencePool.
+    ("peer-without-a-selector", {"networkPolicy": {"clientFrom": [{}]}},
+     "a peer sets podSelector, namespaceSelector or ipBlock"),
+    ("ip-block-beside-a-selector",
+     {"networkPolicy": {"clientFrom": [{"ipBlock": {"cidr": "10.0.0.0/8"}, "podSelector": {}}]}},
+     "a peer's ipBlock stands alone"),
+    ("bad-selector-operator",
+     {"networkPolicy": {"metricsFrom": [
+         {"podSelector": {"matchExpressions": [{"key": "a", "operator": "Is"}]}}]}},
+     "spec.networkPolicy.metricsFrom[0].podSelector.matchExpressions[0].operator"),
+    ("pool-without-a-picker", {"service": {"httpPort": 8000}, "inferencePool": {"enabled": True}},
+     "spec.inferencePool.endpointPicker is required"),
+    ("pool-without-http", {"inferencePool": {"enabled": True, "endpointPicker": {"name": "epp"}}},
+     "spec.inferencePool needs spec.service.httpPort"),
 ]
 
 
@@ -180,6 +216,33 @@ def test_a_misspelt_env_key_is_refused_naming_it(
     result = kube.kubectl("create", "-n", shared_namespace, "-f", "-", input=manifest(spec, "env-typo"),
                           check=False)
     assert result.returncode != 0 and 'unknown field "spec.env[0].vaule"' in result.stderr, result.stderr
+
+
+def test_a_misspelt_security_override_is_refused_naming_it(
+    kube: KubeCluster, crd_installed: None, shared_namespace: str
+) -> None:
+    spec = {"securityContext": {"readOnlyRootFileSystem": False}}
+    result = kube.kubectl("create", "-n", shared_namespace, "-f", "-", input=manifest(spec, "sc-typo"),
+                          check=False)
+    assert result.returncode != 0, result.stdout
+    assert 'unknown field "spec.securityContext.readOnlyRootFileSystem"' in result.stderr, result.stderr
+
+
+def test_accelerator_overrides_are_accepted(
+    kube: KubeCluster, crd_installed: None, shared_namespace: str
+) -> None:
+    """What an Ascend node may need (README, "Pod security"): the driver's group, or root."""
+    ascend = {"type": "ascend"}
+    for name, spec in (
+        ("ascend-group", {"accelerator": ascend, "podSecurityContext": {"supplementalGroups": [1000]}}),
+        ("ascend-root", {"accelerator": ascend,
+                         "podSecurityContext": {"runAsNonRoot": False, "runAsUser": 0, "runAsGroup": 0},
+                         "securityContext": {"readOnlyRootFilesystem": False}}),
+        ("localhost-seccomp", {"securityContext": {"seccompProfile": {"type": "Localhost",
+                                                                      "localhostProfile": "lopa.json"}}}),
+    ):
+        kube.kubectl("create", "--dry-run=server", "-n", shared_namespace, "-f", "-",
+                     input=manifest(spec, name))
 
 
 def test_user_env_other_than_the_wiring_is_accepted(

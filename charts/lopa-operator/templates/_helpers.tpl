@@ -54,6 +54,18 @@ helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version }}
 - apiGroups: [apps]
   resources: [statefulsets, deployments]
   verbs: [get, create, patch, list, delete]
+# Each group's Secret (its shared secret and link certificates) is read back by name every resync and
+# deleted with its group; never listed or watched. The NetworkPolicy and, with spec.inferencePool,
+# the InferencePool are deleted when the spec turns them off.
+- apiGroups: [""]
+  resources: [secrets]
+  verbs: [get, create, patch, delete]
+- apiGroups: [networking.k8s.io]
+  resources: [networkpolicies]
+  verbs: [get, create, patch, delete]
+- apiGroups: [inference.networking.k8s.io]
+  resources: [inferencepools]
+  verbs: [get, create, patch, delete]
 # Worker pods are observed for group health and deleted to recreate or roll the group.
 - apiGroups: [""]
   resources: [pods]
