@@ -37,8 +37,9 @@ def test_user_env_overrides_operator_defaults_in_place() -> None:
         **base,
         "env": [
             {"name": "NCCL_DEBUG", "value": "INFO"},
-            {"name": "HF_HOME", "value": "/cache"},
-            {"name": "HF_HOME", "value": "/cache2"},  # duplicates would fail server-side apply too
+            {"name": "HF_HOME", "value": "/cache"},  # an operator default too (the writable /tmp)
+            {"name": "MODEL_CACHE", "value": "/cache"},
+            {"name": "MODEL_CACHE", "value": "/cache2"},  # duplicates would fail server-side apply too
         ],
     }
     worker, master = pod_specs("d", spec)
@@ -46,10 +47,11 @@ def test_user_env_overrides_operator_defaults_in_place() -> None:
     names_ = env_names(container)
     assert len(names_) == len(set(names_))  # server-side apply refuses duplicate keys
     # Order stable: the operator's entries where they were, the user's new ones after them.
-    assert names_ == [*env_names(default_worker["containers"][0]), "HF_HOME"]
+    assert names_ == [*env_names(default_worker["containers"][0]), "MODEL_CACHE"]
     assert env_of(container)["NCCL_DEBUG"] == {"name": "NCCL_DEBUG", "value": "INFO"}
-    assert env_of(container)["HF_HOME"]["value"] == "/cache2"
-    assert env_of(master["containers"][0])["HF_HOME"]["value"] == "/cache2"
+    assert env_of(container)["HF_HOME"]["value"] == "/cache"
+    assert env_of(container)["MODEL_CACHE"]["value"] == "/cache2"
+    assert env_of(master["containers"][0])["MODEL_CACHE"]["value"] == "/cache2"
     assert len(env_names(master["containers"][0])) == len(set(env_names(master["containers"][0])))
 
 
