@@ -50,10 +50,12 @@ def test_each_group_gets_its_own_secret_once_mounted_in_its_pods(kube: KubeClust
         assert made["metadata"]["labels"][names.GROUP_LABEL] == str(index)
         assert set(data(made)) == {"secret"} and len(data(made)["secret"]) == 64
     assert data(first[0]) != data(first[1])  # one group's secret opens no other group's workers
-    time.sleep(5 * RESYNC_SECONDS)  # several reconciles: nothing is made again
+    running = uids(pods(kube, ns, "sec") + pods(kube, ns, "sec", "master"))
+    time.sleep(5 * RESYNC_SECONDS)  # several reconciles: nothing is made again, no pod rolls
     for index, made in enumerate(first):
         version = secret(kube, ns, "sec", index)["metadata"]["resourceVersion"]
         assert version == made["metadata"]["resourceVersion"]
+    assert uids(pods(kube, ns, "sec") + pods(kube, ns, "sec", "master")) == running
     for pod in pods(kube, ns, "sec") + pods(kube, ns, "sec", "master"):
         index = int(pod["metadata"]["labels"][names.GROUP_LABEL])
         volume = next(v for v in pod["spec"]["volumes"] if v.get("secret", {}).get("secretName")
