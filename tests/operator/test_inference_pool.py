@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import logging
 import re
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -76,6 +77,21 @@ def test_a_server_error_is_retried_by_kopf() -> None:
     fake.reject = ("InferencePool", 503, "etcd leader changed")
     with pytest.raises(KubeError):
         run(fake, [])
+
+
+def test_render_prints_the_pool_with_the_other_children(tmp_path: Path) -> None:
+    from lopa_operator.__main__ import render_file
+
+    source = tmp_path / "d.yaml"
+    source.write_text(yaml.safe_dump({"apiVersion": names.API_VERSION, "kind": names.KIND,
+                                      "metadata": {"name": "d"}, "spec": POOLED}))
+    docs = list(yaml.safe_load_all(render_file(str(source))))
+    (pool,) = [d for d in docs if d["kind"] == "InferencePool"]
+    picker = {"name": "epp", "port": {"number": 9002}, "failureMode": "FailClose"}
+    assert pool["spec"]["endpointPickerRef"] == picker
+    source.write_text(yaml.safe_dump({"apiVersion": names.API_VERSION, "kind": names.KIND,
+                                      "metadata": {"name": "d"}, "spec": {}}))
+    assert "InferencePool" not in [d["kind"] for d in yaml.safe_load_all(render_file(str(source)))]
 
 
 def within(given: Any, stored: Any) -> bool:
