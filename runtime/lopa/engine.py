@@ -102,13 +102,14 @@ class LocalEngine:
         on_step: Callable[[StepEvent], None] | None = None,
         chat: bool = False,
         pin_branches: bool = False,
+        ignore_eos: bool = False,
     ) -> Completion:
         """Decode one prompt; safe to call from many threads at once (their rounds are batched).
         on_step runs on the scheduler thread."""
         ids = self.encode(prompt, chat)
         check_length(len(ids), params, self.decoder.max_length)
         waiter = Waiter()
-        request = Request(ids, params, tuple(stop), pin_branches, on_step=on_step, on_done=waiter)
+        request = Request(ids, params, tuple(stop), pin_branches, ignore_eos, on_step=on_step, on_done=waiter)
         self.scheduler.submit(request)
         self.scheduler.start()
         # This thread only waits now: a pool from any torch op it ran would slow the scheduler's.

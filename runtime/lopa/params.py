@@ -36,7 +36,7 @@ class DecodingParams:
     """Everything that decides which tokens get filled. Defaults follow the paper (Table 5)."""
 
     block_size: int = 32
-    max_new_tokens: int = 256
+    max_new_tokens: int = 256  # the answer's length at most; decoded in whole blocks (decoded_tokens)
     tau_add: float = 0.1  # append a block once the last block is this decoded
     tau_act: float = 0.95  # fully activate block j+1 once block j is this decoded
     tau_conf: float = 0.9  # fill positions with P > tau_conf (strict)
@@ -111,18 +111,28 @@ class DecodingParams:
         return replace(self, **{k: v for k, v in overrides.items() if v is not None})
 
 
+def decoded_tokens(max_new_tokens: int, block_size: int) -> int:
+    """The generated positions decoded for an answer of at most max_new_tokens: whole blocks (the
+    answer is their first max_new_tokens tokens)."""
+    return -(-max_new_tokens // block_size) * block_size
+
+
+def room_for(prompt_tokens: int, block_size: int, max_length: int) -> int:
+    """The longest answer that fits after the prompt: the whole blocks left in max_length."""
+    return max(0, max_length - prompt_tokens) // block_size * block_size
+
+
 def check_length(prompt_tokens: int, params: DecodingParams, max_length: int) -> None:
-    """A prompt and its generation budget against the model's length limit, naming the field at fault
-    (the decoder itself would stop at the limit: a caller asking for more is told instead)."""
+    """A prompt and its answer's whole blocks against the model's length limit, naming the field at
+    fault (the decoder itself would stop at the limit: a caller asking for more is told instead)."""
     block, new = params.block_size, params.max_new_tokens
-    if new < block:  # generation grows in whole blocks
-        raise InvalidParameter("max_new_tokens", f"{new} is less than block_size {block}")
-    if prompt_tokens + block > max_length:
-        room = f"leave no room for one block of {block} in max_length {max_length}"
-        raise InvalidParameter("prompt", f"{prompt_tokens} tokens {room}")
-    if prompt_tokens + new > max_length:
+    room = room_for(prompt_tokens, block, max_length)
+    if room == 0:
+        why = f"leave no room for one block of {block} in max_length {max_length}"
+        raise InvalidParameter("prompt", f"{prompt_tokens} tokens {why}")
+    if decoded_tokens(new, block) > room:
         raise InvalidParameter(
             "max_new_tokens",
-            f"prompt {prompt_tokens} + max_new_tokens {new} exceed max_length {max_length}; "
-            f"at most {max_length - prompt_tokens}",
+            f"prompt {prompt_tokens} + max_new_tokens {new} exceed max_length {max_length} in whole "
+            f"blocks of {block}; at most {room}",
         )

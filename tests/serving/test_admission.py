@@ -82,10 +82,11 @@ def test_usable_limits_are_capped_by_max_length() -> None:
     [
         (10, {"max_new_tokens": 64}, None, ""),
         (250, {}, "prompt", "250 tokens leave no room for one block of 8 in max_length 256"),
-        (200, {}, "max_new_tokens", "prompt 200 + max_new_tokens 64 exceed max_length 256; at most 56"),
-        (10, {"block_size": 80}, "decoding.block_size", "80 is more than max_new_tokens 64"),
-        (10, {"block_size": 80, "max_new_tokens": 64}, "max_new_tokens", "64 is less than block_size 80"),
-        (10, {"max_new_tokens": 4}, "max_new_tokens", "4 is less than block_size 8"),
+        (200, {"max_new_tokens": 64}, "max_new_tokens",
+         "prompt 200 + max_new_tokens 64 exceed max_length 256 in whole blocks of 8; at most 56"),
+        (201, {"max_new_tokens": 50}, "max_new_tokens",
+         "prompt 201 + max_new_tokens 50 exceed max_length 256 in whole blocks of 8; at most 48"),
+        (10, {"ignore_eos": False, "max_new_tokens": 64}, None, ""),
     ],
 )
 def test_budget_checks_name_the_field_at_fault(
@@ -100,3 +101,34 @@ def test_budget_checks_name_the_field_at_fault(
         admit.admit(ask_of(request))
     name = field_name(error.value.field)
     assert (name, f"{name}: {error.value.reason}") == (field, f"{field}: {message}")
+
+
+@pytest.mark.parametrize(
+    ("n_prompt", "request_kwargs", "budget"),
+    [
+        (10, {"max_new_tokens": 4}, 4),  # below one block: a whole block decoded, 4 tokens returned
+        (10, {"block_size": 80}, 64),  # a block larger than the answer
+        (10, {"max_new_tokens": 17}, 17),
+        (200, {}, 56),  # no max_new_tokens: the default 64, cut to what fits after the prompt
+        (201, {}, 48),
+    ],
+)
+def test_any_answer_length_is_admitted_as_asked(n_prompt: int, request_kwargs: dict, budget: int) -> None:
+    admit = admission(DecodingParams(block_size=8, max_new_tokens=64), Limits(max_prompt_tokens=250))
+    admitted = admit.admit(ask_of(LopaClient.request([5] * n_prompt, **request_kwargs)))
+    assert admitted.params.max_new_tokens == budget
+
+
+def test_ignore_eos_min_tokens_and_special_tokens() -> None:
+    admit = admission(DecodingParams(block_size=8, max_new_tokens=64), Limits())
+    assert admit.admit(Ask(prompt="x", ignore_eos=True, min_tokens=20, max_new_tokens=20)).ignore_eos
+    for ask, message in [
+        (Ask(prompt="x", min_tokens=4), "min_tokens: is supported with ignore_eos only"),
+        (Ask(prompt="x", ignore_eos=True, min_tokens=30, max_new_tokens=20),
+         "min_tokens: 30 exceeds max_new_tokens 20"),
+        (Ask(prompt="x", ignore_eos="yes"), "ignore_eos: must be a boolean, got 'yes'"),
+        (Ask(prompt="x", add_special_tokens=1), "add_special_tokens: must be a boolean, got 1"),
+    ]:
+        with pytest.raises(InvalidParameter) as error:
+            admit.admit(ask)
+        assert str(error.value).startswith(message), str(error.value)

@@ -96,12 +96,12 @@ def test_bench_serving_serves_the_branches_it_asks_above_the_default_server_limi
 
 
 def test_bench_serving_names_the_flag_its_group_refuses(checkpoint: Path) -> None:
-    # The model's block (32) is longer than the 8 new tokens asked: the server's INVALID_ARGUMENT
-    # was a gRPC traceback, it is one line naming the flag.
+    # More new tokens than the model holds: the server's INVALID_ARGUMENT is one line naming the
+    # flag, not a gRPC traceback.
     done = run_lopa("bench", "serving", "--model", str(checkpoint), "--workers", "1", "--requests", "1",
-                    "--concurrency", "1", "--max-new-tokens", "8")
+                    "--concurrency", "1", "--max-new-tokens", "5000")
     assert done.returncode == 2, done.stderr[-3000:]
-    assert done.stderr.strip() == "lopa bench: error: --max-new-tokens: 8 is less than block_size 32"
+    assert done.stderr.strip() == "lopa bench: error: --max-new-tokens: 5000 exceeds the server limit 512"
 
 
 def test_bench_concurrency_sweeps_the_local_engine(tmp_path: Path) -> None:

@@ -130,7 +130,7 @@ def test_models_and_health(api: openai.OpenAI, served: tuple[LocalCluster, int])
         ({"presence_penalty": 0.5}, "presence_penalty",
          "presence_penalty: is not supported by this server: only 0 (the default), got 0.5"),
         ({"logprobs": 2}, "logprobs", "logprobs: is not supported by this server: only false"),
-        ({"extra_body": {"ignore_eos": True}}, "ignore_eos", "ignore_eos: is not supported by this server"),
+        ({"extra_body": {"min_tokens": 4}}, "min_tokens", "min_tokens: is supported with ignore_eos only"),
     ],
 )
 def test_bad_values_are_400_naming_the_parameter(

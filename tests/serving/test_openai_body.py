@@ -48,7 +48,7 @@ def test_defaults_and_nulls_give_the_plain_request() -> None:
         (completion, {"best_of": True}, "best_of", "only 1 (the default), got true"),  # a boolean is no count
         (completion, {"echo": 0}, "echo", "only false (the default), got 0"),
         (completion, {"frequency_penalty": "0"}, "frequency_penalty", 'only 0 (the default), got "0"'),
-        (completion, {"min_tokens": 4}, "min_tokens", "only 0 (the default), got 4"),
+        (completion, {"repetition_penalty": 1.2}, "repetition_penalty", "only 1 (the default), got 1.2"),
         (completion, {"stream_options": True}, "stream_options", "must be an object, got true"),
         (completion, {"stream_options": {"include_usage": "yes"}}, "stream_options.include_usage",
          "must be a boolean"),
@@ -58,3 +58,14 @@ def test_other_values_name_the_field(call: Any, fields: dict[str, Any], field: s
     with pytest.raises(InvalidParameter) as caught:
         call(**fields)
     assert caught.value.field == field and reason in caught.value.reason, caught.value.reason
+
+
+def test_the_options_benchmark_clients_send_reach_admission() -> None:
+    """vLLM's extras that inference-perf and guidellm send are carried to admission as sent."""
+    sent = {"ignore_eos": True, "min_tokens": 10, "max_tokens": 10, "add_special_tokens": True, "echo": False}
+    ask = completion(**sent).asks[0]
+    assert (ask.ignore_eos, ask.min_tokens, ask.max_new_tokens) == (True, 10, 10) and ask.add_special_tokens
+    options = {"include_usage": True, "continuous_usage_stats": True}
+    parsed = completion(stream=True, stream_options=options)
+    assert parsed.include_usage and parsed.continuous_usage
+    assert not completion(stream=True, stream_options={"include_usage": True}).continuous_usage

@@ -152,13 +152,16 @@ def test_model_info_reports_usable_limits_and_the_default_length(client: LopaCli
 def test_length_errors_name_the_field_at_fault_with_numbers(client: LopaClient) -> None:
     prompt = "prompt: 508 tokens leave no room for one block of 8 in max_length 512"
     assert refused(client, [5] * 508) == prompt
-    budget = "max_new_tokens: prompt 300 + max_new_tokens 256 exceed max_length 512; at most 212"
+    budget = ("max_new_tokens: prompt 300 + max_new_tokens 256 exceed max_length 512 in whole blocks of 8; "
+              "at most 208")
     assert refused(client, [5] * 300, max_new_tokens=256) == budget
     assert refused(client, [5] * 4, max_new_tokens=600) == "max_new_tokens: 600 exceeds the server limit 512"
-    block = "decoding.block_size: 300 is more than max_new_tokens 56"  # 56: the default, not the request
-    assert refused(client, [5] * 4, block_size=300) == block
-    both = "max_new_tokens: 40 is less than block_size 300"
-    assert refused(client, [5] * 4, block_size=300, max_new_tokens=40) == both
+    # A block wider than the answer is no error (the answer is the block's first tokens): these pass
+    # admission and only then find no worker group.
+    for kwargs in ({"block_size": 300}, {"block_size": 300, "max_new_tokens": 40}):
+        with pytest.raises(grpc.RpcError) as error:
+            client.generate([5] * 4, timeout=30, **kwargs)
+        assert error.value.code() == grpc.StatusCode.UNAVAILABLE, error.value.details()
 
 
 def test_a_worker_bind_error_names_the_key_the_port_came_from(checkpoint: Path) -> None:

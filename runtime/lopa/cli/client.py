@@ -26,6 +26,8 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     gen.add_argument("--stop", action="append", default=[], help="stop sequence (repeatable)")
     gen.add_argument("--max-new-tokens", type=int, default=None,
                      help="generation budget (default: the server's, see `lopa client info`)")
+    gen.add_argument("--ignore-eos", action="store_true",
+                     help="never fill an end token: the answer is exactly --max-new-tokens long")
     gen.add_argument("--pin-branches", action="store_true",
                      help="under load, wait for room for every branch instead of being granted fewer")
     gen.add_argument("--timeout", type=float, default=None, help="deadline in seconds (default: none)")
@@ -83,7 +85,7 @@ def generate(client: Any, args: argparse.Namespace) -> int:
         raise InvalidParameter("timeout", f"must be > 0 (seconds), got {args.timeout}")
     overrides = {name: getattr(args, name) for name in OVERRIDES}
     kwargs = dict(max_new_tokens=args.max_new_tokens, stop=args.stop, chat=args.chat,
-                  pin_branches=args.pin_branches, **overrides)
+                  pin_branches=args.pin_branches, ignore_eos=args.ignore_eos, **overrides)
     if args.stream:
         text, last = "", None
         for chunk in client.stream(args.prompt, timeout=args.timeout, **kwargs):

@@ -9,7 +9,7 @@ from lopa.params import AttentionMode, ConfKind, DecodingParams
 
 HELP = {
     "block_size": "positions per generated block; the paper uses 16 for MATH-like tasks",
-    "max_new_tokens": "generation budget; max_new_tokens // block_size blocks",
+    "max_new_tokens": "the answer's length at most (decoded in whole blocks of block_size)",
     "tau_add": "append a block once the last block is this fraction decoded",
     "tau_act": "fully activate the next block once a block is this fraction decoded",
     "tau_conf": "fill positions whose P(x_hat) is strictly above this",

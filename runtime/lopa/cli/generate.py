@@ -25,6 +25,8 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--prompt", required=True, help="prompt text")
     parser.add_argument("--chat", action="store_true", help="apply the tokenizer's chat template")
     parser.add_argument("--stop", action="append", default=[], help="stop sequence (repeatable)")
+    parser.add_argument("--ignore-eos", action="store_true",
+                        help="never fill an end token: the answer is exactly --max-new-tokens long")
     parser.add_argument("--json", action="store_true", help="print one JSON object instead of text")
     parser.add_argument("--verbose", action="store_true", help="print every step's fills to stderr")
     add_decoding_flags(parser)
@@ -75,7 +77,8 @@ def run(args: argparse.Namespace) -> int:
         print(line, file=sys.stderr)
 
     completion = engine.generate(
-        args.prompt, params, stop=args.stop, on_step=show_step if args.verbose else None, chat=args.chat
+        args.prompt, params, stop=args.stop, on_step=show_step if args.verbose else None, chat=args.chat,
+        ignore_eos=args.ignore_eos,
     )
     stats = stats_of(completion)
     if args.json:

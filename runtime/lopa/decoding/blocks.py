@@ -37,7 +37,7 @@ class SequenceConstants:
     mask_id: int
     eos_ids: frozenset[int]
     block_size: int
-    max_blocks: int  # generated blocks allowed: max_new_tokens // block_size
+    max_blocks: int  # generated blocks allowed: max_new_tokens in whole blocks
     max_length: int  # prompt + generation must fit the KV cache
 
 

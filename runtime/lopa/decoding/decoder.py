@@ -13,7 +13,7 @@ from collections.abc import Callable, Sequence
 from lopa.decoding.blocks import SequenceConstants
 from lopa.decoding.executor import Executor
 from lopa.decoding.generation import Generation, GenerationResult, StepEvent, StopCheck
-from lopa.params import DecodingParams
+from lopa.params import DecodingParams, decoded_tokens
 
 __all__ = ["Decoder", "GenerationResult", "StepEvent", "StopCheck"]
 
@@ -31,7 +31,7 @@ class Decoder:
             mask_id=self.mask_id,
             eos_ids=self.eos_ids,
             block_size=params.block_size,
-            max_blocks=params.max_new_tokens // params.block_size,
+            max_blocks=decoded_tokens(params.max_new_tokens, params.block_size) // params.block_size,
             max_length=self.max_length,
         )
 

@@ -10,7 +10,7 @@ contract, the window forward they drive, is `lopa.model.protocol`.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -66,7 +66,12 @@ class BatchExecutor(Protocol):
     executors: int  # devices a round's rows are spread over (the budget is per device)
 
     def ready(self) -> bool: ...
-    def begin(self, params: DecodingParams, num_candidates: int, sequence: int = 0) -> None: ...
+    def begin(
+        self, params: DecodingParams, num_candidates: int, sequence: int = 0,
+        excluded_ids: Collection[int] = (),
+    ) -> None:
+        """A request starts in KV slot `sequence`; `excluded_ids`: tokens it never fills (their
+        probability is removed before the decision rules see a position: ignore_eos)."""
     def verify_many(self, parts: Sequence[VerifyPart]) -> list[PartOutcome]: ...
     def commit_many(self, commits: Sequence[tuple[int, int]]) -> None: ...
     def release(self, sequence: int) -> None: ...

@@ -39,7 +39,7 @@ class StepEvent:
 class GenerationResult:
     prompt_ids: list[int]
     generated_ids: list[int]  # every generated position (post-EOS padding included)
-    output_ids: list[int]  # up to and including the first EOS
+    output_ids: list[int]  # the answer: up to and including the first EOS, at most max_new_tokens
     forwards: int
     wall_s: float  # whole generation, prefill included
     winners: list[int] = field(default_factory=list)  # candidate index that won each round
@@ -177,6 +177,8 @@ class Generation:
         self._done = None
         if self.should_stop is not None and self.should_stop(self.contiguous()):
             self.stopped_early = self.finished = True
+        elif self._answer_complete():
+            self.finished = True
         return winner
 
     def event(self) -> StepEvent:
@@ -198,7 +200,7 @@ class Generation:
         return GenerationResult(
             prompt_ids=self.prompt,
             generated_ids=generated,
-            output_ids=self._up_to_eos(generated),
+            output_ids=self._up_to_eos(generated)[: self.params.max_new_tokens],
             forwards=self.forwards,
             wall_s=time.perf_counter() - self.began,
             winners=self.winners,
@@ -208,11 +210,17 @@ class Generation:
         )
 
     def contiguous(self) -> list[int]:
-        """The generated tokens up to the first mask (what a stop check may read)."""
-        generated = self.base.tokens[self.base.prompt_length :]
+        """The answer's tokens up to the first mask (what a stop check may read)."""
+        generated = self.base.tokens[self.base.prompt_length :][: self.params.max_new_tokens]
         mask = self.consts.mask_id
         end = generated.index(mask) if mask in generated else len(generated)
         return generated[:end]
+
+    def _answer_complete(self) -> bool:
+        """An answer shorter than its whole blocks is final once its max_new_tokens positions are
+        filled (fills never change): the rest of the last block is not decoded for nothing."""
+        limit = self.params.max_new_tokens
+        return limit % self.consts.block_size != 0 and len(self.contiguous()) >= limit
 
     # -- the rules ------------------------------------------------------------------------------------
 

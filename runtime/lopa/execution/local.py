@@ -3,7 +3,7 @@ several requests (sequences) in one ragged forward."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from dataclasses import dataclass, field, replace
 
 import torch
@@ -53,6 +53,7 @@ class SequenceState:
 
     params: DecodingParams
     device: torch.device
+    excluded: torch.Tensor | None = None  # token ids never filled (ignore_eos), on the device
     last_logit: torch.Tensor | None = None  # raw output at the last cached token
     staged_last: torch.Tensor | None = None  # [R, V]: each row's output at index u-1
     staged_count: int = 0
@@ -97,9 +98,16 @@ class LocalExecutor:
             raise ValueError(f"sequence {sequence} has no request (begin it first)")
         return state
 
-    def begin(self, params: DecodingParams, num_candidates: int, sequence: int = 0) -> None:
+    def begin(
+        self, params: DecodingParams, num_candidates: int, sequence: int = 0,
+        excluded_ids: Collection[int] = (),
+    ) -> None:
         self.model.reset(num_candidates, sequence)
-        self._states[sequence] = SequenceState(params, torch.device(self.device))
+        device = torch.device(self.device)
+        excluded = None
+        if excluded_ids:
+            excluded = torch.tensor(sorted(excluded_ids), dtype=torch.long, device=device)
+        self._states[sequence] = SequenceState(params, device, excluded)
 
     def release(self, sequence: int) -> None:
         """The sequence's request ended: forget it (its cache is reset by the next begin)."""
@@ -206,6 +214,9 @@ class LocalExecutor:
             # waits for the whole round's forward, before the statistics' kernels were even queued.
             for index in plan.from_stored:
                 masked[index] = stored
+        excluded = self.state(part.sequence).excluded
+        if excluded is not None:  # docs/decoding.md section 3: excluded before any rule sees them
+            masked.index_fill_(-1, excluded, float("-inf"))
         return masked
 
     def _part_stats(

@@ -12,7 +12,7 @@ section 5, for several requests at once:
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass, replace
 
 import torch
@@ -50,9 +50,11 @@ class ShardExecutor:
         self.broadcast = broadcast
         self._received: torch.Tensor | None = None
 
-    def begin(self, params: DecodingParams, num_slots: int, sequence: int) -> None:
+    def begin(
+        self, params: DecodingParams, num_slots: int, sequence: int, excluded_ids: Collection[int] = ()
+    ) -> None:
         """A request starts in this KV slot: `num_slots` staging slots (this rank's candidates)."""
-        self.local.begin(params, num_slots, sequence)
+        self.local.begin(params, num_slots, sequence, excluded_ids)
 
     def drop_staged(self, sequence: int) -> None:
         self.local.drop_staged(sequence)

@@ -62,6 +62,7 @@ class Request:
     params: DecodingParams
     stop: tuple[str, ...] = ()
     pin_branches: bool = False  # never grant fewer branches than asked: wait for room instead
+    ignore_eos: bool = False  # never fill an end token: the answer is max_new_tokens long
     on_step: Callable[[StepEvent], None] | None = None
     on_done: Callable[[Outcome], None] | None = None
     abort: Abort = field(default_factory=Abort)

@@ -157,7 +157,8 @@ class Scheduler:
                 request, generation = self._waiting.popleft()
             sequence = self._free.pop(0)
             try:
-                self.executor.begin(request.params, request.params.branches + 1, sequence)
+                excluded = self.decoder.eos_ids if request.ignore_eos else ()
+                self.executor.begin(request.params, request.params.branches + 1, sequence, excluded)
             except Exception as error:
                 self._free.insert(0, sequence)
                 if not self.executor.ready():  # the group went away: wait for the next one

@@ -47,10 +47,13 @@ class LopaClient:
         stop: Sequence[str] = (),
         chat: bool = False,
         pin_branches: bool = False,
+        ignore_eos: bool = False,
         **decoding: Any,
     ) -> lopa_pb2.GenerateRequest:
-        """pin_branches: under load, wait for room for every branch asked instead of getting fewer."""
-        request = lopa_pb2.GenerateRequest(stop=list(stop), chat=chat, pin_branches=pin_branches)
+        """pin_branches: under load, wait for room for every branch asked instead of getting fewer;
+        ignore_eos: never fill an end token (the answer is exactly max_new_tokens long)."""
+        request = lopa_pb2.GenerateRequest(stop=list(stop), chat=chat, pin_branches=pin_branches,
+                                           ignore_eos=ignore_eos)
         if isinstance(prompt, str):
             request.prompt = prompt
         else:

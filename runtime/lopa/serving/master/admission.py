@@ -13,11 +13,11 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field, fields, replace
 from typing import Any
 
 from lopa.model.tokenizer import chat_ids
-from lopa.params import DecodingParams, InvalidParameter, check_length
+from lopa.params import DecodingParams, InvalidParameter, check_length, room_for
 from lopa.serving.master.served import ServedModel
 from lopa.serving.shared.config import Limits
 
@@ -37,7 +37,10 @@ class Ask:
 
     Exactly one of prompt (text), prompt_token_ids or messages (chat turns, {role, content}, for the
     model's chat template). `decoding` holds the settings the client overrides (DecodingParams
-    names); max_new_tokens None takes the server's default.
+    names). max_new_tokens: the answer's length at most; None takes the server's default, cut to
+    what fits after the prompt. ignore_eos: never fill an end token, so the answer is exactly
+    max_new_tokens long (min_tokens, at most that, is then met). add_special_tokens: the tokenizer
+    adds its special tokens (a BOS) to a text prompt.
     """
 
     prompt: Any = None
@@ -47,6 +50,9 @@ class Ask:
     stop: Any = ()
     decoding: Mapping[str, Any] = field(default_factory=dict)
     pin_branches: Any = False
+    ignore_eos: Any = False
+    min_tokens: Any = 0
+    add_special_tokens: Any = False
 
 
 @dataclass(frozen=True)
@@ -57,6 +63,7 @@ class Admitted:
     params: DecodingParams
     stop: tuple[str, ...] = ()
     pin_branches: bool = False
+    ignore_eos: bool = False
 
 
 class InvalidInBatch(InvalidParameter):
@@ -96,13 +103,21 @@ class Admission:
     def admit(self, ask: Ask) -> Admitted:
         params = self.params(ask)
         stop = check_stop(ask.stop)
+        ignore_eos = bool(typed("ignore_eos", ask.ignore_eos, (bool,)))
+        min_tokens = wire_int("min_tokens", 0 if ask.min_tokens is None else ask.min_tokens)
+        if min_tokens and not ignore_eos:
+            raise InvalidParameter("min_tokens", "is supported with ignore_eos only (the end token is "
+                                                 "held back for the whole answer, not a part of it)")
         ids = self.prompt_ids(ask)
-        if params.max_new_tokens < params.block_size and ask.max_new_tokens is None:
-            # the request's block size, not the server's default answer length, is at fault
-            raise InvalidParameter("block_size", f"{params.block_size} is more than max_new_tokens "
-                                                 f"{params.max_new_tokens}")
+        if ask.max_new_tokens is None:  # the server's default answer length, as much of it as fits
+            room = room_for(len(ids), params.block_size, self.max_length)
+            params = replace(params, max_new_tokens=max(1, min(params.max_new_tokens, room)))
         check_length(len(ids), params, self.max_length)
-        return Admitted(ids, params, stop, typed("pin_branches", ask.pin_branches, (bool,)) or False)
+        if min_tokens > params.max_new_tokens:
+            limit = params.max_new_tokens
+            raise InvalidParameter("min_tokens", f"{min_tokens} exceeds max_new_tokens {limit}")
+        pin = typed("pin_branches", ask.pin_branches, (bool,)) or False
+        return Admitted(ids, params, stop, pin, ignore_eos)
 
     def params(self, ask: Ask) -> DecodingParams:
         """The server's defaults with the request's overrides, checked against the server's limits."""
@@ -140,7 +155,8 @@ class Admission:
         if not text:
             raise InvalidParameter("prompt", "is empty")
         check_text("prompt", text)
-        ids = list(self.tokenizer.encode(text, add_special_tokens=False))
+        special = bool(typed("add_special_tokens", ask.add_special_tokens, (bool,)))
+        ids = list(self.tokenizer.encode(text, add_special_tokens=special))
         self._check_count("prompt", ids)
         if self.mask_id in ids:
             raise InvalidParameter("prompt", f"contains the mask token (id {self.mask_id}), which only "

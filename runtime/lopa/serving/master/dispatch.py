@@ -191,10 +191,11 @@ class Dispatcher:
         admitted = ticket.admitted
         tracker = DeltaTracker(self.decode, frozenset(self.scheduler.decoder.eos_ids), admitted.stop)
         prompt_length = len(admitted.prompt_ids)
+        answer_end = prompt_length + admitted.params.max_new_tokens  # the rest of the last block is cut
         mask_id = self.scheduler.decoder.mask_id
 
         def on_step(event: StepEvent) -> None:
-            offset, ids, text = tracker.step(event.tokens[prompt_length:], mask_id)
+            offset, ids, text = tracker.step(event.tokens[prompt_length:answer_end], mask_id)
             fills = [(p - prompt_length, t) for p, t in event.fills]
             ticket.post(Progress(event.step, offset, ids, text, fills, event.candidates, event.winner,
                                  event.granted_branches))
@@ -218,6 +219,7 @@ class Dispatcher:
             admitted.params,
             admitted.stop,
             admitted.pin_branches,
+            admitted.ignore_eos,
             on_step=on_step if ticket.stream else None,
             on_done=on_done,
             abort=ticket.abort,

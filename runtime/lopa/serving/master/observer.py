@@ -15,13 +15,11 @@ class MasterObserver(Observer):
         self.metrics = metrics
 
     def occupancy(self, waiting: int, running: int, slots: int) -> None:
-        m = self.metrics
-        m.queue_depth.set(waiting)
-        m.running.set(running)
-        m.kv_slot_usage.set(running / slots if slots else 0.0)
+        self.metrics.occupancy.set(waiting, running, slots)
 
     def admitted(self, queue_s: float) -> None:
         self.metrics.queue_seconds.observe(queue_s)
+        self.metrics.vllm.queue.observe(queue_s)
 
     def round(self, batch: int, granted: Sequence[int], wanted: Sequence[int]) -> None:
         self.metrics.batch_size.observe(batch)
@@ -30,16 +28,28 @@ class MasterObserver(Observer):
         self.metrics.branches_cut.inc(sum(w - g for w, g in zip(wanted, granted, strict=True) if w > g))
 
     def finished(self, request: Request, outcome: Outcome) -> None:
-        latency = time.perf_counter() - request.arrived
-        self.metrics.request_seconds.observe(latency)
-        if isinstance(outcome, Completion):
-            result = outcome.result
-            if outcome.ttft_s > 0:  # 0: no round committed a token (nothing to time)
-                self.metrics.ttft_seconds.observe(outcome.ttft_s)
-                if result.tokens > 1:
-                    self.metrics.tpot_seconds.observe((latency - outcome.ttft_s) / (result.tokens - 1))
-            self.metrics.tokens.inc(result.tokens)
-            self.metrics.forwards.inc(result.forwards)
-            self.metrics.verified_tokens.inc(result.verified_tokens)
-            if result.forwards:
-                self.metrics.tpf.observe(result.tpf)
+        m, latency = self.metrics, time.perf_counter() - request.arrived
+        m.request_seconds.observe(latency)
+        if not isinstance(outcome, Completion):
+            return
+        result, vllm = outcome.result, m.vllm
+        vllm.e2e.observe(latency)
+        if outcome.ttft_s > 0:  # 0: no round committed a token (nothing to time)
+            m.ttft_seconds.observe(outcome.ttft_s)
+            vllm.ttft.observe(outcome.ttft_s)
+            if result.tokens > 1:
+                tpot = (latency - outcome.ttft_s) / (result.tokens - 1)
+                for histogram in (m.tpot_seconds, vllm.tpot, vllm.request_tpot):
+                    histogram.observe(tpot)
+        m.tokens.inc(result.tokens)
+        m.forwards.inc(result.forwards)
+        m.verified_tokens.inc(result.verified_tokens)
+        if result.forwards:
+            m.tpf.observe(result.tpf)
+        prompt = len(result.prompt_ids)
+        vllm.prompt_tokens.inc(prompt)
+        vllm.generation_tokens.inc(result.tokens)
+        vllm.request_prompt_tokens.observe(prompt)
+        vllm.request_generation_tokens.observe(result.tokens)
+        reason = "length" if outcome.finish_reason == "length" else "stop"
+        vllm.success.labels(vllm.model_name, reason).inc()

@@ -50,8 +50,7 @@ class Pipeline:
     metrics: MasterMetrics
 
     @classmethod
-    def build(cls, config: ServingConfig, metrics: MasterMetrics) -> Pipeline:
-        served = ServedModel.load(config, model_path(config.model.path))
+    def build(cls, config: ServingConfig, served: ServedModel, metrics: MasterMetrics) -> Pipeline:
         limits = config.limits
         group = WorkerGroup(config.workers.addresses)
         group.expected = (served.config.vocab_size, served.max_length, limits.max_batch)
@@ -90,9 +89,10 @@ async def serve_master(
     config: ServingConfig, started: asyncio.Event | None = None, drain: asyncio.Event | None = None
 ) -> None:
     """Run the master until cancelled, or until `drain` is set and its requests are done."""
-    metrics = MasterMetrics.create()
+    served = ServedModel.load(config, model_path(config.model.path))
+    metrics = MasterMetrics.create(served.name)
     metrics.serve(config.master.metrics_port)
-    pipeline = Pipeline.build(config, metrics)
+    pipeline = Pipeline.build(config, served, metrics)
     group = pipeline.group
     health = health_aio.HealthServicer()
     loop = asyncio.get_running_loop()
@@ -135,7 +135,8 @@ async def serve_master(
             from lopa.serving.master.api.openai_http import OpenAIApi, start_http
 
             name = pipeline.served.name
-            api = OpenAIApi(pipeline.dispatcher, name, config.limits.queue_size, pipeline.serving)
+            api = OpenAIApi(pipeline.dispatcher, name, config.limits.queue_size, pipeline.serving,
+                            metrics.registry)
             http = await start_http(api, config.master.http_port, config.tls)
             log.info("OpenAI-compatible HTTP API on port %d, model %r", config.master.http_port, name)
         group.listeners.append(on_group)

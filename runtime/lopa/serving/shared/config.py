@@ -258,11 +258,6 @@ def _check_decoding(decoding: DecodingParams, limits: Limits, keys: frozenset[st
             f"(decoding.block_size {decoding.block_size}); set 0 (the device's default) or >= "
             f"{decoding.block_size}"
         )
-    if {"block_size", "max_new_tokens"} <= keys and decoding.block_size > decoding.max_new_tokens:
-        raise ConfigError(
-            f"decoding.block_size: {decoding.block_size} exceeds decoding.max_new_tokens "
-            f"{decoding.max_new_tokens} (a request generates whole blocks)"
-        )
 
 
 def _check_master(master: MasterConfig) -> None:

@@ -9,6 +9,8 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, star
 from prometheus_client.core import CounterMetricFamily
 from prometheus_client.registry import Collector
 
+from lopa.serving.shared.vllm_metrics import Occupancy, VllmMetrics
+
 _STEP_BUCKETS = (0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1.0, 2.0, 5.0)
 _TPF_BUCKETS = (1, 1.5, 2, 3, 4, 6, 8, 12, 16, 24, 32)
 _BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128)
@@ -26,7 +28,6 @@ class MasterMetrics:
     verified_tokens: Counter  # window tokens verified for completed requests (every branch row)
     tpf: Histogram
     step_seconds: Histogram  # label phase: forward | coordination | commit
-    queue_depth: Gauge
     workers_joined: Gauge
     request_seconds: Histogram  # arrival to answer, every outcome
     queue_seconds: Histogram  # arrival to the start of decoding
@@ -34,17 +35,21 @@ class MasterMetrics:
     tpot_seconds: Histogram  # after the first token, seconds per further token, completed requests
     group_attaches: Counter  # the worker group formed (again)
     group_losses: Counter  # the worker group was lost (a worker died, froze or left)
-    running: Gauge  # requests holding a KV slot (decoding)
-    kv_slot_usage: Gauge  # running / limits.max_batch
     batch_size: Histogram  # requests per round (one batched forward)
     branches_granted: Histogram  # lookahead branches each request got per round
     branches_cut: Counter  # lookahead branches the budget took away
+    vllm: VllmMetrics  # the same measurements under vLLM's names (lopa.serving.shared.vllm_metrics)
+    occupancy: Occupancy  # the queue and the KV slots, lopa's and vLLM's gauges from one snapshot
 
     @classmethod
-    def create(cls) -> MasterMetrics:
+    def create(cls, model_name: str = "") -> MasterMetrics:
         r = CollectorRegistry()
+        occupancy = Occupancy(model_name)
+        r.register(occupancy)
         return cls(
             registry=r,
+            vllm=VllmMetrics.create(r, model_name),
+            occupancy=occupancy,
             requests=Counter("lopa_requests", "Requests by outcome", ["outcome"], registry=r),
             tokens=Counter("lopa_generated_tokens", "Generated tokens (up to the first EOS)", registry=r),
             forwards=Counter("lopa_forwards", "Verification rounds", registry=r),
@@ -56,7 +61,6 @@ class MasterMetrics:
             step_seconds=Histogram(
                 "lopa_step_seconds", "Step time by phase", ["phase"], buckets=_STEP_BUCKETS, registry=r
             ),
-            queue_depth=Gauge("lopa_queue_depth", "Requests waiting for a KV slot", registry=r),
             workers_joined=Gauge("lopa_workers_joined", "Workers attached to the master", registry=r),
             request_seconds=Histogram(
                 "lopa_request_seconds", "Request latency, arrival to answer", buckets=_REQUEST_BUCKETS,
@@ -78,10 +82,6 @@ class MasterMetrics:
             ),
             group_attaches=Counter("lopa_group_attaches", "Times the worker group formed", registry=r),
             group_losses=Counter("lopa_group_losses", "Times the worker group was lost", registry=r),
-            running=Gauge("lopa_requests_running", "Requests decoding (holding a KV slot)", registry=r),
-            kv_slot_usage=Gauge(
-                "lopa_kv_slot_usage", "Fraction of the KV slots (limits.max_batch) in use", registry=r
-            ),
             batch_size=Histogram(
                 "lopa_batch_size", "Requests per round (one batched forward)", buckets=_BATCH_BUCKETS,
                 registry=r,

@@ -11,6 +11,7 @@ import torch
 from lopa.bundled import bundled_model_dir
 from lopa.model.config import CONFIG_FILE, DreamConfig
 from lopa.model.window import graphs_wanted, reserved_staging_tokens
+from lopa.params import decoded_tokens
 from lopa.serving.shared.config import ConfigError, ServingConfig, load_config, validate, with_model_defaults
 
 _KV_SHARE = 0.9  # of the free memory: the rest is left for activations and the allocator
@@ -31,7 +32,7 @@ def usable_max_length(config: ServingConfig, path: Path) -> int:
     positions = DreamConfig.from_dir(path).max_position_embeddings
     max_length = min(config.max_length, positions)
     new = config.decoding.max_new_tokens
-    if new + 1 > max_length:  # a prompt has at least one token
+    if decoded_tokens(new, config.decoding.block_size) + 1 > max_length:  # a prompt has a token at least
         raise ConfigError(
             f"decoding.max_new_tokens: {new} leaves no room for a prompt in the model's length {max_length} "
             f"(max_position_embeddings {positions} in {path / CONFIG_FILE}, limits.max_prompt_tokens + "

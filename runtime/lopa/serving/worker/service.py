@@ -152,7 +152,8 @@ class WorkerService(worker_pb2_grpc.WorkerServicer):
                 raise ValueError(f"sequence {part.sequence} outside [0, max_batch={self.max_batch})")
             if part.HasField("begin"):
                 try:
-                    shard.begin(params_of(part.begin), max(1, part.begin.num_slots), part.sequence)
+                    shard.begin(params_of(part.begin), max(1, part.begin.num_slots), part.sequence,
+                                part.begin.excluded_ids)
                 except Exception as error:  # bad sampling settings: this request fails, not the round
                     errors[index] = self._local_failure(error)
         began = time.perf_counter()

@@ -102,6 +102,7 @@ def ask_of(request: lopa_pb2.GenerateRequest) -> Ask:
         decoding={name: getattr(request.decoding, name) for name in _OVERRIDES
                   if request.decoding.HasField(name)},
         pin_branches=request.pin_branches,
+        ignore_eos=request.ignore_eos,
     )
 
 

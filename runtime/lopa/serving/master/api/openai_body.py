@@ -28,14 +28,16 @@ IGNORED = frozenset({"user", "stream_options", "metadata", "store"})
 # completions' logprobs: 0 asks for the sampled tokens' logprobs, so only false or null pass).
 NEUTRAL: dict[str, tuple[Any, ...]] = {
     "frequency_penalty": (0,), "presence_penalty": (0,), "logit_bias": ({},), "logprobs": (False,),
-    "repetition_penalty": (1,), "ignore_eos": (False,), "min_tokens": (0,),  # vLLM's extras
+    "repetition_penalty": (1,),  # vLLM's extra
 }
+# vLLM's extras this server honours (checked by admission): benchmark clients send them.
+HONOURED = frozenset({"ignore_eos", "min_tokens", "add_special_tokens"})
 COMPLETION_NEUTRAL: dict[str, tuple[Any, ...]] = {"best_of": (1,), "echo": (False,), "suffix": ("",)}
 CHAT_NEUTRAL: dict[str, tuple[Any, ...]] = {
     "top_logprobs": (0,), "tools": ([],), "tool_choice": ("none",), "response_format": ({"type": "text"},),
 }
 COMMON = frozenset({"model", "max_tokens", "stop", "n", "stream", "pin_branches",
-                    *LOPA_FIELDS, *OPENAI_SAMPLING, *IGNORED, *NEUTRAL})
+                    *LOPA_FIELDS, *OPENAI_SAMPLING, *IGNORED, *NEUTRAL, *HONOURED})
 COMPLETION_FIELDS = COMMON | {"prompt", *COMPLETION_NEUTRAL}
 CHAT_FIELDS = COMMON | {"messages", "max_completion_tokens", *CHAT_NEUTRAL}
 ROLES = frozenset({"system", "user", "assistant", "developer"})
@@ -47,6 +49,7 @@ class Parsed:
     stream: bool
     model: str
     include_usage: bool = False  # stream_options.include_usage: a last chunk of usage, no choices
+    continuous_usage: bool = False  # stream_options.continuous_usage_stats: usage in every chunk
     batch: bool = False
 
 
@@ -74,10 +77,12 @@ def _common(body: Any, known: frozenset[str], served_model: str) -> tuple[Parsed
     options = body.get("stream_options")
     if options is not None and not isinstance(options, dict):
         raise InvalidParameter("stream_options", f"must be an object, got {json.dumps(options)}")
-    try:
-        include_usage = typed("include_usage", (options or {}).get("include_usage"), (bool,))
-    except InvalidParameter as error:
-        raise InvalidParameter("stream_options.include_usage", error.reason) from None
+    flags = {}
+    for name in ("include_usage", "continuous_usage_stats"):
+        try:
+            flags[name] = bool(typed(name, (options or {}).get(name), (bool,)))
+        except InvalidParameter as error:
+            raise InvalidParameter(f"stream_options.{name}", error.reason) from None
     stop = body.get("stop")
     if isinstance(stop, str):
         stop = [stop]
@@ -87,8 +92,9 @@ def _common(body: Any, known: frozenset[str], served_model: str) -> tuple[Parsed
         stop=stop or (),
         decoding={name: body[name] for name in SETTING_TYPES if body.get(name) is not None},
         pin_branches=body.get("pin_branches") or False,
+        **{name: body[name] for name in HONOURED if body.get(name) is not None},
     )
-    return Parsed((), stream, model, bool(include_usage)), ask
+    return Parsed((), stream, model, flags["include_usage"], flags["continuous_usage_stats"]), ask
 
 
 def _neutral(value: Any, accepted: tuple[Any, ...]) -> bool:

@@ -2,6 +2,7 @@
 
     POST /v1/completions        POST /v1/chat/completions   (stream: true -> server-sent events)
     GET  /v1/models, /v1/models/{id}    GET /health (200 once the group serves, else 503)   GET /live
+    GET  /metrics (the master's Prometheus metrics: where the inference gateway scrapes)
 
 Why aiohttp: it runs on the event loop grpc.aio already drives in the master, so an HTTP request
 enters the very same Dispatcher.open as a gRPC one (one queue, one validation, one set of
@@ -23,6 +24,7 @@ from collections.abc import Callable
 from typing import Any
 
 from aiohttp import web
+from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 
 from lopa.model.tokenizer import NO_CHAT_TEMPLATE
 from lopa.params import InvalidParameter
@@ -34,6 +36,7 @@ from lopa.serving.master.events import Finished, Progress
 from lopa.serving.shared.config import TlsConfig
 from lopa.serving.shared.tls import ssl_context
 
+RETRY_AFTER_S = 1  # a full queue drains in about a request's time: retry soon, not at once
 FINISH = {"eos": "stop", "stop": "stop", "length": "length"}
 NO_TEMPLATE_HINT = "the model has no chat template; send a plain prompt to /v1/completions"
 
@@ -71,10 +74,11 @@ def failure(error: BaseException) -> web.Response:
 
 class OpenAIApi:
     def __init__(self, dispatcher: Dispatcher, served_model: str, queue_size: int,
-                 serving: Callable[[], bool]) -> None:
-        """serving: whether the group serves (attached and not draining), what /health says."""
+                 serving: Callable[[], bool], registry: CollectorRegistry | None = None) -> None:
+        """serving: whether the group serves (attached and not draining), what /health says;
+        registry: the master's metrics, also served here (where the endpoint picker scrapes)."""
         self.dispatcher, self.model, self.queue_size = dispatcher, served_model, queue_size
-        self.serving = serving
+        self.serving, self.registry = serving, registry
 
     def app(self) -> web.Application:
         app = web.Application(client_max_size=8 << 20)
@@ -84,6 +88,8 @@ class OpenAIApi:
         app.router.add_get("/v1/models/{model:.+}", self.model_entry)
         app.router.add_get("/health", self.health)
         app.router.add_get("/live", self.live)
+        if self.registry is not None:
+            app.router.add_get("/metrics", self.metrics)
         return app
 
     # -- endpoints ----------------------------------------------------------------------------------
@@ -106,6 +112,11 @@ class OpenAIApi:
         ready = self.serving()
         status = {"status": "SERVING" if ready else "NOT_SERVING"}
         return web.json_response(status, status=200 if ready else 503)
+
+    async def metrics(self, request: web.Request) -> web.Response:
+        """The master's Prometheus metrics, as its metrics port serves them."""
+        body = generate_latest(self.registry)
+        return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE_LATEST})
 
     async def live(self, request: web.Request) -> web.Response:
         return web.json_response({"status": "alive"})
@@ -159,8 +170,10 @@ class OpenAIApi:
             if param == "prompt":
                 return invalid(f"prompt[{index}]", reason)
             return invalid(param, f"{reason} (prompt[{index}])")
-        if isinstance(error, QueueFull):
-            return error_response(429, str(error), "rate_limit_exceeded")
+        if isinstance(error, QueueFull):  # clients back off by Retry-After (seconds)
+            response = error_response(429, str(error), "rate_limit_exceeded")
+            response.headers["Retry-After"] = str(RETRY_AFTER_S)
+            return response
         return error_response(503, str(error), "service_unavailable")
 
     def _response(self, done: list[Completion], parsed: Parsed, ident: str, chat: bool) -> dict[str, Any]:
@@ -218,6 +231,8 @@ class OpenAIApi:
         # Every event carries the lookahead branches granted in each round since the one before
         # (rounds that added no text send no event): gRPC's GenerateChunk.granted_branches.
         first, rounds = [True] * len(tickets), [[] for _ in tickets]
+        prompts = [len(ticket.admitted.prompt_ids) for ticket in tickets]
+        sent = [0] * len(tickets)  # answer tokens streamed so far, per choice
         done: list[Completion] = []
         failed: Exception | None = None
         try:
@@ -225,9 +240,12 @@ class OpenAIApi:
                 index, item = await merged.get()
                 if isinstance(item, Progress):
                     rounds[index].append(item.granted_branches)
+                    sent[index] = item.offset + len(item.token_ids)
                     if item.text or first[index]:
-                        await send(index, item.text, extra={"lopa": {"granted_branches": rounds[index]}},
-                                   first=first[index])
+                        extra: dict[str, Any] = {"lopa": {"granted_branches": rounds[index]}}
+                        if parsed.continuous_usage:
+                            extra["usage"] = usage_of(prompts[index], sent[index])
+                        await send(index, item.text, extra=extra, first=first[index])
                         first[index], rounds[index] = False, []
                     continue
                 if isinstance(item, Exception):
@@ -237,7 +255,7 @@ class OpenAIApi:
                 stats = {"granted_branches": rounds[index], **lopa_stats(outcome)}
                 # With include_usage only the last chunk carries usage, as OpenAI's do (clients that
                 # add up every chunk's usage would count it twice); the choice's stats stay in lopa.
-                own = None if parsed.include_usage else usage(outcome)
+                own = usage(outcome) if parsed.continuous_usage or not parsed.include_usage else None
                 await send(index, item.text, FINISH[outcome.finish_reason],
                            {"usage": own, "lopa": stats}, first=first[index])
                 done.append(outcome)
@@ -254,7 +272,10 @@ class OpenAIApi:
 
 
 def usage(c: Completion) -> dict[str, int]:
-    prompt, completion = len(c.result.prompt_ids), len(c.result.output_ids)
+    return usage_of(len(c.result.prompt_ids), len(c.result.output_ids))
+
+
+def usage_of(prompt: int, completion: int) -> dict[str, int]:
     return {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion}
 
 

@@ -10,7 +10,7 @@ per worker. Only (x_hat, P, Conf) per masked position come back, never logits.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass
 
 from lopa.decoding.executor import BranchWindow, PartOutcome, VerifyPart, verify_alone
@@ -73,7 +73,10 @@ class DistributedExecutor:
     def ready(self) -> bool:
         return self.group.attached
 
-    def begin(self, params: DecodingParams, num_candidates: int, sequence: int = 0) -> None:
+    def begin(
+        self, params: DecodingParams, num_candidates: int, sequence: int = 0,
+        excluded_ids: Collection[int] = (),
+    ) -> None:
         if not self.group.attached:
             raise WorkerLost("the worker group is not attached")
         if not 0 <= sequence < self.max_batch:
@@ -86,6 +89,7 @@ class DistributedExecutor:
             top_p=params.top_p,
             top_k=params.top_k,
             seed=params.seed,
+            excluded_ids=sorted(excluded_ids),
         )
         self._sequences[sequence] = _Sequence(params, begin)
         self._commits.pop(sequence, None)
