@@ -14,7 +14,7 @@ from lopa.bench.report import plot, table, write_json
 from lopa.bench.tpf import KS, MODES, run_sweep
 from lopa.bundled import tasks
 from lopa.bundled.defaults import model_defaults
-from lopa.cli import bench_clients, bench_concurrency, bench_step
+from lopa.cli import bench_checks, bench_clients, bench_concurrency, bench_step
 from lopa.engine import LocalEngine, bundled_model_dir
 from lopa.params import MAX_BRANCHES, AttentionMode, InvalidParameter
 
@@ -23,7 +23,9 @@ DEFAULT_EXAMPLES = 300  # the published held-out set size
 
 def add_parser(subparsers: argparse._SubParsersAction) -> None:
     parser = subparsers.add_parser(
-        "bench", help="benchmarks: tpf, step, write-checkpoint, concurrency, serving, transport, clients"
+        "bench",
+        help="benchmarks: tpf, ablation, orders, step, write-checkpoint, concurrency, serving, transport, "
+        "clients",
     )
     kinds = parser.add_subparsers(dest="bench", required=True)
     tpf = kinds.add_parser(
@@ -48,6 +50,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     serving_bench.add_parser(kinds)
     transport_bench.add_parser(kinds)
     bench_clients.add_parser(kinds)
+    bench_checks.add_parsers(kinds)
 
 
 def run(args: argparse.Namespace) -> int:
