@@ -237,7 +237,9 @@ class Scheduler:
             if run not in self._running:
                 continue
             event = run.generation.event()
-            if run.first_token is None and event.fills:
+            # The first token a client can read: the answer's first position, committed (fills out
+            # of order are not yet text), as vLLM's and the benchmark clients' TTFT end.
+            if run.first_token is None and run.generation.contiguous():
                 run.first_token = now
             if run.request.on_step is not None:
                 try:

@@ -59,10 +59,11 @@ class Ticket:
     """One admitted request on its way through the scheduler, as its API adapter holds it."""
 
     def __init__(self, admitted: Admitted, stream: bool, loop: asyncio.AbstractEventLoop,
-                 count: Callable[[str], None], deadline: float) -> None:
+                 count: Callable[[str], None], deadline: float, arrived: float | None = None) -> None:
         self.admitted, self.stream, self.loop = admitted, stream, loop
         self.abort = Abort(deadline=deadline)
-        self.arrived = time.perf_counter()
+        # when the client's request came in (time.perf_counter), where its latencies start
+        self.arrived = time.perf_counter() if arrived is None else arrived
         self._items: asyncio.Queue[Event | BaseException] = asyncio.Queue()
         self._count = count
         self._counted = False
@@ -149,18 +150,24 @@ class Dispatcher:
         """Count requests an adapter turned away before admission (a body that does not parse)."""
         self.metrics.requests.labels(label).inc(count)
 
-    async def open(self, asks: Sequence[Ask], stream: bool, remaining_s: float | None = None) -> list[Ticket]:
+    async def open(
+        self, asks: Sequence[Ask], stream: bool, remaining_s: float | None = None,
+        arrived: float | None = None,
+    ) -> list[Ticket]:
         """Admit every request (InvalidParameter, InvalidInBatch naming which), then queue all of them
-        or none (GroupUnavailable, QueueFull); each refusal counted once per request."""
+        or none (GroupUnavailable, QueueFull); each refusal counted once per request. `arrived`
+        (time.perf_counter): when the transport received the request, where latencies start."""
+        arrived = time.perf_counter() if arrived is None else arrived
         try:
             admitted = await asyncio.to_thread(self.admission.admit_all, asks)
         except InvalidParameter:
             self.refused("invalid")
             raise
-        return self.submit(admitted, stream, remaining_s)
+        return self.submit(admitted, stream, remaining_s, arrived)
 
     def submit(
-        self, admitted: Sequence[Admitted], stream: bool, remaining_s: float | None = None
+        self, admitted: Sequence[Admitted], stream: bool, remaining_s: float | None = None,
+        arrived: float | None = None,
     ) -> list[Ticket]:
         n = len(admitted)
         if self.draining:
@@ -172,8 +179,8 @@ class Dispatcher:
         timeout = self.request_timeout_s if remaining_s is None else min(self.request_timeout_s, remaining_s)
         loop = asyncio.get_running_loop()
         count = self.metrics.requests.labels
-        tickets = [Ticket(one, stream, loop, lambda label: count(label).inc(), time.monotonic() + timeout)
-                   for one in admitted]
+        tickets = [Ticket(one, stream, loop, lambda label: count(label).inc(), time.monotonic() + timeout,
+                          arrived) for one in admitted]
         try:
             self.scheduler.submit_many([self._request(ticket) for ticket in tickets])
         except InvalidParameter:

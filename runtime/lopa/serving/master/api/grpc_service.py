@@ -8,6 +8,7 @@ UNAVAILABLE, deadline DEADLINE_EXCEEDED, a client's cancel CANCELLED, anything e
 
 from __future__ import annotations
 
+import time
 from collections.abc import AsyncIterator
 from enum import Enum
 from typing import Any, NoReturn
@@ -77,9 +78,11 @@ class LopaService(lopa_pb2_grpc.LopaServicer):
         )
 
     async def _open(self, request: Any, context: Any, stream: bool) -> Any:
+        arrived = time.perf_counter()
         await self._refuse_undecodable(request, context)
         try:
-            (ticket,) = await self.dispatcher.open([ask_of(request)], stream, context.time_remaining())
+            asks = [ask_of(request)]
+            (ticket,) = await self.dispatcher.open(asks, stream, context.time_remaining(), arrived)
         except (InvalidParameter, GroupUnavailable, QueueFull) as error:
             await _abort(context, error)
         return ticket

@@ -130,6 +130,7 @@ class OpenAIApi:
     # -- the shared path ----------------------------------------------------------------------------
 
     async def _serve(self, request: web.Request, chat: bool) -> web.StreamResponse:
+        arrived = time.perf_counter()  # latencies start here, before the body is read (as vLLM's)
         try:
             body = await request.json()
         except (json.JSONDecodeError, UnicodeDecodeError, LookupError, RecursionError) as error:
@@ -145,7 +146,7 @@ class OpenAIApi:
             return invalid("prompt", f"at most {self.queue_size} prompts per request (limits.queue_size), "
                                      f"got {len(parsed.asks)}")
         try:  # all of a batch valid before any is queued, then all queued or none: counts its refusals
-            tickets = await self.dispatcher.open(parsed.asks, parsed.stream)
+            tickets = await self.dispatcher.open(parsed.asks, parsed.stream, arrived=arrived)
         except (InvalidParameter, QueueFull, GroupUnavailable) as error:
             index = error.index if isinstance(error, InvalidInBatch) and parsed.batch else None
             return self._refused(error, chat, body, index)
