@@ -22,6 +22,8 @@ DECODING_KEYS = {
     "conf": "conf",
     "alpha": "alpha",
     "beta": "beta",
+    "branchScore": "branch_score",
+    "branchPolicy": "branch_policy",
     "attention": "attention",
     "temperature": "temperature",
     "topP": "top_p",

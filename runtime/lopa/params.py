@@ -18,6 +18,21 @@ class ConfKind(str, enum.Enum):
     MARGIN = "margin"  # top1 - top2
 
 
+class BranchScore(str, enum.Enum):
+    """How a branch's verification is scored (docs/decoding.md section 4 step 5)."""
+
+    MEAN = "mean"  # the paper's Eq. 2: mean of the lowest beta fraction of future Conf values
+    BLOCK_MIN = "block_min"  # the least confident block's mean Conf
+    FILLS = "fills"  # the tokens the round would commit: its lookahead and every P > tau_conf
+
+
+class BranchPolicy(str, enum.Enum):
+    """How many lookahead branches a round spawns (docs/decoding.md section 4 step 8)."""
+
+    FIXED = "fixed"  # the paper's: `branches` every round
+    AUTO = "auto"  # `branches` after a stalled anchor fill, fewer after one that filled much
+
+
 class InvalidParameter(ValueError):
     """A parameter is out of range: `field` names it, `reason` says why (the message is both, for
     the gRPC status; the CLI and the HTTP API name the field their own way, with the same reason)."""
@@ -29,6 +44,10 @@ class InvalidParameter(ValueError):
 
 
 MAX_BRANCHES = 64  # hard ceiling; servers configure a lower limit
+# The settings that take one of a set of names, and their enums.
+CHOICE_SETTINGS: dict[str, type[enum.Enum]] = {
+    "conf": ConfKind, "branch_score": BranchScore, "branch_policy": BranchPolicy, "attention": AttentionMode,
+}
 
 
 @dataclass(frozen=True)
@@ -44,6 +63,8 @@ class DecodingParams:
     conf: ConfKind = ConfKind.NEG_ENTROPY
     alpha: float = 0.0  # weight of the branch-creation confidence in the score
     beta: float = 1.0  # fraction of lowest future Conf values averaged (1 = plain mean)
+    branch_score: BranchScore = BranchScore.MEAN
+    branch_policy: BranchPolicy = BranchPolicy.FIXED  # auto: `branches` is the ceiling
     attention: AttentionMode = AttentionMode.FULL
     temperature: float = 0.0  # 0 = greedy
     top_p: float = 1.0
@@ -56,7 +77,7 @@ class DecodingParams:
 
     def _coerce_choices(self) -> None:
         """The choice settings as their enums (from their names); InvalidParameter names an unknown one."""
-        for name, kind in (("conf", ConfKind), ("attention", AttentionMode)):
+        for name, kind in CHOICE_SETTINGS.items():
             try:
                 object.__setattr__(self, name, kind(getattr(self, name)))
             except ValueError:

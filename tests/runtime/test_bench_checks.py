@@ -71,3 +71,20 @@ def test_bench_orders_refuses_bad_counts(tmp_path: Path, bad: list[str]) -> None
     with pytest.raises(SystemExit) as exit_info:
         main(["bench", "orders", "--out", str(tmp_path), *bad])
     assert exit_info.value.code == 2
+
+
+def test_bench_options_writes_each_score_and_policy_for_each_k(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from lopa.bench import options
+
+    assert main(["bench", "options", "--limit", "2", "--ks", "2", "--out", str(tmp_path)]) == 0
+    assert "| score | k |" in capsys.readouterr().out
+    report = json.loads((tmp_path / "options.json").read_text())
+    assert [r["score"] for r in report["branch_score"]] == [label for label, _ in options.SCORES]
+    assert [r["policy"] for r in report["branch_policy"]] == [label for label, _ in options.POLICIES]
+    paper, _, _, _, _ = report["branch_score"]
+    assert report["branch_policy"][0]["tpf"] == paper["tpf"]  # both are the paper's rules
+    for row in report["branch_score"] + report["branch_policy"]:
+        assert row["k"] == 2 and 0 < row["lookaheads_per_round"] <= 2 and row["tpf"] > 0
+    png(tmp_path / "options.png")

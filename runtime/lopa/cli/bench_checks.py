@@ -1,4 +1,5 @@
-"""`lopa bench ablation` and `lopa bench orders`: the LoPA paper's checks on the bundled model.
+"""`lopa bench ablation`, `orders`, `commit` and `options`: the LoPA paper's checks and open
+questions on the bundled model.
 
 Each prints a table, and writes <name>.json and <name>.png into --out.
 """
@@ -43,6 +44,28 @@ def add_parsers(kinds: argparse._SubParsersAction) -> None:
     order.add_argument("--orders", type=int, default=100, help="random orders per prompt")
     order.add_argument("--k", type=int, default=7, help="LoPA's lookahead branches (its order is replayed)")
     order.set_defaults(handler=lambda args: _run(args, run_orders))
+    options = kinds.add_parser(
+        "options",
+        help="the branch score and branch count settings (branch_score, branch_policy), measured",
+        description="Decode the held-out prompts with each branch score (the paper's mean, beta 0.5, the "
+        "minimum, block_min, fills) and each branch policy (fixed, auto) for each k.",
+    )
+    _common(options, limit=100)
+    options.add_argument("--ks", default="1,3,5,7", help="comma-separated k values (auto: the ceiling)")
+    options.set_defaults(handler=lambda args: _run(args, run_options))
+    commit = kinds.add_parser(
+        "commit",
+        help="the distributed path's pre-write and winner commit against the forward, per round",
+        description="For each worker count: a master and workers on loopback decode the held-out "
+        "prompts one at a time with LoPA, full attention; per round the forward, the pre-write "
+        "inside it, the winner commit and the coordination (see lopa.bench.commit_cost).",
+    )
+    commit.add_argument("--model", default=None, help="checkpoint directory (default: the bundled model)")
+    commit.add_argument("--out", required=True, help="directory for commit.json and commit.png")
+    commit.add_argument("--workers", default="1,2,3", help="worker counts, comma-separated")
+    commit.add_argument("--requests", type=int, default=16, help="requests per worker count, one at a time")
+    commit.add_argument("--branches", type=int, default=5, help="LoPA's lookahead branches k")
+    commit.set_defaults(handler=run_commit)
 
 
 def _common(parser: argparse.ArgumentParser, limit: int) -> None:
@@ -104,6 +127,41 @@ def run_orders(args: argparse.Namespace, model: SingleModel, base: DecodingParam
     print(markdown_table([{"prompts": len(rows), **summary}]))
     orders.plot(rows, str(out / "orders.png"))
     return {"examples": args.limit, "orders": args.orders, "k": args.k, "summary": summary, "rows": rows}
+
+
+def run_options(args: argparse.Namespace, model: SingleModel, base: DecodingParams, out: Path) -> dict:
+    from lopa.bench import options
+    from lopa.cli.bench import parse_ks
+
+    ks = parse_ks(args.ks)
+    examples = tasks.held_out(args.limit)
+    scores = options.sweep(model, examples, base, ks, options.SCORES, "score")
+    policies = options.sweep(model, examples, base, ks, options.POLICIES, "policy")
+    print(markdown_table(scores))
+    print(markdown_table(policies))
+    options.plot(scores, policies, str(out / "options.png"))
+    return {"examples": args.limit, "branch_score": scores, "branch_policy": policies}
+
+
+def run_commit(args: argparse.Namespace) -> int:
+    from lopa.bench import commit_cost
+    from lopa.bench.concurrency import positive_ints
+
+    workers = positive_ints(args.workers, "workers", "worker count")
+    if args.requests < 1:
+        raise InvalidParameter("requests", f"must be >= 1, got {args.requests}")
+    if not 1 <= args.branches <= MAX_BRANCHES:
+        raise InvalidParameter("branches", f"must be in [1, {MAX_BRANCHES}], got {args.branches}")
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    args.attention = None  # the bench decodes with full attention: the two-phase commit
+    rows = commit_cost.run(args, workers, lambda line: print(line, file=sys.stderr, flush=True))
+    print(markdown_table(rows))
+    commit_cost.plot(rows, str(out / "commit.png"))
+    report = {"requests": args.requests, "rows": rows, "machine": _machine()}
+    (out / "commit.json").write_text(json.dumps(report, indent=2) + "\n")
+    print(f"wrote {out / 'commit.json'} and {out / 'commit.png'}", file=sys.stderr)
+    return 0
 
 
 def _machine() -> dict[str, Any]:

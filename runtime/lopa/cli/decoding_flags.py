@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 from dataclasses import fields
 
-from lopa.params import AttentionMode, ConfKind, DecodingParams
+from lopa.params import CHOICE_SETTINGS, DecodingParams
 
 HELP = {
     "block_size": "positions per generated block; the paper uses 16 for MATH-like tasks",
@@ -17,13 +17,17 @@ HELP = {
     "conf": "confidence used to rank positions and score branches",
     "alpha": "weight of the branch-creation confidence in the branch score",
     "beta": "fraction of the lowest future confidences averaged in the score (1 = mean)",
+    "branch_score": "branch score: mean (the paper's, with alpha and beta), block_min (the least "
+    "confident block's mean) or fills (the tokens the round would commit)",
+    "branch_policy": "fixed (k lookaheads every round) or auto (k is the ceiling: all after a "
+    "stalled round, fewer after a round whose anchor filled much)",
     "attention": "full (LoPA default) or block_causal (original D2F)",
     "temperature": "0 = greedy; > 0 samples x_hat",
     "top_p": "nucleus sampling mass (1 = off)",
     "top_k": "top-k filter (0 = off)",
     "seed": "sampling seed",
 }
-CHOICES = {"conf": [k.value for k in ConfKind], "attention": [m.value for m in AttentionMode]}
+CHOICES = {name: [choice.value for choice in kind] for name, kind in CHOICE_SETTINGS.items()}
 
 
 def flag_name(field_name: str) -> str:

@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from lopa.decoding import rules
 from lopa.decoding.blocks import Branch, SequenceConstants
 from lopa.decoding.executor import BranchWindow
-from lopa.params import DecodingParams
+from lopa.params import BranchPolicy, BranchScore, DecodingParams
 
 StopCheck = Callable[[list[int]], bool]  # contiguous generated ids -> stop now?
 
@@ -158,10 +158,7 @@ class Generation:
     def apply(self, stats: Sequence[Sequence[rules.PositionStat]]) -> int:
         """The round's statistics -> the winner's index into verify()'s windows (commit it)."""
         live, consts, params = self._live, self.consts, self.params
-        scores = [
-            rules.branch_score([s.conf for s in row], c.creation, params.alpha, params.beta)
-            for c, row in zip(live, stats, strict=True)
-        ]
+        scores = [self._score(c, row) for c, row in zip(live, stats, strict=True)]
         winner = rules.pick_winner(scores)
         base = live[winner].copy()
         base.creation, base.lookahead_position = 1.0, None
@@ -173,7 +170,8 @@ class Generation:
         self.verified_tokens += self._round_tokens
         self.winners.append(winner)
         self.granted_branches.append(self._granted)
-        self._candidates = self._spawn(base, stats[winner], shared_start)
+        filled = sum(1 for s in stats[winner] if s.prob > params.tau_conf)  # the anchor's threshold fills
+        self._candidates = self._spawn(base, stats[winner], shared_start, filled)
         self._done = None
         if self.should_stop is not None and self.should_stop(self.contiguous()):
             self.stopped_early = self.finished = True
@@ -230,14 +228,32 @@ class Generation:
         rules.update_activation(branch, self.consts.mask_id, self.params.tau_act)
         return rules.is_finished(branch)
 
-    def _spawn(self, base: Branch, stats: Sequence[rules.PositionStat], shared_start: int) -> list[Branch]:
-        """LoPA step 8: lookahead copies of the anchor-filled winner, then the next base."""
-        consts = self.consts
+    def _score(self, branch: Branch, row: Sequence[rules.PositionStat]) -> float:
+        """LoPA step 5, by `branch_score` (mean: the paper's)."""
+        params = self.params
+        if params.branch_score is BranchScore.FILLS:
+            lookahead = branch.lookahead_position is not None
+            return rules.round_tokens([s.prob for s in row], params.tau_conf, lookahead)
+        if params.branch_score is BranchScore.BLOCK_MIN:
+            blocks = [[s.conf for s in row if b.start <= s.position < b.end] for b in branch.blocks]
+            future = rules.least_block_confidence(blocks)
+            return params.alpha * branch.creation + (1.0 - params.alpha) * future
+        return rules.branch_score([s.conf for s in row], branch.creation, params.alpha, params.beta)
+
+    def _spawn(
+        self, base: Branch, stats: Sequence[rules.PositionStat], shared_start: int, filled: int
+    ) -> list[Branch]:
+        """LoPA step 8: lookahead copies of the anchor-filled winner, then the next base. `filled`:
+        the positions the anchor fill committed above tau_conf (what `branch_policy: auto` reads)."""
+        consts, params = self.consts, self.params
         base_completed = rules.completed_active_blocks(base, consts.mask_id)
         still_masked = set(rules.masked_positions(base, consts.mask_id))
         pool = [s for s in stats if s.position in still_masked and s.position >= shared_start]
+        count = params.branches
+        if params.branch_policy is BranchPolicy.AUTO:
+            count = rules.auto_branches(params.branches, filled)
         candidates = []
-        for stat in rules.spawn_positions(pool, self.params.branches):
+        for stat in rules.spawn_positions(pool, count):
             branch = base.copy()
             branch.tokens[stat.position] = stat.token
             branch.creation, branch.lookahead_position = stat.conf, stat.position

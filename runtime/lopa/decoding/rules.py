@@ -179,6 +179,31 @@ def branch_score(confs: Sequence[float], creation: float, alpha: float, beta: fl
     return alpha * creation + (1.0 - alpha) * future_confidence(confs, beta)
 
 
+def least_block_confidence(blocks: Iterable[Sequence[float]]) -> float:
+    """`branch_score: block_min`: the lowest mean Conf of any block's masked positions (the least
+    confident segment of the branch); +1.0 when nothing is masked."""
+    means = [sum(confs) / len(confs) for confs in blocks if confs]
+    return min(means) if means else 1.0
+
+
+def round_tokens(probs: Sequence[float], tau_conf: float, lookahead: bool) -> float:
+    """`branch_score: fills`: what the round commits if this branch wins: its lookahead token and
+    every masked position with P > tau_conf (the anchor fill's threshold fills; a fallback is not
+    counted). A branch with nothing masked is complete and scores +inf (it wins, as in step 9)."""
+    if not probs:
+        return math.inf
+    return float(lookahead) + sum(1 for p in probs if p > tau_conf)
+
+
+def auto_branches(ceiling: int, filled: int) -> int:
+    """`branch_policy: auto`: the lookaheads to spawn after an anchor fill that committed `filled`
+    positions above tau_conf. A stalled round (nothing filled) spawns the whole `ceiling`; a round
+    that filled much spawns fewer, ceil(ceiling / (1 + filled)), and at least one."""
+    if ceiling == 0:
+        return 0
+    return max(1, -(-ceiling // (1 + filled)))
+
+
 def pick_winner(scores: Sequence[float]) -> int:
     """Highest score; ties go to the earlier candidate (the base, last, loses ties)."""
     best = 0
