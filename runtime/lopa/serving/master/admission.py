@@ -26,6 +26,8 @@ _TYPES = {"int": (int,), "float": (int, float)}
 SETTING_TYPES: dict[str, tuple[type, ...]] = {
     f.name: _TYPES.get(str(f.type), (str,)) for f in fields(DecodingParams) if f.name != "max_new_tokens"
 }
+MAX_STOP_STRINGS = 64  # per request: each is searched in the answer after every round
+PROMPTS_PER_BODY = 8  # full-length prompts one request body may carry (a batch of shorter ones: more)
 # Integer settings travel on the gRPC wire as uint32 (uint64: the seed): a value outside cannot be
 # meant, whichever transport sent it.
 _INT_BITS = {"seed": 64}
@@ -76,19 +78,30 @@ class InvalidInBatch(InvalidParameter):
 
 class Admission:
     """The served model's facts and the server's limits and defaults, against which requests are
-    checked. `limits`: those a request can reach (usable_limits)."""
+    checked. `limits`: those a request can reach (usable_limits). `max_token_chars`: the most
+    characters a token stands for (served.longest_token): what bounds a text before it is tokenized."""
 
     def __init__(
         self, tokenizer: Any, vocab_size: int, mask_id: int, defaults: DecodingParams, limits: Limits,
-        max_length: int,
+        max_length: int, max_token_chars: int = 1,
     ) -> None:
         self.tokenizer, self.vocab_size, self.mask_id = tokenizer, vocab_size, mask_id
         self.defaults, self.limits, self.max_length = defaults, limits, max_length
+        # Cheap bounds, checked before any tokenizing: a longer text cannot fit the token limits.
+        self.max_prompt_chars = limits.max_prompt_tokens * max_token_chars
+        self.max_stop_chars = limits.max_new_tokens * max_token_chars  # the longest answer's text
 
     @classmethod
     def of(cls, served: ServedModel) -> Admission:
         return cls(served.tokenizer, served.config.vocab_size, served.special.mask, served.defaults,
-                   served.limits, served.max_length)
+                   served.limits, served.max_length, served.max_token_chars)
+
+    @property
+    def max_body_bytes(self) -> int:
+        """The largest request body worth reading: a few full-length prompts and their stop strings,
+        every character escaped in JSON (6 bytes), and room for the other fields."""
+        per_request = self.max_prompt_chars + MAX_STOP_STRINGS * min(self.max_stop_chars, 1024)
+        return 6 * per_request * min(self.limits.queue_size, PROMPTS_PER_BODY) + (64 << 10)
 
     def admit_all(self, asks: Sequence[Ask]) -> list[Admitted]:
         """admit() of each; the first refusal names its request (InvalidInBatch)."""
@@ -102,7 +115,7 @@ class Admission:
 
     def admit(self, ask: Ask) -> Admitted:
         params = self.params(ask)
-        stop = check_stop(ask.stop)
+        stop = check_stop(ask.stop, self.max_stop_chars)
         ignore_eos = bool(typed("ignore_eos", ask.ignore_eos, (bool,)))
         min_tokens = wire_int("min_tokens", 0 if ask.min_tokens is None else ask.min_tokens)
         if min_tokens and not ignore_eos:
@@ -140,6 +153,8 @@ class Admission:
         if len(given) > 1:
             raise InvalidParameter(given[1], f"set one of {' or '.join(given)}, not both")
         if ask.prompt_token_ids:
+            if isinstance(ask.prompt_token_ids, (list, tuple)):
+                self._check_count("prompt_token_ids", ask.prompt_token_ids)  # before looking at each id
             ids = token_ids(ask.prompt_token_ids)
             bad = [t for t in ids if not 0 <= t < self.vocab_size or t == self.mask_id]
             if bad:
@@ -148,12 +163,15 @@ class Admission:
             self._check_count("prompt_token_ids", ids)
             return ids
         if ask.messages:
+            chars = sum(len(str(m.get("content", ""))) for m in ask.messages if isinstance(m, dict))
+            self._bound_text("messages", chars)
             ids = self._chat(ask.messages)
             self._check_count("messages", ids)
             return ids
         text = typed("prompt", ask.prompt, (str,)) or ""
         if not text:
             raise InvalidParameter("prompt", "is empty")
+        self._bound_text("prompt", len(text))
         check_text("prompt", text)
         special = bool(typed("add_special_tokens", ask.add_special_tokens, (bool,)))
         ids = list(self.tokenizer.encode(text, add_special_tokens=special))
@@ -169,7 +187,14 @@ class Admission:
         except InvalidParameter as error:
             raise InvalidParameter("messages", error.reason) from None
 
-    def _check_count(self, name: str, ids: list[int]) -> None:
+    def _bound_text(self, name: str, chars: int) -> None:
+        """A text too long for the prompt limit whatever it says, refused before it is tokenized."""
+        if chars > self.max_prompt_chars:
+            raise InvalidParameter(name, f"{chars} characters cannot fit the server limit of "
+                                         f"{self.limits.max_prompt_tokens} tokens (at most "
+                                         f"{self.max_prompt_chars} characters)")
+
+    def _check_count(self, name: str, ids: Any) -> None:
         if not ids:
             raise InvalidParameter(name, "is empty")
         if len(ids) > self.limits.max_prompt_tokens:
@@ -220,14 +245,23 @@ def token_ids(value: Any) -> list[int]:
     return list(value)
 
 
-def check_stop(stop: Any) -> tuple[str, ...]:
+def check_stop(stop: Any, max_chars: int) -> tuple[str, ...]:
+    """Stop strings: at most MAX_STOP_STRINGS, each non-empty and no longer than the longest answer
+    (`max_chars`: a longer one could never match)."""
     if stop is None:
         return ()
-    if not isinstance(stop, (list, tuple)) or not all(isinstance(s, str) for s in stop):
+    if not isinstance(stop, (list, tuple)):
+        raise InvalidParameter("stop", "must be a list of strings")
+    if len(stop) > MAX_STOP_STRINGS:
+        raise InvalidParameter("stop", f"at most {MAX_STOP_STRINGS} stop sequences, got {len(stop)}")
+    if not all(isinstance(s, str) for s in stop):
         raise InvalidParameter("stop", "must be a list of strings")
     for index, text in enumerate(stop):
         if not text:
             raise InvalidParameter(f"stop[{index}]", "stop sequences must be non-empty")
+        if len(text) > max_chars:
+            raise InvalidParameter(f"stop[{index}]", f"{len(text)} characters: longer than any answer of "
+                                                     f"this server ({max_chars} characters at most)")
         check_text(f"stop[{index}]", text)
     return tuple(stop)
 

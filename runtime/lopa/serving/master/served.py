@@ -27,6 +27,7 @@ class ServedModel:
     defaults: DecodingParams  # the decoding of a request that overrides nothing
     workers: int
     backend: str
+    max_token_chars: int = 1  # the most characters one token stands for (longest_token)
 
     @classmethod
     def load(cls, config: ServingConfig, path: Path) -> ServedModel:
@@ -44,10 +45,19 @@ class ServedModel:
             defaults=config.decoding,
             workers=config.workers.count,
             backend=config.workers.backend,
+            max_token_chars=longest_token(tokenizer),
         )
 
     def decode(self, ids: list[int]) -> str:
         return self.tokenizer.decode(list(ids), skip_special_tokens=True)
+
+
+def longest_token(tokenizer: Any) -> int:
+    """The most characters one token stands for: its longest vocabulary entry, special tokens
+    included (a byte-level entry has a character per byte, at least as many as the text it decodes
+    to). A text of n characters is at least n / this many tokens, so its length bounds it before
+    tokenizing."""
+    return max(1, max((len(token) for token in tokenizer.get_vocab()), default=1))
 
 
 def usable_limits(limits: Limits, max_length: int) -> Limits:

@@ -32,11 +32,16 @@ from lopa.serving.master.observer import MasterObserver
 from lopa.serving.master.served import ServedModel
 from lopa.serving.shared.config import ServingConfig
 from lopa.serving.shared.listen import NO_REUSEPORT, add_port
+from lopa.serving.shared.log_limits import limit_repeats, raise_descriptor_limit
 from lopa.serving.shared.metrics import MasterMetrics
 from lopa.serving.shared.model_dir import model_path
 from lopa.serving.shared.tls import server_credentials
 
 log = logging.getLogger("lopa.master")
+# gRPC refuses a message over its limit slowly (the whole message crosses first, ~0.1-0.3 s for a few
+# MB), admission in milliseconds: so the limit stays above what a mistaken client sends, and
+# admission refuses a prompt too long for any token limit before tokenizing it.
+GRPC_MESSAGE_FLOOR = 16 << 20
 
 
 @dataclass
@@ -89,6 +94,8 @@ async def serve_master(
     config: ServingConfig, started: asyncio.Event | None = None, drain: asyncio.Event | None = None
 ) -> None:
     """Run the master until cancelled, or until `drain` is set and its requests are done."""
+    limit_repeats()
+    raise_descriptor_limit()
     served = ServedModel.load(config, model_path(config.model.path))
     metrics = MasterMetrics.create(served.name)
     metrics.serve(config.master.metrics_port)
@@ -110,7 +117,9 @@ async def serve_master(
         for name in ("", SERVICE):
             asyncio.run_coroutine_threadsafe(health.set(name, status), loop)
 
-    server = grpc.aio.server(options=[NO_REUSEPORT])
+    admission = pipeline.dispatcher.admission
+    largest = max(admission.max_body_bytes, GRPC_MESSAGE_FLOOR)
+    server = grpc.aio.server(options=[NO_REUSEPORT, ("grpc.max_receive_message_length", largest)])
     # a request that does not parse: INVALID_ARGUMENT, not UNKNOWN
     add_lopa_servicer(LopaService(pipeline.dispatcher, pipeline.served), server)
     health_pb2_grpc.add_HealthServicer_to_server(health, server)
@@ -132,11 +141,15 @@ async def serve_master(
     http = None
     try:  # from here on every exit stops what started (an HTTP port in use included)
         if config.master.http_port:
+            from lopa.serving.master.api.http_site import HttpBounds
             from lopa.serving.master.api.openai_http import OpenAIApi, start_http
 
             name = pipeline.served.name
+            master = config.master
+            bounds = HttpBounds(master.http_max_connections, master.http_header_timeout_s,
+                                master.http_keepalive_timeout_s, master.http_body_timeout_s)
             api = OpenAIApi(pipeline.dispatcher, name, config.limits.queue_size, pipeline.serving,
-                            metrics.registry)
+                            metrics.registry, bounds, admission.max_body_bytes)
             http = await start_http(api, config.master.http_port, config.tls)
             log.info("OpenAI-compatible HTTP API on port %d, model %r", config.master.http_port, name)
         group.listeners.append(on_group)

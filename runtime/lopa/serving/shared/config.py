@@ -77,6 +77,13 @@ class MasterConfig:
     health_port: int = 0  # plaintext grpc.health.v1 only (for the kubelet's probe under TLS); 0 = off
     http_port: int = 0  # the OpenAI-compatible HTTP API (TLS when tls is set); 0 = off
     model_name: str = ""  # the model id of the HTTP API; "" = the model directory's name
+    # The HTTP port's connections (lopa.serving.master.api.http_site): at most this many open, the
+    # oldest idle one giving way to a new one; a request head due within header_timeout_s of
+    # connecting, keepalive_timeout_s of idling; a body within body_timeout_s of its head.
+    http_max_connections: int = 1024
+    http_header_timeout_s: float = 10.0
+    http_keepalive_timeout_s: float = 75.0
+    http_body_timeout_s: float = 30.0
 
 
 @dataclass(frozen=True)
@@ -262,6 +269,9 @@ def _check_decoding(decoding: DecodingParams, limits: Limits, keys: frozenset[st
 
 def _check_master(master: MasterConfig) -> None:
     _address("master.listen", master.listen)
+    _at_least("master.http_max_connections", master.http_max_connections, 1)
+    for key in ("http_header_timeout_s", "http_keepalive_timeout_s", "http_body_timeout_s"):
+        _positive_seconds(f"master.{key}", getattr(master, key))
     _port("master.metrics_port", master.metrics_port)  # 0 = no metrics endpoint
     _port("master.health_port", master.health_port)  # 0 = no separate health endpoint
     _port("master.http_port", master.http_port)  # 0 = no HTTP API

@@ -2,15 +2,21 @@
 
 from __future__ import annotations
 
+import logging
+import threading
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
+from http.server import ThreadingHTTPServer
+from typing import Any
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from prometheus_client.core import CounterMetricFamily
+from prometheus_client.exposition import MetricsHandler
 from prometheus_client.registry import Collector
 
 from lopa.serving.shared.vllm_metrics import Occupancy, VllmMetrics
 
+log = logging.getLogger("lopa.metrics")
 _STEP_BUCKETS = (0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1.0, 2.0, 5.0)
 _TPF_BUCKETS = (1, 1.5, 2, 3, 4, 6, 8, 12, 16, 24, 32)
 _BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128)
@@ -186,11 +192,50 @@ class _GraphCaptures(Collector):
         )
 
 
+METRICS_CONNECTIONS = 16  # scrapes served at once; more are closed at once (a scraper retries)
+METRICS_READ_TIMEOUT_S = 10.0  # a scrape's request must arrive within this
+
+
+class _BoundedServer(ThreadingHTTPServer):
+    """A thread per scrape, at most METRICS_CONNECTIONS of them: held connections cannot pile up
+    threads or descriptors."""
+
+    daemon_threads = True
+
+    def __init__(self, address: tuple[str, int], handler: type) -> None:
+        self._slots = threading.BoundedSemaphore(METRICS_CONNECTIONS)
+        super().__init__(address, handler)
+
+    def process_request(self, request: Any, client_address: Any) -> None:
+        if not self._slots.acquire(blocking=False):
+            self.shutdown_request(request)
+            return
+        super().process_request(request, client_address)
+
+    def process_request_thread(self, request: Any, client_address: Any) -> None:
+        try:
+            super().process_request_thread(request, client_address)
+        finally:
+            self._slots.release()
+
+    def handle_error(self, request: Any, client_address: Any) -> None:
+        log.debug("metrics scrape from %s failed", client_address, exc_info=True)
+
+
 def serve_registry(registry: CollectorRegistry, port: int, key: str) -> None:
-    """/metrics on 0.0.0.0:port (0: none); OSError naming the config key when the port is taken."""
+    """/metrics on 0.0.0.0:port (0: none), on a bounded server; OSError naming the config key when the
+    port is taken."""
     if not port:
         return
+
+    class Handler(MetricsHandler.factory(registry)):  # type: ignore[misc]
+        timeout = METRICS_READ_TIMEOUT_S
+
+        def log_message(self, format: str, *args: Any) -> None:  # a scrape is no news
+            pass
+
     try:
-        start_http_server(port, registry=registry)
+        server = _BoundedServer(("0.0.0.0", port), Handler)
     except OSError as error:
         raise OSError(f"{key}: cannot listen on port {port}: {error.strerror or error}") from None
+    threading.Thread(target=server.serve_forever, name="lopa-metrics", daemon=True).start()

@@ -64,7 +64,7 @@ class LopaService(lopa_pb2_grpc.LopaServicer):
         await self._refuse_undecodable(request, context)
         served, limits = self.served, self.served.limits
         return lopa_pb2.ModelInfo(
-            model=str(served.path),
+            model=served.name,  # the model's name, never a path of the server's disk
             vocab_size=served.config.vocab_size,
             max_length=served.max_length,
             workers=served.workers,

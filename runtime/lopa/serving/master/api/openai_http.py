@@ -18,9 +18,10 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from aiohttp import web
@@ -30,12 +31,20 @@ from lopa.model.tokenizer import NO_CHAT_TEMPLATE
 from lopa.params import InvalidParameter
 from lopa.scheduling.request import Completion, QueueFull, RequestAborted
 from lopa.serving.master.admission import InvalidInBatch
+from lopa.serving.master.api.http_site import (
+    BoundedSite,
+    ConnectionGuard,
+    HttpBounds,
+    guard_middleware,
+    no_server_version,
+)
 from lopa.serving.master.api.openai_body import Parsed, body_field, chat_request, completion_request
 from lopa.serving.master.dispatch import Dispatcher, GroupUnavailable, Ticket, outcome_label
 from lopa.serving.master.events import Finished, Progress
 from lopa.serving.shared.config import TlsConfig
 from lopa.serving.shared.tls import ssl_context
 
+log = logging.getLogger("lopa.master")
 RETRY_AFTER_S = 1  # a full queue drains in about a request's time: retry soon, not at once
 FINISH = {"eos": "stop", "stop": "stop", "length": "length"}
 NO_TEMPLATE_HINT = "the model has no chat template; send a plain prompt to /v1/completions"
@@ -74,14 +83,18 @@ def failure(error: BaseException) -> web.Response:
 
 class OpenAIApi:
     def __init__(self, dispatcher: Dispatcher, served_model: str, queue_size: int,
-                 serving: Callable[[], bool], registry: CollectorRegistry | None = None) -> None:
+                 serving: Callable[[], bool], registry: CollectorRegistry | None = None,
+                 bounds: HttpBounds | None = None, max_body_bytes: int = 8 << 20) -> None:
         """serving: whether the group serves (attached and not draining), what /health says;
-        registry: the master's metrics, also served here (where the endpoint picker scrapes)."""
+        registry: the master's metrics, also served here (where the endpoint picker scrapes);
+        max_body_bytes: the largest request body read (admission's bound, see Admission.max_body_bytes)."""
         self.dispatcher, self.model, self.queue_size = dispatcher, served_model, queue_size
         self.serving, self.registry = serving, registry
+        self.bounds, self.max_body_bytes = bounds or HttpBounds(), max_body_bytes
 
-    def app(self) -> web.Application:
-        app = web.Application(client_max_size=8 << 20)
+    def app(self, middlewares: Sequence[Any] = ()) -> web.Application:
+        app = web.Application(client_max_size=self.max_body_bytes, middlewares=[*middlewares, openai_errors])
+        app.on_response_prepare.append(no_server_version)
         app.router.add_post("/v1/completions", self.completions)
         app.router.add_post("/v1/chat/completions", self.chat_completions)
         app.router.add_get("/v1/models", self.models)
@@ -132,7 +145,17 @@ class OpenAIApi:
     async def _serve(self, request: web.Request, chat: bool) -> web.StreamResponse:
         arrived = time.perf_counter()  # latencies start here, before the body is read (as vLLM's)
         try:
-            body = await request.json()
+            text = await asyncio.wait_for(request.text(), self.bounds.body_timeout_s)
+            # A large body is parsed off the event loop: /health and every other request go on.
+            body = json.loads(text) if len(text) < 1 << 16 else await asyncio.to_thread(json.loads, text)
+        except web.HTTPRequestEntityTooLarge:
+            self.dispatcher.refused("invalid")
+            return error_response(413, f"body: larger than {self.max_body_bytes} bytes, the most a request "
+                                       "of this server's limits needs", "invalid_request_error", "body")
+        except asyncio.TimeoutError:
+            self.dispatcher.refused("invalid")
+            return error_response(408, f"body: not received within {self.bounds.body_timeout_s:g} s",
+                                  "invalid_request_error", "body")
         except (json.JSONDecodeError, UnicodeDecodeError, LookupError, RecursionError) as error:
             self.dispatcher.refused("invalid")
             return invalid("body", _unreadable(error))
@@ -202,6 +225,19 @@ class OpenAIApi:
         batch's other requests stop (counted as cancelled)."""
         headers = {"Content-Type": "text/event-stream", "Cache-Control": "no-cache"}
         response = web.StreamResponse(headers=headers)
+        try:
+            await self._stream_events(request, response, tickets, parsed, ident, chat)
+        except ConnectionResetError:  # an ordinary event: one line, no traceback
+            log.info("HTTP client %s went away during its stream", request.remote)
+        finally:
+            for ticket in tickets:  # any request whose end was not read stops, counted as cancelled
+                ticket.cancel()
+        return response
+
+    async def _stream_events(
+        self, request: web.Request, response: web.StreamResponse, tickets: list[Ticket], parsed: Parsed,
+        ident: str, chat: bool,
+    ) -> None:
         await response.prepare(request)
         created, kind = int(time.time()), "chat.completion.chunk" if chat else "text_completion"
 
@@ -269,7 +305,6 @@ class OpenAIApi:
             await write([], {"usage": total_usage(done)})
         await response.write(b"data: [DONE]\n\n")
         await response.write_eof()
-        return response
 
 
 def usage(c: Completion) -> dict[str, int]:
@@ -294,13 +329,27 @@ def lopa_stats(c: Completion) -> dict[str, float]:
             "wall_s": round(r.wall_s, 4), "ttft_s": round(c.ttft_s, 4), "queue_s": round(c.queue_s, 4)}
 
 
+@web.middleware
+async def openai_errors(request: web.Request, handler: Any) -> web.StreamResponse:
+    """aiohttp's own errors (404, 405 ...) in OpenAI's shape."""
+    try:
+        return await handler(request)
+    except web.HTTPException as error:
+        if error.status < 400:
+            raise
+        kind = "invalid_request_error" if error.status < 500 else "server_error"
+        return error_response(error.status, f"{request.method} {request.path}: {error.reason}", kind)
+
+
 async def start_http(api: OpenAIApi, port: int, tls: TlsConfig) -> web.AppRunner:
-    """Serve the API on 0.0.0.0:port; handler_cancellation: a disconnect cancels the handler, which
-    cancels the request (see OpenAIApi._serve)."""
-    runner = web.AppRunner(api.app(), handler_cancellation=True, access_log=None)
+    """Serve the API on 0.0.0.0:port, its connections bounded (http_site); handler_cancellation: a
+    disconnect cancels the handler, which cancels the request (see OpenAIApi._serve)."""
+    guard = ConnectionGuard(api.bounds, asyncio.get_running_loop())
+    handler_args = {"keepalive_timeout": api.bounds.keepalive_timeout_s, "access_log": None}
+    runner = web.AppRunner(api.app([guard_middleware(guard)]), handler_cancellation=True, **handler_args)
     await runner.setup()
     try:
-        await web.TCPSite(runner, "0.0.0.0", port, ssl_context=ssl_context(tls), reuse_port=False).start()
+        await BoundedSite(runner, "0.0.0.0", port, guard, handler_args, ssl_context(tls)).start()
     except OSError as error:
         await runner.cleanup()
         raise OSError(f"master.http_port: cannot listen on port {port}: {error.strerror or error}") from None
