@@ -66,6 +66,26 @@ def write_config(
     return path
 
 
+@contextmanager
+def bundled_http_group(work: Path, limits: dict) -> Iterator[tuple[LocalCluster, int]]:
+    """A master + 2 workers of the bundled model, its HTTP API and metrics on free ports:
+    (the cluster, the HTTP port)."""
+    from lopa.bundled import bundled_model_dir
+    from lopa.serving.launcher import loopback_config
+    from lopa.serving.shared.config import with_model_defaults
+
+    port, metrics = free_ports(2)
+    raw = {"model": {"path": str(bundled_model_dir())}, "limits": limits,
+           "master": {"metrics_port": metrics, "http_port": port}}
+    config = loopback_config(with_model_defaults(parse_config(raw), bundled_model_dir()), workers=2)
+    cluster = LocalCluster(config, work, log_dir=work)
+    cluster.start(timeout=180)
+    try:
+        yield cluster, port
+    finally:
+        cluster.stop()
+
+
 def worker_env() -> dict[str, str]:
     env = dict(os.environ)
     inherited = env.get("PYTHONPATH")

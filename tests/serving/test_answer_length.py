@@ -18,10 +18,11 @@ import openai
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from lopa.bundled import bundled_model_dir, tasks
+from lopa.bundled import tasks
 from lopa.serving.client import LopaClient
-from lopa.serving.launcher import LocalCluster, free_ports, loopback_config
-from lopa.serving.shared.config import parse_config, with_model_defaults
+from lopa.serving.launcher import LocalCluster
+
+from .conftest import bundled_http_group
 
 MODEL = "lopa-bundled"
 BLOCK = 8
@@ -30,15 +31,8 @@ PROMPTS = [e.prompt for e in tasks.held_out(8)]
 
 @pytest.fixture(scope="module")
 def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[LocalCluster, int]]:
-    port, metrics = free_ports(2)
-    raw = {"model": {"path": str(bundled_model_dir())}, "limits": {"queue_size": 2, "max_batch": 2},
-           "master": {"metrics_port": metrics, "http_port": port}}
-    config = loopback_config(with_model_defaults(parse_config(raw), bundled_model_dir()), workers=2)
-    work = tmp_path_factory.mktemp("length")
-    cluster = LocalCluster(config, work, log_dir=work)
-    cluster.start(timeout=180)
-    yield cluster, port
-    cluster.stop()
+    with bundled_http_group(tmp_path_factory.mktemp("length"), {"queue_size": 2, "max_batch": 2}) as group:
+        yield group
 
 
 @pytest.fixture(scope="module")

@@ -22,16 +22,15 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from lopa.bundled import tasks
-from lopa.engine import bundled_model_dir
 from lopa.scheduling.request import RequestAborted, SchedulerStopped
 from lopa.serving.client import LopaClient
-from lopa.serving.launcher import LocalCluster, free_ports, loopback_config
+from lopa.serving.launcher import LocalCluster
 from lopa.serving.master.api.openai_body import body_field
 from lopa.serving.master.api.openai_http import failure
 from lopa.serving.master.group.links import WorkerLost
-from lopa.serving.shared.config import ConfigError, parse_config, with_model_defaults
+from lopa.serving.shared.config import ConfigError, parse_config
 
-from .conftest import metric_samples
+from .conftest import bundled_http_group, metric_samples
 
 MODEL = "lopa-bundled"
 PROMPTS = [e.prompt for e in tasks.held_out(16)]
@@ -39,15 +38,8 @@ PROMPTS = [e.prompt for e in tasks.held_out(16)]
 
 @pytest.fixture(scope="module")
 def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[LocalCluster, int]]:
-    port, metrics = free_ports(2)
-    raw = {"model": {"path": str(bundled_model_dir())}, "limits": {"queue_size": 4},
-           "master": {"metrics_port": metrics, "http_port": port}}
-    config = loopback_config(with_model_defaults(parse_config(raw), bundled_model_dir()), workers=2)
-    work = tmp_path_factory.mktemp("http")
-    cluster = LocalCluster(config, work, log_dir=work)
-    cluster.start(timeout=180)
-    yield cluster, port
-    cluster.stop()
+    with bundled_http_group(tmp_path_factory.mktemp("http"), {"queue_size": 4}) as group:
+        yield group
 
 
 @pytest.fixture(scope="module")

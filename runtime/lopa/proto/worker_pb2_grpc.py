@@ -183,3 +183,81 @@ class Worker:
             timeout,
             metadata,
             _registered_method=True)
+
+
+class RendezvousStub:
+    """The group's key-value store for the collective's rendezvous (torch.distributed's Store), served by
+    rank 0 on workers.rendezvous. Every call presents the group secret, as the Worker API's do.
+    """
+
+    def __init__(self, channel):
+        """Constructor.
+
+        Args:
+            channel: A grpc.Channel.
+        """
+        self.Store = channel.unary_unary(
+                '/lopa.v1.Rendezvous/Store',
+                request_serializer=lopa_dot_v1_dot_worker__pb2.StoreRequest.SerializeToString,
+                response_deserializer=lopa_dot_v1_dot_worker__pb2.StoreReply.FromString,
+                _registered_method=True)
+
+
+class RendezvousServicer:
+    """The group's key-value store for the collective's rendezvous (torch.distributed's Store), served by
+    rank 0 on workers.rendezvous. Every call presents the group secret, as the Worker API's do.
+    """
+
+    def Store(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+
+def add_RendezvousServicer_to_server(servicer, server):
+    rpc_method_handlers = {
+            'Store': grpc.unary_unary_rpc_method_handler(
+                    servicer.Store,
+                    request_deserializer=lopa_dot_v1_dot_worker__pb2.StoreRequest.FromString,
+                    response_serializer=lopa_dot_v1_dot_worker__pb2.StoreReply.SerializeToString,
+            ),
+    }
+    generic_handler = grpc.method_handlers_generic_handler(
+            'lopa.v1.Rendezvous', rpc_method_handlers)
+    server.add_generic_rpc_handlers((generic_handler,))
+    server.add_registered_method_handlers('lopa.v1.Rendezvous', rpc_method_handlers)
+
+
+ # This class is part of an EXPERIMENTAL API.
+class Rendezvous:
+    """The group's key-value store for the collective's rendezvous (torch.distributed's Store), served by
+    rank 0 on workers.rendezvous. Every call presents the group secret, as the Worker API's do.
+    """
+
+    @staticmethod
+    def Store(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/lopa.v1.Rendezvous/Store',
+            lopa_dot_v1_dot_worker__pb2.StoreRequest.SerializeToString,
+            lopa_dot_v1_dot_worker__pb2.StoreReply.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)

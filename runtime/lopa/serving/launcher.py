@@ -12,6 +12,7 @@ import dataclasses
 import logging
 import os
 import random
+import secrets
 import signal
 import socket
 import subprocess
@@ -106,18 +107,33 @@ def loopback_config(base: ServingConfig, workers: int, listen: str | None = None
             rendezvous=f"127.0.0.1:{ports[0]}",
             join_timeout_s=base.workers.join_timeout_s,
             step_timeout_s=base.workers.step_timeout_s,
+            secret_file=base.workers.secret_file,
+            tls_cert=base.workers.tls_cert,
+            tls_key=base.workers.tls_key,
+            tls_ca=base.workers.tls_ca,
         ),
     )
+
+
+def with_group_secret(config: ServingConfig, path: Path) -> ServingConfig:
+    """config with a new random group secret, written to `path` readable by its owner only."""
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w") as secret:
+        secret.write(secrets.token_hex(32))
+    return dataclasses.replace(config, workers=dataclasses.replace(config.workers, secret_file=str(path)))
 
 
 class LocalCluster:
     def __init__(
         self, config: ServingConfig, work_dir: Path, log_dir: Path | None = None, own_work_dir: bool = False
     ) -> None:
-        """own_work_dir: the children remove work_dir if this process dies without stopping them."""
-        self.config = config
+        """own_work_dir: the children remove work_dir if this process dies without stopping them.
+        A config without workers.secret_file gets a fresh group secret in work_dir (owner-only)."""
         self.work_dir = Path(work_dir)
         self.work_dir.mkdir(parents=True, exist_ok=True)
+        if not config.workers.secret_file:
+            config = with_group_secret(config, self.work_dir / "group-secret")
+        self.config = config
         self.log_dir = log_dir
         self.config_path = self.work_dir / "lopa.yaml"
         self.config_path.write_text(dump_config(config))
@@ -149,6 +165,10 @@ class LocalCluster:
             self.lifeline = Lifeline(str(self.work_dir) if self.own_work_dir else None)
         env = self.lifeline.child_env(dict(os.environ))
         env.setdefault("OMP_NUM_THREADS", str(threads))  # the processes share the CPU cores
+        # The collective's own sockets (gloo's pairs, NCCL's bootstrap) on loopback too: every
+        # internal port of a local group stays on this host.
+        env.setdefault("GLOO_SOCKET_IFNAME", "lo")
+        env.setdefault("NCCL_SOCKET_IFNAME", "lo")
         command = [sys.executable, "-m", "lopa", role, "--config", str(self.config_path), *extra]
         return subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT if out else None, env=env,
                                 pass_fds=(self.lifeline.read_fd,),

@@ -31,6 +31,7 @@ from lopa.serving.master.group.links import WorkerGroup
 from lopa.serving.master.observer import MasterObserver
 from lopa.serving.master.served import ServedModel
 from lopa.serving.shared.config import ServingConfig
+from lopa.serving.shared.group_link import LinkSecurity
 from lopa.serving.shared.listen import NO_REUSEPORT, add_port
 from lopa.serving.shared.log_limits import limit_repeats, raise_descriptor_limit
 from lopa.serving.shared.metrics import MasterMetrics
@@ -57,7 +58,7 @@ class Pipeline:
     @classmethod
     def build(cls, config: ServingConfig, served: ServedModel, metrics: MasterMetrics) -> Pipeline:
         limits = config.limits
-        group = WorkerGroup(config.workers.addresses)
+        group = WorkerGroup(config.workers.addresses, security=LinkSecurity.load(config.workers))
         group.expected = (served.config.vocab_size, served.max_length, limits.max_batch)
 
         def observe_step(timing: StepTiming) -> None:

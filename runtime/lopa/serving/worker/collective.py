@@ -13,6 +13,8 @@ import torch
 import torch.distributed as dist
 
 from lopa.serving.shared.config import BACKENDS_OF_DEVICE, backend_mismatch, split_address
+from lopa.serving.shared.group_link import LinkSecurity
+from lopa.serving.worker import rendezvous as rendezvous_store
 
 log = logging.getLogger("lopa.worker")
 
@@ -71,6 +73,7 @@ class Group:
     group_id: str
     device: torch.device
     _pg: object
+    _store_server: object = None  # rank 0: the rendezvous store, kept for the group's life
 
     def broadcast(self, buffer: torch.Tensor, src: int) -> None:
         """One in-place broadcast; bounded by the step timeout (raises on a lost peer)."""
@@ -90,24 +93,29 @@ def join(
     device: str,
     join_timeout_s: float,
     step_timeout_s: float,
+    security: LinkSecurity | None = None,
 ) -> Group:
-    """Join the group; every failure (unreachable, missing peer, timeout) raises JoinError in bounded time."""
+    """Join the group; every failure (unreachable, missing peer, timeout) raises JoinError in bounded time.
+
+    The rendezvous goes through rank 0's authenticated store (lopa.serving.worker.rendezvous): only
+    members that present the group secret (and, with TLS, the group's certificate) take part."""
+    security = security or LinkSecurity()
     if not 0 <= rank < world_size:
         raise JoinError(f"rank {rank} outside [0, {world_size})")
-    host, port = rendezvous_address(rendezvous)
+    host = rendezvous_address(rendezvous)[0]
     deadline = time.monotonic() + join_timeout_s
     wait_for_dns(host, deadline)
     remaining = max(1.0, deadline - time.monotonic())
     log.info(
         "rank %d/%d joining %s group at %s (timeout %.0fs)", rank, world_size, backend, rendezvous, remaining
     )
+    store_server = None
+    if rank == 0:
+        store_server = rendezvous_store.serve_store(rendezvous_store.bind_address(rendezvous), security)
     try:
+        store = rendezvous_store.GroupStore(rendezvous, security, timedelta(seconds=remaining))
         dist.init_process_group(
-            backend,
-            init_method=f"tcp://{host}:{port}",
-            rank=rank,
-            world_size=world_size,
-            timeout=timedelta(seconds=remaining),
+            backend, store=store, rank=rank, world_size=world_size, timeout=timedelta(seconds=remaining)
         )
         # The step group carries the commits; its shorter timeout bounds a step on a lost peer.
         step_timeout = timedelta(seconds=step_timeout_s)
@@ -115,7 +123,9 @@ def join(
         token = [uuid.uuid4().hex if rank == 0 else ""]
         dist.broadcast_object_list(token, src=0)  # one id per group incarnation (the master checks it)
     except (RuntimeError, ValueError, dist.DistStoreError) as error:  # type: ignore[attr-defined]
+        if store_server is not None:
+            store_server.stop(grace=None)
         message = f"rank {rank}: could not join the {backend} group at {rendezvous}: {error}"
         raise JoinError(message) from error
     log.info("rank %d joined group %s", rank, token[0])
-    return Group(rank, world_size, backend, str(token[0]), torch.device(device), pg)
+    return Group(rank, world_size, backend, str(token[0]), torch.device(device), pg, store_server)

@@ -26,6 +26,7 @@ from lopa.params import DecodingParams
 from lopa.proto import worker_pb2, worker_pb2_grpc
 from lopa.scheduling.calibration import measured_tokens
 from lopa.serving.shared.config import ServingConfig
+from lopa.serving.shared.group_link import LinkSecurity
 from lopa.serving.shared.listen import NO_REUSEPORT, add_port
 from lopa.serving.shared.metrics import WorkerMetrics
 from lopa.serving.shared.model_dir import check_kv_fits, model_path, usable_max_length
@@ -236,7 +237,8 @@ def serve_worker(config: ServingConfig, rank: int, stop: threading.Event | None 
         measured or 0,
     )
     address = listen_address(config, rank)
-    server = start_server(service, address, listen_key(config, rank))
+    security = LinkSecurity.load(workers)
+    server = start_server(service, address, listen_key(config, rank), security)
     if metrics is not None:
         metrics.reserved_bytes.set(reserved)
         metrics.watch_forwards(lambda: dict(window_model.forwards))
@@ -254,6 +256,7 @@ def serve_worker(config: ServingConfig, rank: int, stop: threading.Event | None 
             model_cfg.device,
             workers.join_timeout_s,
             workers.step_timeout_s,
+            security,
         )
         shard = ShardExecutor(window_model, rank, group.broadcast, loaded.special.pad, workers.count)
         service.ready(group, shard)
@@ -305,12 +308,18 @@ class Drain:
         return "the longest a request may last passed" if now - self.began >= limit_s + QUIET_S else ""
 
 
-def start_server(service: WorkerService, address: str, key: str = "workers.listen_port") -> grpc.Server:
-    """The worker API on `address`; OSError naming the config key `key` when it cannot bind."""
+def start_server(
+    service: WorkerService, address: str, key: str = "workers.listen_port",
+    security: LinkSecurity | None = None,
+) -> grpc.Server:
+    """The worker API on `address`, for the group's master only (security: group_link); OSError naming
+    the config key `key` when it cannot bind."""
+    security = security or LinkSecurity()
     # Keepalive: a master that vanished without closing its stream frees the worker in seconds.
-    server = grpc.server(futures.ThreadPoolExecutor(max_workers=8), options=SERVER_OPTIONS)
+    server = grpc.server(futures.ThreadPoolExecutor(max_workers=8), options=SERVER_OPTIONS,
+                         interceptors=security.interceptors())
     worker_pb2_grpc.add_WorkerServicer_to_server(service, server)
-    add_port(server, address, key)
+    add_port(server, address, key, security.server_credentials())
     server.start()
     return server
 

@@ -10,13 +10,12 @@ descriptor), so the servicer refuses it like any other bad input.
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any
 
 import grpc
 from google.protobuf.descriptor import Descriptor, FieldDescriptor
 from google.protobuf.message import DecodeError, Message
 
-from lopa.proto import lopa_pb2
+from lopa.proto import lopa_pb2, lopa_pb2_grpc
 
 SERVICE = "lopa.v1.Lopa"
 _VARINT, _I64, _LEN, _I32 = 0, 1, 2, 5
@@ -97,7 +96,7 @@ def _varint(data: bytes, position: int) -> tuple[int, int]:
         shift += 7
 
 
-def add_lopa_servicer(servicer: Any, server: grpc.aio.Server) -> None:
+def add_lopa_servicer(servicer: lopa_pb2_grpc.LopaServicer, server: grpc.aio.Server) -> None:
     """lopa_pb2_grpc.add_LopaServicer_to_server, with parsers that never raise."""
     handlers = {
         "Generate": grpc.unary_unary_rpc_method_handler(

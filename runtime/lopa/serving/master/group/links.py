@@ -18,6 +18,7 @@ from typing import Any
 import grpc
 
 from lopa.proto import worker_pb2, worker_pb2_grpc
+from lopa.serving.shared.group_link import LinkSecurity
 
 log = logging.getLogger("lopa.master")
 STARTUP_GRACE_S = 60.0  # workers loading a model are not alarming at first; past this they are
@@ -56,10 +57,11 @@ class WorkerLost(RuntimeError):
 
 
 class WorkerLink:
-    def __init__(self, rank: int, address: str) -> None:
+    def __init__(self, rank: int, address: str, security: LinkSecurity | None = None) -> None:
         self.rank, self.address = rank, address
-        # Short reconnect backoff: a restarted group must be found in seconds, not minutes.
-        self.channel = grpc.insecure_channel(address, options=_CHANNEL_OPTIONS)
+        # Short reconnect backoff: a restarted group must be found in seconds, not minutes. Every call
+        # presents the group secret (and the link's certificate with TLS: group_link).
+        self.channel = (security or LinkSecurity()).channel(address, _CHANNEL_OPTIONS)
         self.stub = worker_pb2_grpc.WorkerStub(self.channel)
         self._requests: queue.Queue[object] = queue.Queue()
         self._call: Any = None  # the Steps call: an iterator of replies and a grpc.Future
@@ -136,8 +138,10 @@ class WorkerLink:
 class WorkerGroup:
     """Attaches to all workers when they form one group; detaches on any loss."""
 
-    def __init__(self, addresses: Sequence[str], probe_interval_s: float = 0.5) -> None:
-        self.links = [WorkerLink(rank, address) for rank, address in enumerate(addresses)]
+    def __init__(
+        self, addresses: Sequence[str], probe_interval_s: float = 0.5, security: LinkSecurity | None = None
+    ) -> None:
+        self.links = [WorkerLink(rank, address, security) for rank, address in enumerate(addresses)]
         self.probe_interval_s = probe_interval_s
         self.detach_reason = ""  # why the group last detached
         self.lost_members = False
