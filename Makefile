@@ -19,7 +19,7 @@ $(STAMP): runtime/pyproject.toml operator/pyproject.toml
 
 # A local master + 2 branch workers (gloo, CPU) on the bundled model answer one request.
 run: install
-	$(VENV)/bin/lopa serve --workers 2 --branches 3 --prompt "$${PROMPT:-code:174.214.535.044.326.900.226.345.644.344.271.495=}"
+	$(VENV)/bin/lopa serve --workers 2 --branches 3 --prompt "$${PROMPT:-tail:gcecjki.ZVvrtus.WVbuklw=}"
 
 # Builds (once per machine, cached) the Kubernetes test control plane from the Go module proxy.
 testenv:

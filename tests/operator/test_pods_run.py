@@ -44,7 +44,7 @@ from kube.pod_runner import PodRunner
 pytestmark = pytest.mark.slow
 
 NAME = "lopa-cpu"
-PROMPT = "case:imx.soe.wxy.mhf.txf.jkk.xjc.vex.oyq.ekj.ypl.dfg="
+PROMPT = "tail:gcecjki.ZVvrtus.WVbuklw="
 GROUP_TIMEOUT = 240.0  # CPU workers loading torch and the model on a 2-core CI machine
 
 

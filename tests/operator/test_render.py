@@ -242,7 +242,7 @@ def test_cli_render_prints_children_without_a_cluster() -> None:
 
 def test_cpu_sample_serves_the_bundled_models_decoding_defaults(tmp_path: Path) -> None:
     # Decoding keys the spec leaves out stay out of lopa.yaml: `lopa master` fills them from the model's
-    # lopa_defaults.json (bundled model: block 8, 56 tokens), not the paper's block 32 / 256 tokens.
+    # lopa_defaults.json (bundled model: block 8, 32 tokens), not the paper's block 32 / 256 tokens.
     master = pytest.importorskip("lopa.cli.master")
     cr = sample("cpu.yaml")
     doc = config.render(cr["metadata"]["name"], "ns", specs.with_defaults(cr["spec"]), 0)
@@ -250,7 +250,7 @@ def test_cpu_sample_serves_the_bundled_models_decoding_defaults(tmp_path: Path) 
     path = tmp_path / "lopa.yaml"
     path.write_text(config.dump(doc))
     loaded = master.master_config(str(path))
-    assert loaded.decoding.block_size == 8 and loaded.decoding.max_new_tokens == 56
+    assert loaded.decoding.block_size == 8 and loaded.decoding.max_new_tokens == 32
     assert loaded.decoding.branches == 3  # set by the user: kept
 
 

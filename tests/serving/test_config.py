@@ -113,20 +113,20 @@ def test_limits_are_checked_against_the_keys_that_will_be_served() -> None:
 
     config = with_model_defaults(parse_config({"limits": {"max_new_tokens": 100}}), model_path(""))
     validate(config)
-    assert config.decoding.max_new_tokens == 56 <= config.limits.max_new_tokens
+    assert config.decoding.max_new_tokens == 32 <= config.limits.max_new_tokens
     # A limit below the model's default answer length caps that default (the file did not choose it).
-    capped = with_model_defaults(parse_config({"limits": {"max_new_tokens": 40}}), model_path(""))
+    capped = with_model_defaults(parse_config({"limits": {"max_new_tokens": 24}}), model_path(""))
     validate(capped)
-    assert capped.decoding.max_new_tokens == 40
+    assert capped.decoding.max_new_tokens == 24
     # One of block_size / max_new_tokens alone is checked against the model's other one, not the
     # paper's (max_new_tokens 16 alone is fine on the bundled model's block 8; before: refused vs 32).
     short = with_model_defaults(parse_config({"decoding": {"max_new_tokens": 16}}), model_path(""))
     validate(short)
     assert (short.decoding.block_size, short.decoding.max_new_tokens) == (8, 16)
-    # A block wider than the default answer: one block is decoded, the answer is its first 56 tokens.
+    # A block wider than the default answer: one block is decoded, the answer is its first 32 tokens.
     wide = with_model_defaults(parse_config({"decoding": {"block_size": 64}}), model_path(""))
     validate(wide)
-    assert (wide.decoding.block_size, wide.decoding.max_new_tokens) == (64, 56)
+    assert (wide.decoding.block_size, wide.decoding.max_new_tokens) == (64, 32)
 
 
 def test_a_file_that_is_not_utf8_is_named(tmp_path: Path) -> None:

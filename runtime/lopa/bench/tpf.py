@@ -16,7 +16,7 @@ from lopa.bundled.tasks import Example
 from lopa.engine import LocalEngine
 from lopa.params import AttentionMode, DecodingParams
 
-KS = (0, 1, 2, 3, 4, 6, 8)
+KS = tuple(range(9))  # D2F and k = 1..8: past the suite's deepest word (7 letters)
 MODES = (AttentionMode.BLOCK_CAUSAL.value, AttentionMode.FULL.value)
 WARMUP_PROMPTS = 2  # untimed decodes per cell, so allocator/first-call costs do not skew the first k
 

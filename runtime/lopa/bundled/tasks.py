@@ -1,46 +1,47 @@
-"""The bundled task suite: copy tasks with a free choice per group, the structure LoPA exploits.
+"""The bundled task suite: hide the end of each word, where the filling order sets the speed.
 
 Each example is `prompt` (ends with '=') followed by an answer and then the EOS token. The input
-is 12 groups of 3 characters separated by dots (`abc.def.ghi...`); the answer rewrites every
-group in place, each after a dot, then a dot and an end mark (`.abc.DEF.ghi...!`).
-For each group the writer picks one of two equally valid forms, and the end mark is `!` or `?`
-(at random in the training data):
+is 3 groups of 7 letters separated by dots (`head:abcdeFG.xyzwvuT.pqrstuv=`); the answer writes
+every group in place, each after a dot, then a final dot (`.abcdeFG.xyzwvuT.pqrstuv.`). A group
+has a lowercase run of 5 to 7 letters and uppercase letters around it, and the writer may hide
+any number c of the run's letters, from its outer end, writing each hidden letter as the digit c:
 
-- `case`: groups of lowercase letters, written lowercase or uppercase (`abc` or `ABC`).
-- `code`: groups of digits, written as digits or as the letters a-j (`105` or `baf`).
+- `head`: the run starts the group (`abcdeFG`); the first c letters are hidden: `abcdeFG`,
+  `1bcdeFG`, `22cdeFG`, ... `55555FG`.
+- `tail`: the run ends the group (`Abcdefg`); the last c letters are hidden: `Abcdefg`,
+  `Abcdef1`, `Abcde22`, ... `A666666`.
 
-An output is correct when every group is one of its two forms, the dots are in place and it ends
-with an end mark (exact match against the set of valid answers, `is_valid`); `Example.answer` is
-the canonical answer (every group as given, `!`).
+Uppercase letters are always copied. Every c from 0 to the run's length is valid; the writer picks
+c = 0 (nothing hidden) twice as often as each other count (`KEEP_WEIGHT`). An output is correct when
+every group is one of its valid forms and the dots are in place (`is_valid`); `Example.answer` is
+the canonical answer (nothing hidden).
 
-Why this structure: before anything of a group is committed, each of its positions is a 50/50
-mixture of the two forms, so none clears a fill threshold and D2F has to spend a forward on its
-one-token fallback, then another to fill the rest of the group. Once any position of a group is
-committed, the rest is certain. That is how a dLLM sees text (a phrasing choice, then a
-determined continuation) and what LoPA's lookahead branches find: a branch that commits one token
-of a group makes the rest confident, wins the verification, and the anchor fill commits the rest
-in the same round, while D2F's fallback works on another group.
-
-Layout details, each found by measuring an earlier version (runtime/BENCHMARKS.md):
-- Dots make group membership visible. With 4 groups of 4 and no separators (membership only by
-  position mod 4) the model learned "same case as my neighbour" across group borders.
-- Every 8-token block starts with a dot (leading dot, 4-character period). The first position of
-  a decoding window is predicted from the stored last logit, computed when the previous token was
-  cached, so it cannot see a partner committed later; with pairs and no leading dot, all of D2F's
-  errors (32% of prompts) were in the first pair.
-- Groups of 3 and the end mark: LoPA spawns lookahead branches from the logits of the round whose
-  anchor fill also made the fallback, so a lookahead can land next to the fallback with a stale,
-  inconsistent token. While another uncertain position remains, the branch that commits it scores
-  better and wins; the independent end mark is such a position up to the last group.
-- Only class-changing forms (lower/upper, digit/letter): a group's form shows in any one of its
-  characters. Forms that must be compared with the input (rotations, nines' complements) were not
-  learned within the 30-minute budget (rotations 67%, complements 0% exact match after 3500 steps).
-- 12 groups, not 6: two rounds of every decode are fixed (the first decodes only the dots, the
-  end mark settles last), so short answers cap the ratio; with 6 groups LoPA reached x2.15 TPF.
-
-The suite before these (running counts, running parity, bracket depths: left-to-right chains with
-a unique answer) let a committed token unlock only the next link, so LoPA gained about one token
-per round over D2F.
+Why this structure: the order in which a group's positions are committed decides how much of it
+the next round can fill, and the model's own confidence points at the wrong end.
+- Before anything of a run is committed, the letter nearest its inner end (next to the uppercase
+  letters) is the most confident position: it is hidden only when the whole run is (c = the run's
+  length). Each position further out is hidden more often, and the outermost letter is kept only
+  when nothing is hidden, so it is the least confident (its alternatives, one digit per count,
+  spread the probability).
+- Committing a position's most likely token, its letter, says only that fewer letters are hidden
+  than its distance from the outer end: every position on its inner side becomes certain, the
+  outer ones stay open. Committing the most confident position unlocks nothing; the k-th most
+  confident unlocks k - 1 others; the outermost letter, the least confident, settles the whole
+  group at once.
+- So D2F, whose fallback fills the most confident position, fills a run one letter per round,
+  and LoPA with k lookahead branches reaches k positions deep: each extra branch finds a better
+  order. A run of up to 7 letters keeps the gain rising up to k = 7.
+- The counts bound the confidences below tau_conf 0.9: the most confident open position of a run
+  of n letters has probability (n + 1) / (n + 2) <= 8/9, before and after any commit, so no letter
+  is filled by threshold before the order has chosen it.
+- Keeping (c = 0) weighs twice any other count so that a letter stays each position's most likely
+  token: committed tokens never contradict each other, whichever order fills them.
+- Layout details kept from the earlier suite (runtime/BENCHMARKS.md): every 8-token block starts
+  with a dot, since the first position of a decoding window is predicted from the stored last
+  logit and cannot see a partner committed later; dots make group membership visible.
+- 3 groups, not more: the lookahead branches of a round spread over every open group by
+  confidence; with 6 groups open at once the top positions of the fresh groups take the first
+  branches and k = 2 barely gains over k = 1 (measured with exact posteriors, BENCHMARKS.md).
 
 The split is a property of the prompt (a CRC32 bucket), so train and held-out are disjoint by
 construction and any seed gives the same held-out set membership.
@@ -54,64 +55,84 @@ import zlib
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 
-TASKS = ("case", "code")
-GROUPS = 12
-GROUP_SIZE = 3
+TASKS = ("head", "tail")
+GROUPS = 3
+GROUP_SIZE = 7
+RUN_LENGTHS = (5, 6, 7)  # lowercase letters per group: the part that may be hidden
 SEPARATOR = "."
-END_MARKS = ("!", "?")  # the answer's last character: either, the writer's choice
+KEEP_WEIGHT = 2  # the writer's weight of hiding nothing; every other count weighs 1
 HELD_OUT_BUCKETS = 10  # 1 prompt in 10 belongs to the held-out split
 HELD_OUT_SEED = 20251122  # the published held-out set: first N held-out examples from this seed
-PROMPT_MAX = 53  # longest prompt ("case:" + 47 + "=")
-ANSWER_MAX = 50  # longest answer (12 groups, the end mark), EOS excluded
-ALPHABETS = {"case": string.ascii_lowercase, "code": string.digits}
-_DIGITS_AS_LETTERS = str.maketrans(string.digits, string.ascii_lowercase[:10])
+PROMPT_MAX = 5 + GROUPS * (GROUP_SIZE + 1)  # "head:" + the groups and their dots + "="
+ANSWER_MAX = GROUPS * (GROUP_SIZE + 1) + 1  # a dot and a group per group, the final dot; EOS excluded
 
 
 @dataclass(frozen=True)
 class Example:
     task: str
     prompt: str
-    answer: str  # the canonical answer (every group as given), without the EOS token
+    answer: str  # the canonical answer (nothing hidden), without the EOS token
 
 
-def forms(task: str, group: str) -> tuple[str, str]:
-    """The two valid ways of writing one group: (as given, alternative)."""
-    if task == "case":
-        return group, group.upper()
-    if task == "code":
-        return group, group.translate(_DIGITS_AS_LETTERS)
-    raise ValueError(f"unknown task {task!r}; tasks: {', '.join(TASKS)}")
+def _check(task: str) -> None:
+    if task not in TASKS:
+        raise ValueError(f"unknown task {task!r}; tasks: {', '.join(TASKS)}")
+
+
+def run_length(task: str, group: str) -> int:
+    """The lowercase run's length: the letters that may be hidden."""
+    _check(task)
+    letters = group if task == "head" else group[::-1]
+    return len(letters) - len(letters.lstrip(string.ascii_lowercase))
+
+
+def forms(task: str, group: str) -> tuple[str, ...]:
+    """Every valid way of writing one group, by the number of hidden letters (0 first)."""
+    n = run_length(task, group)
+    if task == "head":
+        return tuple(str(c) * c + group[c:] for c in range(n + 1))
+    return tuple(group[: len(group) - c] + str(c) * c for c in range(n + 1))
+
+
+def make_group(task: str, rng: random.Random) -> str:
+    n = rng.choice(RUN_LENGTHS)
+    letters = [rng.choice(string.ascii_lowercase) for _ in range(GROUP_SIZE)]
+    if task == "head":
+        return "".join(letters[:n]) + "".join(letters[n:]).upper()
+    return "".join(letters[: GROUP_SIZE - n]).upper() + "".join(letters[GROUP_SIZE - n :])
 
 
 def make_example(task: str, rng: random.Random) -> tuple[Example, str]:
-    """One prompt with its canonical answer, and a training answer with a random form per group."""
-    given = ["".join(rng.choice(ALPHABETS[task]) for _ in range(GROUP_SIZE)) for _ in range(GROUPS)]
-    written = [forms(task, g)[rng.random() < 0.5] for g in given]
-    end_mark = END_MARKS[rng.random() < 0.5]
-    example = Example(task, f"{task}:{SEPARATOR.join(given)}=", _answer(given, END_MARKS[0]))
-    return example, _answer(written, end_mark)
+    """One prompt with its canonical answer, and a training answer with a drawn count per group."""
+    _check(task)
+    given = [make_group(task, rng) for _ in range(GROUPS)]
+    written = []
+    for group in given:
+        options = forms(task, group)
+        written.append(rng.choices(options, [KEEP_WEIGHT] + [1] * (len(options) - 1))[0])
+    example = Example(task, f"{task}:{SEPARATOR.join(given)}=", _answer(given))
+    return example, _answer(written)
 
 
-def _answer(groups: Sequence[str], end_mark: str) -> str:
-    return "".join(SEPARATOR + g for g in groups) + SEPARATOR + end_mark
+def _answer(groups: Sequence[str]) -> str:
+    return "".join(SEPARATOR + g for g in groups) + SEPARATOR
 
 
-def _body(task: str, prompt: str) -> str:
-    if task not in TASKS:
-        raise ValueError(f"unknown task {task!r}; tasks: {', '.join(TASKS)}")
-    return prompt.removeprefix(f"{task}:").removesuffix("=")
+def _body(task: str, prompt: str) -> list[str]:
+    _check(task)
+    return prompt.removeprefix(f"{task}:").removesuffix("=").split(SEPARATOR)
 
 
 def solve(task: str, prompt: str) -> str:
-    """The canonical answer of any prompt (every group as given)."""
-    return _answer(_body(task, prompt).split(SEPARATOR), END_MARKS[0])
+    """The canonical answer of any prompt (nothing hidden)."""
+    return _answer(_body(task, prompt))
 
 
 def is_valid(task: str, prompt: str, output: str) -> bool:
-    """Whether `output` writes every group of the prompt in one of its two valid forms."""
-    given, written = _body(task, prompt).split(SEPARATOR), output.split(SEPARATOR)
-    if written[0] != "" or len(written) != len(given) + 2 or written[-1] not in END_MARKS:
-        return False  # not '.' + one part per group + '.' + an end mark
+    """Whether `output` writes every group of the prompt in one of its valid forms."""
+    given, written = _body(task, prompt), output.split(SEPARATOR)
+    if written[0] != "" or written[-1] != "" or len(written) != len(given) + 2:
+        return False  # not '.' + one part per group + a final '.'
     return all(w in forms(task, g) for g, w in zip(given, written[1:-1], strict=True))
 
 
@@ -147,5 +168,5 @@ def held_out(n: int, tasks: Sequence[str] = TASKS) -> list[Example]:
 
 def score(example: Example, output: str) -> bool:
     """Exact match against the valid answers: the decoded text up to the EOS (special tokens
-    stripped, surrounding whitespace ignored) writes every group in one of its two forms."""
+    stripped, surrounding whitespace ignored) writes every group in one of its valid forms."""
     return is_valid(example.task, example.prompt, output.strip())

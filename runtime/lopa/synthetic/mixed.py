@@ -40,9 +40,9 @@ def mixed_requests(n: int = 16) -> list[MixedRequest]:
         params = defaults.with_overrides(
             branches=BRANCHES[i % 4],
             attention=("full", "block_causal")[(i // 4) % 2],
-            max_new_tokens=(56, 40, 48)[i % 3],
+            max_new_tokens=(32, 16, 24)[i % 3],
             **({"temperature": 0.7, "seed": 11 + i} if i in SAMPLED else {}),
         )
-        stop = [".", "!"] if i % 5 == 2 else []  # cuts the answer at its first dot or end mark
+        stop = ["."] if i % 5 == 2 else []  # cuts the answer at its first dot
         out.append(MixedRequest(example.prompt, params, stop))
     return out

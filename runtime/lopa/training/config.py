@@ -11,14 +11,14 @@ from lopa.synthetic.tokenizer import TOKENIZER_VOCAB_SIZE, special_token_id
 
 @dataclass(frozen=True)
 class TrainConfig:
-    steps: int = 2000
+    steps: int = 5000
     seed: int = 0
     batch_size: int = 64
     lr: float = 2e-3
     warmup: int = 100
     weight_decay: float = 0.01
     block_size: int = 8
-    gen_blocks: int = 7  # generated region per example: answer + EOS, EOS-padded to this many blocks
+    gen_blocks: int = 4  # generated region per example: answer + EOS, EOS-padded to this many blocks
     full_attention_fraction: float = 0.5  # rows trained with full attention (the rest block-causal)
     hidden_size: int = 128
     intermediate_size: int = 384

@@ -16,7 +16,7 @@ import urllib.request
 from dataclasses import asdict, dataclass
 from typing import Any
 
-PROMPT = "code:174.214.535.044.326.900.226.345.644.344.271.495="
+PROMPT = "head:lkfivHT.coacwSN.ztwssIF="
 
 
 @dataclass(frozen=True)
