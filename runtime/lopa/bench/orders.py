@@ -150,7 +150,7 @@ def plot(rows: Sequence[dict], path: str) -> None:
     """Per prompt: the random orders' TPFs (grey), their best and worst (green), and the marks."""
     from lopa.bench.figures import figure
 
-    with figure(path, width=max(6.4, 0.35 * len(rows) + 2)) as axis:
+    with figure(path, width=max(6.4, 0.35 * len(rows) + 4)) as axis:
         for x, row in enumerate(rows):
             first = x == 0  # one legend entry per kind
             tpfs = row["_random"]
@@ -163,4 +163,5 @@ def plot(rows: Sequence[dict], path: str) -> None:
                              label=label if first else None)
         axis.set(xlabel="held-out prompt", ylabel="tokens per forward", ylim=(0, None),
                  title="TPF of filling orders (one-token fallback in the given order)")
-        axis.legend(fontsize=7, loc="upper left")
+        axis.set_xticks(range(len(rows)))
+        axis.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1))  # beside the dots
