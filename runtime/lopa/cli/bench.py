@@ -24,8 +24,8 @@ DEFAULT_EXAMPLES = 300  # the published held-out set size
 def add_parser(subparsers: argparse._SubParsersAction) -> None:
     parser = subparsers.add_parser(
         "bench",
-        help="benchmarks: tpf, ablation, orders, step, write-checkpoint, concurrency, serving, transport, "
-        "clients",
+        help="benchmarks: tpf, step, write-checkpoint, concurrency, serving, transport, clients, ablation, "
+        "orders, options, commit",
     )
     kinds = parser.add_subparsers(dest="bench", required=True)
     tpf = kinds.add_parser(
