@@ -36,7 +36,7 @@ def test_tpf_rises_with_the_branches_at_d2f_accuracy(bundled_engine: LocalEngine
     # and more on 300 prompts): a model where one lookahead finds the best order fails here.
     assert d2f.tpf < k1.tpf < k3.tpf < k7.tpf, (d2f.tpf, k1.tpf, k3.tpf, k7.tpf)
     assert k7.tpf >= 3.0 * d2f.tpf, (k7.tpf, d2f.tpf)
-    assert 100 * k7.exact_match >= 100 * d2f.exact_match - 2.5, (k7.exact_match, d2f.exact_match)
+    assert 100 * k7.exact_match >= 100 * d2f.exact_match - 1.0, (k7.exact_match, d2f.exact_match)
     assert d2f.exact_match >= 0.95  # the model genuinely solves the tasks
 
 
