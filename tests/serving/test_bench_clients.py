@@ -245,7 +245,7 @@ def test_inference_perf_with_ignore_eos_off_runs_against_lopa_serve(
 def test_inference_perf_with_its_defaults_agrees_with_lopa(tmp_path: Path, inference_perf_venv: Path) -> None:
     """The acceptance: default request options, zero failures, exact lengths, token counts equal to
     usage, TTFT / TPOT within 10 % of lopa's histograms, vLLM's series on the API port (at the
-    bench's default load: 6 requests/s of 64 + 64 tokens)."""
-    report = _bench(tmp_path, rate="6")
+    bench's default load: 12 requests/s of 64 + 64 tokens)."""
+    report = _bench(tmp_path, rate="12")
     failed = [c for c in report["checks"] if c["required"] and not c["ok"]]
     assert not failed, report["table"]

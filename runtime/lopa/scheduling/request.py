@@ -67,6 +67,9 @@ class Request:
     on_done: Callable[[Outcome], None] | None = None
     abort: Abort = field(default_factory=Abort)
     arrived: float = field(default_factory=time.perf_counter)
+    # When the answer's first token was written to the client's stream (set by the transport):
+    # a stream's TTFT ends there, where its client sees it; None: at the round that committed it.
+    first_token_sent: float | None = None
 
 
 class Waiter:

@@ -267,7 +267,8 @@ class Scheduler:
             self._fail_one(run, error)
             return
         arrived = run.request.arrived
-        ttft = run.first_token - arrived if run.first_token is not None else 0.0
+        first = run.request.first_token_sent or run.first_token
+        ttft = first - arrived if first is not None else 0.0
         self._finish(run, Completion(text, result, reason, run.admitted - arrived, ttft))
 
     def _finish(self, run: _Running, outcome: Outcome) -> None:

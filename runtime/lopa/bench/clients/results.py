@@ -12,9 +12,9 @@ class Load:
     """The load both clients are given: a constant request rate for a while, fixed prompt and output
     lengths (in the model's tokens)."""
 
-    # A load the CPU group serves with a short queue: a latency of tens of ms, so the clients' own
-    # overhead (a few ms per request) stays small beside what is compared.
-    rate: float = 6.0  # requests per second
+    # A load that keeps the 2-worker CPU group busy (a queue forms, TTFT of tens to hundreds of
+    # ms), so the clients' own overhead (a few ms per request) stays small beside what is compared.
+    rate: float = 12.0  # requests per second
     seconds: int = 20
     prompt_tokens: int = 64
     output_tokens: int = 64

@@ -67,6 +67,12 @@ class Ticket:
         self._items: asyncio.Queue[Event | BaseException] = asyncio.Queue()
         self._count = count
         self._counted = False
+        self.request: Request | None = None  # what the scheduler runs (set by the dispatcher)
+
+    def first_token_sent(self) -> None:
+        """The transport wrote the answer's first token to the client: the request's TTFT ends here."""
+        if self.request is not None and self.request.first_token_sent is None:
+            self.request.first_token_sent = time.perf_counter()
 
     def post(self, item: Event | BaseException) -> None:
         """From the scheduler thread: the next event, or the error that ended the request."""
@@ -221,7 +227,7 @@ class Dispatcher:
                     item = error
             ticket.post(item)
 
-        return Request(
+        ticket.request = Request(
             admitted.prompt_ids,
             admitted.params,
             admitted.stop,
@@ -232,3 +238,4 @@ class Dispatcher:
             abort=ticket.abort,
             arrived=ticket.arrived,
         )
+        return ticket.request

@@ -55,6 +55,8 @@ class LopaService(lopa_pb2_grpc.LopaServicer):
         try:
             async for event in events:
                 yield chunk_of(event)
+                if isinstance(event, Progress) and event.token_ids:
+                    ticket.first_token_sent()
         except Exception as error:
             await _abort(context, error)
         finally:

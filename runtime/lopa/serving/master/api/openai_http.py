@@ -283,6 +283,8 @@ class OpenAIApi:
                         if parsed.continuous_usage:
                             extra["usage"] = usage_of(prompts[index], sent[index])
                         await send(index, item.text, extra=extra, first=first[index])
+                        if item.text:
+                            tickets[index].first_token_sent()
                         first[index], rounds[index] = False, []
                     continue
                 if isinstance(item, Exception):
