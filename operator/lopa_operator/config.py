@@ -101,7 +101,14 @@ def render(name: str, namespace: str, spec: dict[str, Any], index: int) -> dict[
     if (spec.get("service") or {}).get("httpPort"):
         doc["master"]["http_port"] = names.HTTP_PORT  # the Service maps httpPort onto it
         doc["master"]["model_name"] = name  # OpenAI clients name the LoPADeployment as the model
+        doc["master"].update(HTTP_BOUNDS)
     return doc
+
+
+# The HTTP port's connection bounds, spelled out as the runtime's defaults (docs/lopa.yaml): the
+# rendered file says what a pod runs with.
+HTTP_BOUNDS = {"http_max_connections": 1024, "http_header_timeout_s": 10.0, "http_keepalive_timeout_s": 75.0,
+               "http_body_timeout_s": 30.0}
 
 
 def dump(doc: dict[str, Any]) -> str:

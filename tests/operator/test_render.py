@@ -274,3 +274,9 @@ def test_operator_backends_agree_with_the_runtime() -> None:
         # the runtime's default backend of the device (its first allowed one)
         assert specs.BACKENDS[kind] == runtime_config.BACKENDS_OF_DEVICE[device][0], kind
     assert set(accelerator["backend"]["enum"]) == set(runtime_config.BACKENDS)
+
+
+def test_the_rendered_http_bounds_are_the_runtimes_defaults() -> None:
+    from lopa.serving.shared.config import MasterConfig
+
+    assert config.HTTP_BOUNDS == {key: getattr(MasterConfig(), key) for key in config.HTTP_BOUNDS}
