@@ -279,4 +279,4 @@ def test_operator_backends_agree_with_the_runtime() -> None:
 def test_the_rendered_http_bounds_are_the_runtimes_defaults() -> None:
     from lopa.serving.shared.config import MasterConfig
 
-    assert config.HTTP_BOUNDS == {key: getattr(MasterConfig(), key) for key in config.HTTP_BOUNDS}
+    assert {key: getattr(MasterConfig(), key) for key in config.HTTP_BOUNDS} == config.HTTP_BOUNDS
