@@ -97,3 +97,41 @@ def test_training_keeps_the_plain_product() -> None:
     x, weight, b = _data(128, 256, True, 5)
     with torch.enable_grad():
         assert torch.equal(invariant.linear(x, weight, b), F.linear(x, weight, b))
+
+
+@pytest.mark.parametrize("fine", [False, True])
+def test_every_product_runs_on_a_probed_row_count(fine: bool) -> None:
+    probed = set(invariant.probed_rows(fine))
+    for rows in range(1, invariant.MAX_ROWS + 1):
+        padded = invariant.plain_rows(rows, fine)
+        assert padded >= rows and padded in probed, rows
+    assert invariant.plain_rows(16, fine) == (16 if fine else 32)
+
+
+def test_the_finer_granule_is_probed_apart() -> None:
+    """A product that changes its bits only at row counts that are not multiples of GRANULE keeps
+    the plain GEMM at the coarse granule and is refused the finer one."""
+
+    def coarse_only(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+        if x.shape[0] % invariant.GRANULE:
+            return F.linear(x.double(), weight.double(), None if bias is None else bias.double()).float()
+        return invariant.tiled_linear(x, weight, bias)
+
+    assert invariant.plain_is_invariant(128, 64, False, product=coarse_only)
+    fine_only = invariant.fine_only_rows()
+    assert not invariant.plain_is_invariant(128, 64, False, product=coarse_only, counts=fine_only)
+
+
+def test_a_lone_windows_products_keep_the_bits_of_a_batch(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Rows padded to the finer granule (a lone request's window) get the bits of the same rows in
+    one large product, and so do rows padded to GRANULE where the finer granule was refused."""
+    x, weight, b = _data(128, 256, True, 300)
+    key = (128, 256, True, torch.float32, torch.get_num_threads())
+    with torch.no_grad():
+        whole = invariant.tiled_linear(x, weight, b)
+        for refused in (False, True):
+            if refused:
+                monkeypatch.setattr(invariant, "_fine", {**invariant._fine, key: False})
+            for offset, rows in ((0, 16), (5, 24), (9, 37), (40, 200), (3, 257)):
+                part = invariant.linear(x[offset : offset + rows].clone(), weight, b)
+                assert torch.equal(part, whole[offset : offset + rows]), (refused, offset, rows)
