@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from lopa.model.attention import attend_with_past
-from lopa.model.exact_attention import attend_rows_exact, row_spans
+from lopa.model.exact_attention import attend_row_alone, attend_rows_exact, row_spans
 from lopa.model.mask import additive, row_masks
 
 DIM = 16
@@ -73,3 +73,24 @@ def test_a_rows_bits_are_its_own(heads: int, kv_heads: int, head: int, shared: b
                     if reference is None:
                         reference = got[0, :n].clone()
                     assert torch.equal(got[0, :n], reference), (n, threads, rows, width, share)
+
+
+@pytest.mark.parametrize(("heads", "kv_heads"), [(1, 1), (4, 2), (7, 1)])
+@pytest.mark.parametrize(("head", "causal"), [(0, False), (0, True), (4, True)])
+def test_a_lone_row_gets_the_bits_of_the_rows_path(heads: int, kv_heads: int, head: int, causal: bool,
+                                                    thread_count) -> None:
+    """attend_row_alone (a request's round at k = 0) against attend_rows_exact on the same row, bit
+    for bit: widths whose queries or keys the products pad (1-13, 16, 21), with a TO_CACHE head
+    attending apart (per row or shared), on 1 and 2 threads."""
+    for threads in (1, 2):
+        thread_count(threads)
+        for width in [*range(max(1, head), 14), 16, 21]:
+            q, k, v, past_k, past_v = _inputs(width, 1, width, heads, kv_heads)
+            blocks = torch.tensor([[0] * head + [1 + (c - head) // 4 for c in range(head, width)]])
+            mask = additive(row_masks(torch.tensor([width]), blocks, CACHED, causal), q.dtype)
+            for shared in {False, head > 0}:
+                spans = row_spans(mask, [width], head, CACHED, heads // kv_heads, shared_head=shared)
+                want = q.new_zeros(q.shape)
+                attend_rows_exact(q, k, v, spans, (past_k, past_v), None, want)
+                got = attend_row_alone(q, k, v, spans, (past_k, past_v), None)
+                assert torch.equal(got.transpose(1, 2), want), (threads, width, shared)

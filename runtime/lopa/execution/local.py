@@ -158,7 +158,8 @@ class LocalExecutor:
         per request or group (the values are each part's own: only the copy is shared)."""
         columns = zip(*on_device.values(), strict=True)
         try:
-            ids, probs, confs = _to_host(*(torch.cat(column) for column in columns))
+            # A lone part's columns as they are (a cat of one tensor is a copy).
+            ids, probs, confs = _to_host(*(c[0] if len(c) == 1 else torch.cat(c) for c in columns))
         except Exception as error:  # the device failed under all of them (their kernels ran late)
             for index in on_device:
                 self.drop_staged(parts[index].sequence)
@@ -193,8 +194,12 @@ class LocalExecutor:
         for members in groups.values():
             try:
                 masked = [self._masked_logits(parts[i], plans[i], logits[i]) for i in members]
-                stats = position_stats(torch.cat(masked), self.state(parts[members[0]].sequence).params)
+                together = masked[0] if len(masked) == 1 else torch.cat(masked)  # a lone part: no copy
+                stats = position_stats(together, self.state(parts[members[0]].sequence).params)
             except Exception:
+                continue
+            if len(members) == 1:
+                done[members[0]] = stats
                 continue
             sizes = [chunk.shape[0] for chunk in masked]
             for i, ids, probs, confs in zip(members, *(column.split(sizes) for column in stats), strict=True):

@@ -13,7 +13,7 @@ from typing import Protocol
 import torch
 import torch.nn.functional as F
 
-from lopa.model.exact_attention import RowSpan, attend_rows_exact
+from lopa.model.exact_attention import RowSpan, attend_row_alone, attend_rows_exact
 
 # Called once per layer with that layer's window keys/values [R, L, kv_heads, head_dim] (after RoPE).
 KVCallback = Callable[[int, torch.Tensor, torch.Tensor], None]
@@ -120,7 +120,12 @@ def _attend_segments_exact(
     q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, segments: Sequence[LayerSegment]
 ) -> torch.Tensor:
     """attend_segments with every segment row-exact (CPU): each writes into one [1, T, heads, D]
-    output, the layout the output projection reads, so nothing is transposed or concatenated after."""
+    output, the layout the output projection reads, so nothing is transposed or concatenated after.
+    A lone row (a request's round with no lookahead branch) has no padding to zero and no other
+    row: it attends through attend_row_alone, the same products with fewer ops around them."""
+    lone = segments[0]
+    if len(segments) == 1 and lone.rows == 1 and lone.spans is not None:
+        return attend_row_alone(q, k, v, lone.spans, lone.past, lone.on_kv)
     out = q.new_zeros(q.shape)  # zeros at padded queries
     for s in segments:
         tokens = slice(s.begin, s.end)

@@ -12,10 +12,10 @@ instead of 7; on an accelerator every kernel launch saved counts.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable, Sequence
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from lopa.model import invariant
@@ -45,19 +45,34 @@ class RMSNorm(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         # One fused kernel on accelerators, accumulating in fp32. The reference rounds to the model
         # dtype before the weight product; in bf16 this one rounds once (at most 1 ulp apart), in
-        # fp32 the two are the same arithmetic.
-        return F.rms_norm(x, (x.shape[-1],), self.weight, self.eps)
+        # fp32 the two are the same arithmetic. (torch.rms_norm: F.rms_norm's op without its
+        # Python wrapper, which a small model's round calls 9 times.)
+        return torch.rms_norm(x, (x.shape[-1],), self.weight, self.eps)
 
 
 def rotary_cos_sin(
     positions: torch.Tensor, head_dim: int, theta: float, dtype: torch.dtype
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """cos/sin tables [..., head_dim] for integer positions (rotate-half layout), computed in fp32."""
-    exponent = torch.arange(0, head_dim, 2, dtype=torch.int64, device=positions.device).float() / head_dim
-    inv_freq = 1.0 / (theta**exponent)
+    device = positions.device
+    # Kept on CPU only: on an accelerator a first call may come inside a CUDA graph's capture.
+    kept = device.type == "cpu"
+    inv_freq = (_inv_freq if kept else frequencies)(head_dim, theta, device)
     freqs = positions.float()[..., None] * inv_freq
     emb = torch.cat((freqs, freqs), dim=-1)
-    return emb.cos().to(dtype), emb.sin().to(dtype)
+    cos, sin = emb.cos(), emb.sin()
+    if dtype != torch.float32:
+        cos, sin = cos.to(dtype), sin.to(dtype)
+    return cos, sin
+
+
+def frequencies(head_dim: int, theta: float, device: torch.device) -> torch.Tensor:
+    """The rotary frequencies [head_dim / 2], fp32."""
+    exponent = torch.arange(0, head_dim, 2, dtype=torch.int64, device=device).float() / head_dim
+    return 1.0 / (theta**exponent)
+
+
+_inv_freq = functools.lru_cache(maxsize=8)(frequencies)  # the same values, once per shape
 
 
 def signed_sin(sin: torch.Tensor) -> torch.Tensor:
@@ -86,10 +101,17 @@ def still_fused(fused: tuple[torch.Tensor, torch.Tensor | None] | None, linears:
     """The fused weight still is what the (plain) linears compute: a later .to() or a replaced
     parameter breaks the sharing, and a wrapped module (a PEFT LoRA layer injected after fusing)
     computes more than its weight; then the separate projections are used."""
-    if fused is None or any(type(linear) is not nn.Linear for linear in linears):
+    if fused is None:
         return False
     storage = fused[0].untyped_storage().data_ptr()
-    return all(linear.weight.untyped_storage().data_ptr() == storage for linear in linears)
+    # Checked twice per layer and forward: a loop and the parameter dict (Module.__getattr__ and
+    # generators cost more than the check itself).
+    for linear in linears:
+        if type(linear) is not nn.Linear:
+            return False
+        if linear._parameters["weight"].untyped_storage().data_ptr() != storage:
+            return False
+    return True
 
 
 class DreamAttention(nn.Module):
@@ -113,7 +135,8 @@ class DreamAttention(nn.Module):
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """Queries and keys after RoPE, values: [B, T, heads | kv_heads, head_dim]."""
         batch, length, _ = x.shape
-        if still_fused(self.fused_qkv, [self.q_proj, self.k_proj, self.v_proj]):
+        modules = self._modules
+        if still_fused(self.fused_qkv, [modules["q_proj"], modules["k_proj"], modules["v_proj"]]):
             assert self.fused_qkv is not None
             qkv = invariant.linear(x, *self.fused_qkv).view(batch, length, self.heads + 2 * self.kv_heads, -1)
             # q and k rotate together: one set of rotary kernels per layer.
@@ -159,7 +182,7 @@ class DreamMLP(nn.Module):
         self.fused_gate_up = fuse_linears([self.gate_proj, self.up_proj])
 
     def forward(self, x: torch.Tensor, steps: LayerSteps = EAGER) -> torch.Tensor:
-        if still_fused(self.fused_gate_up, [self.gate_proj, self.up_proj]):
+        if still_fused(self.fused_gate_up, [self._modules["gate_proj"], self._modules["up_proj"]]):
             assert self.fused_gate_up is not None
             gate, up = invariant.linear(x, self.fused_gate_up[0]).chunk(2, dim=-1)
         else:

@@ -77,8 +77,11 @@ def _span(
 ) -> RowSpan:
     query_count = _round_up(hi - lo, ROWS_GRANULE // math.gcd(ROWS_GRANULE, repeat))
     key_count = _round_up(seen, KEY_GRANULE)
-    own = F.pad(mask[index, 0, lo:hi, :seen], (0, key_count - seen), value=float("-inf"))
-    own = F.pad(own, (0, 0, 0, query_count - (hi - lo)))  # padded queries see every key: no NaN
+    own = mask[index, 0, lo:hi, :seen]
+    if key_count > seen:
+        own = F.pad(own, (0, key_count - seen), value=float("-inf"))
+    if query_count > hi - lo:
+        own = F.pad(own, (0, 0, 0, query_count - (hi - lo)))  # padded queries see every key: no NaN
     return RowSpan(index, lo, hi, query_count, key_count, own.contiguous(), shared)
 
 
@@ -101,8 +104,6 @@ def attend_rows_exact(
     if on_kv is not None:
         on_kv(k, v)
     width, heads, dim = q.shape[1:]
-    kv_heads = k.shape[2]
-    repeat = heads // kv_heads
     past_k, past_v = past if past is not None else (k[0, :0], v[0, :0])
     tail = max(0, max(span.key_count for span in spans) - past_k.shape[0] - width)
     keys, values = _keys_by_row(past_k, k, tail), _keys_by_row(past_v, v, tail)  # [R, kv_heads, N, D]
@@ -110,16 +111,65 @@ def attend_rows_exact(
         index, count, queries, n = span.index, span.hi - span.lo, span.query_count, span.key_count
         group = span.mask.shape[0]
         span_q = q[index, span.lo : span.hi].transpose(1, 2)  # [G, heads, count, D]
-        if queries > count:
-            span_q = F.pad(span_q, (0, 0, 0, queries - count))
-        span_k, span_v = (t[index, :, :n].reshape(group * kv_heads, n, dim) for t in (keys, values))
-        # The mask broadcast over the query heads into the scores, then the product added in place
-        # (what baddbmm would do with a per-head copy of the mask, without keeping that copy).
-        scores = q.new_empty(group * kv_heads, repeat * queries, n)
-        scores.view(group, kv_heads, repeat, queries, n).copy_(span.mask[:, None, None])
-        scores.baddbmm_(span_q.reshape(group * kv_heads, -1, dim), span_k.transpose(1, 2), alpha=dim**-0.5)
-        part = torch.bmm(torch.softmax(scores, dim=-1), span_v).view(group, heads, queries, dim)
+        span_k, span_v = (t[index, :, :n] for t in (keys, values))
+        part = _span_products(span_q, span_k, span_v, span).view(group, heads, queries, dim)
         out[slice(None) if span.shared else index, span.lo : span.hi] = part[:, :, :count].transpose(1, 2)
+
+
+def attend_row_alone(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    spans: Sequence[RowSpan],
+    past: tuple[torch.Tensor, torch.Tensor] | None,
+    on_kv: Callable[[torch.Tensor, torch.Tensor], None] | None,
+) -> torch.Tensor:
+    """attend_rows_exact of one row [1, W, heads | kv_heads, D] whose spans cover its W queries in
+    order (a lone request's round at k = 0): every product on the operands attend_rows_exact gives
+    it, so the same bits, with fewer small ops around them (no output buffer to zero and fill, no
+    per-row indexing): a small model's lone round spends more on such ops than on its products.
+    Returns [1, heads, W, D]."""
+    if on_kv is not None:
+        on_kv(k, v)
+    width, dim = q.shape[1], q.shape[3]
+    past_k, past_v = past if past is not None else (k[0, :0], v[0, :0])
+    keys_count = spans[0].key_count if len(spans) == 1 else max(span.key_count for span in spans)
+    tail = max(0, keys_count - past_k.shape[0] - width)
+    keys, values = _keys_alone(past_k, k, tail), _keys_alone(past_v, v, tail)  # [1, kv_heads, N, D]
+    parts = []
+    for span in spans:
+        n, count = span.key_count, span.hi - span.lo
+        span_q = q if count == width else q[:, span.lo : span.hi]
+        span_k, span_v = (keys, values) if n == keys.shape[2] else (keys[:, :, :n], values[:, :, :n])
+        part = _span_products(span_q.transpose(1, 2), span_k, span_v, span).view(1, -1, span.query_count, dim)
+        parts.append(part if span.query_count == count else part[:, :, :count])
+    return parts[0] if len(parts) == 1 else torch.cat(parts, dim=2)
+
+
+def _keys_alone(past: torch.Tensor, window: torch.Tensor, tail: int) -> torch.Tensor:
+    """_keys_by_row of one row: the same tensor, from fewer ops."""
+    parts = [past.transpose(0, 1)[None], window.transpose(1, 2)]
+    if tail:
+        parts.append(window.new_zeros(1, window.shape[2], tail, window.shape[3]))
+    return torch.cat(parts, dim=2)
+
+
+def _span_products(
+    span_q: torch.Tensor, span_k: torch.Tensor, span_v: torch.Tensor, span: RowSpan
+) -> torch.Tensor:
+    """The span's scores, softmax and weighted values for its G rows: span_q [G, heads, count, D],
+    span_k / span_v [G, kv_heads, key_count, D]; returns [G * kv_heads, repeat * query_count, D]."""
+    group, heads, count, dim = span_q.shape
+    kv_heads, n, queries = span_k.shape[1], span.key_count, span.query_count
+    if queries > count:
+        span_q = F.pad(span_q, (0, 0, 0, queries - count))
+    span_k, span_v = span_k.reshape(group * kv_heads, n, dim), span_v.reshape(group * kv_heads, n, dim)
+    # The mask broadcast over the query heads into the scores, then the product added in place
+    # (what baddbmm would do with a per-head copy of the mask, without keeping that copy).
+    scores = span_q.new_empty(group * kv_heads, heads // kv_heads * queries, n)
+    scores.view(group, kv_heads, heads // kv_heads, queries, n).copy_(span.mask[:, None, None])
+    scores.baddbmm_(span_q.reshape(group * kv_heads, -1, dim), span_k.transpose(1, 2), alpha=dim**-0.5)
+    return torch.bmm(torch.softmax(scores, dim=-1), span_v)
 
 
 def _keys_by_row(past: torch.Tensor, window: torch.Tensor, tail: int) -> torch.Tensor:

@@ -66,6 +66,8 @@ class KVCache:
                 f"expected {shape} {dtype} on {self.device}"
             )
         self.cache = storage
+        # Each layer's K and V, whole length: what `cached` slices every layer of every forward.
+        self._layer_kv = [(storage[layer, 0], storage[layer, 1]) for layer in range(num_layers)]
         self._length = 0
         self._staging = torch.zeros((0, *self._shape(0)), dtype=dtype, device=self.device)
         self._staged: list[int] = []  # tokens staged in each slot by the latest forward
@@ -126,7 +128,8 @@ class KVCache:
         """Views of the first `width` (default: the committed length) cache positions of `layer`,
         each [width, kv_heads, head_dim]; positions past the length must be masked by the reader."""
         end = self._length if width is None else width
-        return self.cache[layer, 0, :end], self.cache[layer, 1, :end]
+        keys, values = self._layer_kv[layer]
+        return keys[:end], values[:end]
 
     def staged(self, slot: int, layer: int) -> tuple[torch.Tensor, torch.Tensor]:
         """Views of the K/V staged in `slot` for `layer`, each [n_staged, kv_heads, head_dim]."""

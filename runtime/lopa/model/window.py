@@ -110,6 +110,9 @@ class DreamWindowModel:
                 f"max_length {max_length} exceeds max_position_embeddings {config.max_position_embeddings}"
             )
         self.model = model.eval()
+        # Read once: the caches are allocated on this device and dtype (each model property read is
+        # two module attribute lookups, several per forward).
+        self._device, self._dtype = model.device, model.dtype
         self.config = config
         self.vocab_size = config.vocab_size
         self.max_length = max_length
@@ -152,7 +155,7 @@ class DreamWindowModel:
 
     @property
     def device(self) -> torch.device:
-        return self.model.device
+        return self._device
 
     @property
     def kv(self) -> KVCache:
@@ -228,7 +231,7 @@ class DreamWindowModel:
         lopa.model.exact_attention), elsewhere as one sequence (the cache is read once
         for every row)."""
         kv = self._cache(batch.sequence)
-        rows, dtype, device = batch.rows, self.model.dtype, self.device
+        rows, dtype, device = batch.rows, self._dtype, self._device
         by_row = device.type == "cpu" and rows > 1
         mask = additive_window_mask(
             batch.lengths, batch.block_ids, kv.length, batch.mode, dtype, device, by_row=by_row
@@ -267,9 +270,11 @@ class DreamWindowModel:
         return list(logits.float().split(counts))
 
     def _eager(self, batch: WindowBatch) -> torch.Tensor:
-        device = self.device
+        device = self._device
         rows, width = batch.rows, batch.width
-        positions = batch.start + torch.arange(width, device=device).repeat(rows)
+        positions = batch.start + torch.arange(width, device=device)
+        if rows > 1:
+            positions = positions.repeat(rows)
         outputs = None
         if batch.outputs is not None:
             outputs = torch.tensor(batch.outputs, dtype=torch.long, device=device)
