@@ -14,7 +14,7 @@ class Load:
 
     # A load that keeps the 2-worker CPU group busy (a queue forms, TTFT of tens to hundreds of
     # ms), so the clients' own overhead (a few ms per request) stays small beside what is compared.
-    rate: float = 12.0  # requests per second
+    rate: float = 18.0  # requests per second
     seconds: int = 20
     prompt_tokens: int = 64
     output_tokens: int = 64
