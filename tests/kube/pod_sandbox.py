@@ -51,6 +51,11 @@ fe00::2\tip6-allrouters
 READ_ONLY_KINDS = ("configMap", "secret", "downwardAPI", "projected")
 LAUNCHER = Path(__file__).with_name("pod_launcher.py")
 LAUNCHED = "launched"  # written by the "pause" shell once the container runs (shareProcessNamespace)
+# What the container's process runs from on this host (an image would carry it): the repository
+# (its editable packages, its venv) and the interpreter. A pod volume mounted over one of them (an
+# emptyDir at /tmp over a clone in /tmp) must not hide it.
+HOST_CODE = tuple(dict.fromkeys(Path(p).resolve() for p in (
+    Path(__file__).resolve().parents[2], sys.prefix, sys.base_prefix)))
 
 
 def _tool(name: str) -> str:
@@ -118,6 +123,7 @@ def prepare(
         binds.append((source, mount.path, mount.read_only or mount.volume in read_only))
     for name in ("hosts", "resolv.conf", "hostname"):
         binds.append((etc / name, f"/etc/{name}", False))
+    binds += _host_code_binds(binds)
 
     overlays: dict[Path, Path] = {}
     for source, target, _ in binds:
@@ -174,6 +180,13 @@ def _bind_lines(binds: list[tuple[Path, str, bool]], pod_dir: Path) -> list[str]
     if cover is not None:
         bind(*next(b for b in binds if b[1] == cover[1]), flag="--rbind")
     return lines
+
+
+def _host_code_binds(binds: list[tuple[Path, str, bool]]) -> list[tuple[Path, str, bool]]:
+    """Read-only binds of the HOST_CODE paths a pod volume would cover, outermost only."""
+    covered = [p for p in HOST_CODE if any(p.is_relative_to(target) for _, target, _ in binds)]
+    outermost = [p for p in covered if not any(p != q and p.is_relative_to(q) for q in covered)]
+    return [(p, str(p), True) for p in outermost]
 
 
 def _enclosing_bind(target: str, binds: list[tuple[Path, str, bool]]) -> tuple[Path, str] | None:

@@ -38,12 +38,21 @@ def remove_stale_work_dirs() -> None:
             continue  # no owner file (kept on purpose, or being created) or not ours to judge
 
 
+# Loaded here, in the parent: a forked child of this multithreaded process must not dlopen (the
+# loader's lock may be held by another thread at the fork, and the child then crashes or hangs).
+try:
+    _LIBC: ctypes.CDLL | None = ctypes.CDLL("libc.so.6", use_errno=True)
+    _PRCTL = _LIBC.prctl
+except OSError:
+    _LIBC = _PRCTL = None
+_PR_SET_PDEATHSIG = 1
+
+
 def die_with_parent() -> None:
     """preexec_fn: the child gets SIGKILL when the Python process dies, however it dies."""
-    with contextlib.suppress(Exception):
-        libc = ctypes.CDLL("libc.so.6", use_errno=True)
-        pr_set_pdeathsig = 1
-        libc.prctl(pr_set_pdeathsig, signal.SIGKILL)
+    if _PRCTL is not None:
+        with contextlib.suppress(Exception):
+            _PRCTL(_PR_SET_PDEATHSIG, signal.SIGKILL)
 
 
 def tail(path: Path, lines: int = 40) -> str:
