@@ -6,7 +6,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: install run test lint testenv
+.PHONY: install run test lint testenv docs
 
 install: $(STAMP)
 
@@ -24,6 +24,11 @@ run: install
 # Builds (once per machine, cached) the Kubernetes test control plane from the Go module proxy.
 testenv:
 	@if [ -x tools/k8s-testenv/build.sh ]; then tools/k8s-testenv/build.sh; fi
+
+# The documentation site: regenerate the reference pages from the code, then build site/ (strict).
+docs: install
+	$(PY) -m tools.docs.gen_reference
+	NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs build
 
 lint: install
 	$(VENV)/bin/ruff check .

@@ -5,7 +5,8 @@ default seccomp profile, no capabilities, no privilege escalation, a read-only r
 no ServiceAccount token (lopa never calls the API server). What a process writes goes to an emptyDir
 at /tmp: HOME and the torch / Triton / Hugging Face caches point there.
 spec.podSecurityContext and spec.securityContext are merged over these defaults (maps key by key,
-a list replaced whole), for accelerators whose device access needs more (README: "Pod security").
+a list replaced whole), for accelerators whose device access needs more (docs/guides/security.md,
+"Pod security").
 """
 
 from __future__ import annotations

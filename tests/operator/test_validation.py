@@ -231,7 +231,8 @@ def test_a_misspelt_security_override_is_refused_naming_it(
 def test_accelerator_overrides_are_accepted(
     kube: KubeCluster, crd_installed: None, shared_namespace: str
 ) -> None:
-    """What an Ascend node may need (README, "Pod security"): the driver's group, or root."""
+    """What an Ascend node may need (docs/guides/security.md, "Pod security"): the driver's group, or
+    root."""
     ascend = {"type": "ascend"}
     for name, spec in (
         ("ascend-group", {"accelerator": ascend, "podSecurityContext": {"supplementalGroups": [1000]}}),

@@ -77,7 +77,7 @@ def test_defaults_per_device_kind_are_the_documented_ones() -> None:
         Budget()
     stated = "cpu a base row and one lookahead row per running request"
     repo = Path(__file__).resolve().parents[2]
-    docs = ("README.md", "docs/lopa.yaml", "runtime/lopa/cli/serve.py",
+    docs = ("docs/concepts/branch-budget.md", "docs/lopa.yaml", "runtime/lopa/cli/serve.py",
             "runtime/lopa/cli/bench_concurrency.py", "manifests/crds/lopadeployments.lopa.dev.yaml",
             "manifests/install.yaml",
             "charts/lopa-operator/crds/lopadeployments.lopa.dev.yaml")

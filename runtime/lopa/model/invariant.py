@@ -20,7 +20,7 @@ Two ways keep a row's bits its own, whatever the batch and wherever the row sits
   and multiplied tile by tile in one bmm, every row through the same [TILE, k] product shape.
 
 Both are tested bit for bit. Accelerators keep their plain GEMM: there batch invariance is not
-promised (documented in the README).
+promised (docs/concepts/determinism.md).
 """
 
 from __future__ import annotations

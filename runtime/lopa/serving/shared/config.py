@@ -96,8 +96,8 @@ class WorkersConfig:
     rendezvous: str = "127.0.0.1:29500"
     join_timeout_s: float = 600.0
     step_timeout_s: float = 60.0
-    # The group's shared secret: every worker RPC and the rendezvous present it (see the README's
-    # security section); "" = none, any client that reaches a worker port may drive it.
+    # The group's shared secret: every worker RPC and the rendezvous present it (see docs/guides/
+    # security.md); "" = none, any client that reaches a worker port may drive it.
     secret_file: str = ""
     # Mutual TLS of the master-worker link (PEM files): a worker serves tls_cert and accepts only
     # clients whose certificate tls_ca signed; the master presents tls_cert and checks the workers'

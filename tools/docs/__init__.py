@@ -1,0 +1,1 @@
+"""The documentation site's tooling: the generated reference pages and the MkDocs hooks."""
