@@ -26,7 +26,7 @@ RUN pip install ./runtime && rm -rf /src
 # Non-root, as the operator runs every runtime pod (runAsUser 65532). The NPUs (/dev/davinci*) are
 # usually owned by the driver's HwHiAiUser group: give the pods that group (the LoPADeployment's
 # spec.podSecurityContext.supplementalGroups), or run them as root where the driver insists
-# (README, "Pod security").
+# (docs/guides/security.md, "Pod security").
 USER 65532:65532
 EXPOSE 50051 50052 29500 9090
 ENTRYPOINT ["lopa"]

@@ -14,7 +14,6 @@ HELP_COLUMNS = "100"  # argparse wraps at the terminal's width: fixed, so the pa
 def render() -> str:
     from lopa.cli import build_parser
 
-    os.environ["COLUMNS"] = HELP_COLUMNS
     lines = [
         "# Command-line reference",
         "",
@@ -23,11 +22,25 @@ def render() -> str:
         "Kubernetes operator.",
         "",
     ]
-    commands = [*walk(build_parser(), ["lopa"]), (["lopa-operator"], operator_help())]
+    with fixed_width():
+        commands = [*walk(build_parser(), ["lopa"]), (["lopa-operator"], operator_help())]
     for path, text in commands:
         heading = "#" * min(len(path) + 1, 4)
         lines += [f"{heading} `{' '.join(path)}`", "", "```text", text.rstrip(), "```", ""]
     return "\n".join(lines)
+
+
+@contextlib.contextmanager
+def fixed_width() -> Iterator[None]:
+    saved = os.environ.get("COLUMNS")
+    os.environ["COLUMNS"] = HELP_COLUMNS
+    try:
+        yield
+    finally:
+        if saved is None:
+            del os.environ["COLUMNS"]
+        else:
+            os.environ["COLUMNS"] = saved
 
 
 def walk(parser: argparse.ArgumentParser, path: list[str]) -> Iterator[tuple[list[str], str]]:
