@@ -57,6 +57,15 @@ def test_a_broken_link_or_a_page_out_of_the_nav_fails_the_strict_build(
     assert refusal in caplog.text
 
 
+def test_a_new_guide_joins_the_nav_without_a_nav_edit(tmp_path: Path) -> None:
+    docs = tmp_path / "docs"
+    shutil.copytree(REPO / "docs", docs)
+    (docs / "guides" / "zz-new-topic.md").write_text("# A new topic\n\nText.\n")
+    build_site(tmp_path / "site", docs)
+    serving = (tmp_path / "site" / "guides" / "serving" / "index.html").read_text()
+    assert 'href="../zz-new-topic/"' in serving and "A new topic" in serving
+
+
 def test_the_generated_reference_pages_are_current(tmp_path: Path) -> None:
     """Regenerated from the code into a temporary folder, the pages equal the committed ones: a new CLI
     flag, config key, CRD field, proto comment or metric shows up there once regenerated."""
