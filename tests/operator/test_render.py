@@ -184,7 +184,7 @@ def test_user_settings_pass_through() -> None:
     assert svc["spec"]["type"] == "LoadBalancer" and svc["metadata"]["annotations"]["a"] == "b"
     assert svc["spec"]["ports"][0]["port"] == 443
     master = objs["Deployment/u-0-master"]["spec"]["template"]["spec"]
-    assert {"name": "tls", "secret": {"secretName": "lopa-tls"}} in master["volumes"]
+    assert {"name": "tls", "secret": {"secretName": "lopa-tls", "defaultMode": 0o400}} in master["volumes"]
     doc = yaml.safe_load(objs["ConfigMap/u-0-config"]["data"]["lopa.yaml"])
     assert doc["tls"]["client_ca"] == "/etc/lopa/tls/ca.crt"
     # kubelet gRPC probes speak no TLS: a TLS master is probed on its plaintext health port.
