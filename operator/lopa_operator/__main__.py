@@ -139,6 +139,12 @@ def main(argv: list[str] | None = None) -> None:
         print(render_file(args.render), end="")
         return
     namespaces = scope(args)  # before anything starts: a bad scope is a usage error
+    from . import network
+
+    try:
+        network.default_metrics_from()
+    except ValueError as error:
+        raise SystemExit(f"lopa-operator: error: {error}") from None
     # Handlers read these at import time (decorator arguments), so set them before importing.
     os.environ["LOPA_OPERATOR_METRICS_PORT"] = str(args.metrics_port)
     if args.resync_seconds is not None:

@@ -50,6 +50,7 @@ def test_helm_lint_clean(kube: KubeCluster) -> None:
         ("livenessPort=9090", "metrics.port and livenessPort must differ"),  # two listeners, one port
         ("watchAllNamespaces=true,watchNamespaces={team-a}", "exclude each other"),
         ("watchAllNamespaces=yes", "/watchAllNamespaces"),
+        ("networkPolicy.metricsFrom[0].podSelectr.app=x", "/networkPolicy/metricsFrom/0"),
     ],
 )
 def test_bad_values_are_refused_naming_the_key(kube: KubeCluster, value: str, named: str) -> None:
@@ -194,6 +195,19 @@ def test_the_default_install_is_namespaced(kube: KubeCluster) -> None:
     assert "Role" not in wide and wide["ClusterRoleBinding"]["roleRef"]["name"] == RELEASE
     assert wide["ClusterRole"]["rules"] == by_kind["Role"][0]["rules"]
     assert "--all-namespaces" in wide["Deployment"]["spec"]["template"]["spec"]["containers"][0]["args"]
+
+
+def test_the_chart_default_scrapers_are_the_operators(kube: KubeCluster) -> None:
+    from lopa_operator import network
+
+    (deployment,) = [d for d in render_chart(kube) if d["kind"] == "Deployment"]
+    env = {e["name"]: e.get("value") for e in deployment["spec"]["template"]["spec"]["containers"][0]["env"]}
+    assert json.loads(env[network.METRICS_FROM_ENV]) == network.DEFAULT_METRICS_FROM
+    scraper = "networkPolicy.metricsFrom[0].namespaceSelector.matchLabels.team=observability"
+    (deployment,) = [d for d in render_chart(kube, scraper) if d["kind"] == "Deployment"]
+    env = {e["name"]: e.get("value") for e in deployment["spec"]["template"]["spec"]["containers"][0]["env"]}
+    assert json.loads(env[network.METRICS_FROM_ENV])[0]["namespaceSelector"] == {
+        "matchLabels": {"team": "observability"}}
 
 
 def test_install_bundle_matches_helm_template(kube: KubeCluster, tmp_path: Path) -> None:

@@ -42,7 +42,8 @@ def test_children_names_and_contract() -> None:
         "Service/demo-workers",
         "Service/demo",
         "Service/demo-master-metrics",
-        "NetworkPolicy/demo",
+        "NetworkPolicy/demo-0-worker",
+        "NetworkPolicy/demo-0-master",
     ]
     kinds = by_kind(objs)
     headless = kinds["Service/demo-workers"]["spec"]
@@ -234,7 +235,8 @@ def test_cli_render_prints_children_without_a_cluster() -> None:
     ).stdout
     docs = list(yaml.safe_load_all(out))
     assert [d["kind"] for d in docs] == [
-        "Secret", "ConfigMap", "StatefulSet", "Deployment", "Service", "Service", "Service", "NetworkPolicy"
+        "Secret", "ConfigMap", "StatefulSet", "Deployment", "Service", "Service", "Service", "NetworkPolicy",
+        "NetworkPolicy",
     ]
     assert docs[1]["metadata"]["name"] == "d2f-dream-0-config"
     assert docs[1]["metadata"]["namespace"] == "default"
