@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import logging
 import os
+import re
 import sys
 from pathlib import Path
 
@@ -31,6 +32,42 @@ def _seconds(text: str) -> float:
     return value
 
 
+# In a pod the ServiceAccount's namespace is the operator's own (the watch scope by default).
+OWN_NAMESPACE_FILE = Path("/var/run/secrets/kubernetes.io/serviceaccount/namespace")
+_NAMESPACE = re.compile(r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$")
+
+
+def _namespace(text: str) -> str:
+    """One exact namespace name: kopf's globs and negations need the namespace list, which the
+    operator neither watches nor is granted."""
+    if not _NAMESPACE.match(text):
+        raise argparse.ArgumentTypeError(
+            f"{text!r} is not a namespace name (lowercase letters, digits and '-'; no patterns)"
+        )
+    return text
+
+
+def scope(args: argparse.Namespace, own_namespace_file: Path = OWN_NAMESPACE_FILE) -> list[str]:
+    """The namespaces to watch ([] = all): the named ones, every one with --all-namespaces, else the
+    operator's own (its ServiceAccount's). SystemExit naming the flags when none can be told."""
+    if args.all_namespaces and args.namespace:
+        raise SystemExit("lopa-operator: error: --namespace and --all-namespaces exclude each other")
+    if args.all_namespaces:
+        return []
+    if args.namespace:
+        return list(dict.fromkeys(args.namespace))
+    try:
+        own = own_namespace_file.read_text().strip()
+    except OSError:
+        own = ""
+    if not own:
+        raise SystemExit(
+            "lopa-operator: error: name the namespaces to watch (--namespace, repeatable) or pass "
+            f"--all-namespaces (outside a pod there is no own namespace: {own_namespace_file} is missing)"
+        )
+    return [own]
+
+
 def parse(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="lopa-operator", description=__doc__)
     version = f"lopa-operator {__version__} (kopf {kopf.__version__})"
@@ -40,9 +77,15 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
         "--namespace",
         action="append",
         default=[],
-        help="namespace to watch (repeatable, exact names); default: all namespaces",
+        type=_namespace,
+        help="namespace to watch (repeatable, exact names); default: the operator's own namespace",
     )
-    p.add_argument("-A", "--all-namespaces", action="store_true", help="watch every namespace")
+    p.add_argument(
+        "-A",
+        "--all-namespaces",
+        action="store_true",
+        help="watch every namespace (needs cluster-wide RBAC: docs/guides/operator-security.md)",
+    )
     p.add_argument(
         "--liveness",
         default=os.environ.get("LOPA_OPERATOR_LIVENESS", "http://0.0.0.0:8080/healthz"),
@@ -95,6 +138,13 @@ def main(argv: list[str] | None = None) -> None:
     if args.render:
         print(render_file(args.render), end="")
         return
+    namespaces = scope(args)  # before anything starts: a bad scope is a usage error
+    from . import network
+
+    try:
+        network.default_metrics_from()
+    except ValueError as error:
+        raise SystemExit(f"lopa-operator: error: {error}") from None
     # Handlers read these at import time (decorator arguments), so set them before importing.
     os.environ["LOPA_OPERATOR_METRICS_PORT"] = str(args.metrics_port)
     if args.resync_seconds is not None:
@@ -104,7 +154,6 @@ def main(argv: list[str] | None = None) -> None:
     kopf.configure(debug=args.log_level == "debug", quiet=args.log_level == "warning", log_prefix=True)
     if args.log_level != "debug":
         logging.getLogger("kopf.objects").addFilter(_QuietResync())
-    namespaces = [] if args.all_namespaces else args.namespace
     watched = ", ".join(namespaces) if namespaces else "all namespaces"
     logging.getLogger("lopa_operator").info("lopa-operator %s watching %s", __version__, watched)
     kopf.run(

@@ -81,7 +81,16 @@ def master_metrics_service(name: str) -> str:
     return f"{name}-master-metrics"
 
 
-def network_policy(name: str) -> str:
+def network_policy(name: str, index: int, role: str) -> str:
+    """The NetworkPolicy of group `index`'s `role` pods: named as the StatefulSet or Deployment
+    whose pods it selects."""
+    return worker_set(name, index) if role == ROLE_WORKER else master(name, index)
+
+
+def deployment_network_policy(name: str) -> str:
+    """A policy of the deployment's own name, fencing all its groups at once (what operator versions
+    without per-group policies made): deleted when this LoPADeployment controls it, as it would admit
+    every group's workers to every other group's ports."""
     return name
 
 

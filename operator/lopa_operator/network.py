@@ -1,39 +1,57 @@
-"""The NetworkPolicy that fences a LoPADeployment's pods (spec.networkPolicy, on by default).
+"""The NetworkPolicies that fence each group of a LoPADeployment (spec.networkPolicy, on by default).
 
-One policy per deployment, selecting all its pods (every group's), ingress only:
-- from the deployment's workers, every port: the collective's data connections (gloo, NCCL, HCCL)
-  use ports beyond the rendezvous; from its masters, the worker gRPC port;
-- the masters' client ports (gRPC, the plaintext health port under TLS, HTTP) from
-  spec.networkPolicy.clientFrom, or from anywhere when it is empty;
-- the metrics port from spec.networkPolicy.metricsFrom, or from anywhere (Prometheus scrapes it).
-One object per deployment rather than per group: it does not change when the groups scale, and the
-groups of one deployment are told apart by their own secret and CA, not by the network. A worker
-of another group of the same deployment can reach a worker's port; its calls are refused
-(UNAUTHENTICATED) without the group's secret.
+Two policies per group, named after what they select (the group's worker StatefulSet and master
+Deployment), ingress and egress:
+- the workers admit the group's own workers on every port (the collective's data connections open
+  ports beyond the rendezvous) and the group's own master on the worker gRPC port; they connect to
+  the group's workers only;
+- the master admits clients on its client ports (gRPC, the plaintext health port under TLS, HTTP):
+  spec.networkPolicy.clientFrom, anyone when it is absent or empty; it connects to its group's
+  workers' gRPC port only;
+- every pod admits scrapers on the metrics port: spec.networkPolicy.metricsFrom, else the
+  operator's default (LOPA_OPERATOR_METRICS_FROM, the chart's networkPolicy.metricsFrom: Prometheus
+  pods in any namespace); an empty list admits anyone;
+- every pod may resolve names (port 53, UDP and TCP, to any address: the cluster DNS runs where
+  the cluster puts it) and reach what spec.networkPolicy.egress adds (say a model store).
+No other group's pods, of this deployment or another, reach a group's worker or rendezvous ports.
 """
 
 from __future__ import annotations
 
 import copy
+import json
+import os
 from typing import Any
 
 from . import names
 
+Obj = dict[str, Any]
 
-def _tcp(port: int) -> dict[str, Any]:
+# Who scrapes the metrics port unless the operator is told otherwise: Prometheus pods as the
+# Prometheus Operator and the prometheus community chart label them, in any namespace.
+METRICS_FROM_ENV = "LOPA_OPERATOR_METRICS_FROM"
+DEFAULT_METRICS_FROM: list[Obj] = [
+    {"namespaceSelector": {}, "podSelector": {"matchLabels": {"app.kubernetes.io/name": "prometheus"}}}
+]
+DNS_PORT = 53
+ROLES = (names.ROLE_WORKER, names.ROLE_MASTER)
+
+
+def _tcp(port: int) -> Obj:
     return {"protocol": "TCP", "port": port}
 
 
-def _rule(ports: list[int] | None, peers: list[dict[str, Any]] | None) -> dict[str, Any]:
-    rule: dict[str, Any] = {}
-    if peers:  # none: from anywhere
-        rule["from"] = copy.deepcopy(peers)
-    if ports is not None:  # none: every port
-        rule["ports"] = [_tcp(p) for p in ports]
+def _rule(side: str, ports: list[Obj] | None, peers: list[Obj] | None) -> Obj:
+    """An ingress (`side` "from") or egress ("to") rule: no peers, any peer; no ports, any port."""
+    rule: Obj = {}
+    if peers:
+        rule[side] = copy.deepcopy(peers)
+    if ports is not None:
+        rule["ports"] = ports
     return rule
 
 
-def client_ports(spec: dict[str, Any]) -> list[int]:
+def client_ports(spec: Obj) -> list[int]:
     """The master's container ports clients (and the kubelet's probes) reach."""
     ports = [names.CLIENT_PORT]
     if spec.get("tls"):
@@ -43,31 +61,77 @@ def client_ports(spec: dict[str, Any]) -> list[int]:
     return ports
 
 
-def policy(name: str, namespace: str, spec: dict[str, Any]) -> dict[str, Any]:
-    """The deployment's NetworkPolicy; `spec` has its defaults applied."""
+def default_metrics_from() -> list[Obj]:
+    """The operator's scraper peers: LOPA_OPERATOR_METRICS_FROM (a JSON list of NetworkPolicyPeers)
+    or DEFAULT_METRICS_FROM. ValueError naming the variable when it is not such a list."""
+    text = os.environ.get(METRICS_FROM_ENV, "").strip()
+    if not text:
+        return copy.deepcopy(DEFAULT_METRICS_FROM)
+    try:
+        peers = json.loads(text)
+    except ValueError as error:
+        raise ValueError(f"{METRICS_FROM_ENV} is not JSON: {error}") from None
+    if not isinstance(peers, list) or not all(isinstance(p, dict) for p in peers):
+        raise ValueError(f"{METRICS_FROM_ENV} must be a JSON list of NetworkPolicyPeer objects, got {text!r}")
+    return peers
+
+
+def metrics_from(spec: Obj) -> list[Obj]:
     fence = spec.get("networkPolicy") or {}
-    workers = {"podSelector": {"matchLabels": names.labels(name, names.ROLE_WORKER)}}
-    masters = {"podSelector": {"matchLabels": names.labels(name, names.ROLE_MASTER)}}
+    return fence["metricsFrom"] if "metricsFrom" in fence else default_metrics_from()
+
+
+def _group(name: str, role: str, index: int) -> Obj:
+    return {"podSelector": {"matchLabels": names.labels(name, role, index)}}
+
+
+def _dns() -> Obj:
+    return _rule("to", [{"protocol": proto, "port": DNS_PORT} for proto in ("UDP", "TCP")], None)
+
+
+def _ingress(name: str, role: str, index: int, spec: Obj) -> list[Obj]:
+    fence = spec.get("networkPolicy") or {}
+    scrapers = _rule("from", [_tcp(names.METRICS_PORT)], metrics_from(spec))
+    if role == names.ROLE_MASTER:
+        clients = _rule("from", [_tcp(p) for p in client_ports(spec)], fence.get("clientFrom"))
+        return [clients, scrapers]
+    return [
+        _rule("from", None, [_group(name, names.ROLE_WORKER, index)]),
+        _rule("from", [_tcp(names.WORKER_PORT)], [_group(name, names.ROLE_MASTER, index)]),
+        scrapers,
+    ]
+
+
+def _egress(name: str, role: str, index: int, spec: Obj) -> list[Obj]:
+    extra = copy.deepcopy((spec.get("networkPolicy") or {}).get("egress") or [])
+    workers = [_group(name, names.ROLE_WORKER, index)]
+    ports = [_tcp(names.WORKER_PORT)] if role == names.ROLE_MASTER else None
+    return [_rule("to", ports, workers), _dns(), *extra]
+
+
+def policy(name: str, namespace: str, spec: Obj, index: int, role: str) -> Obj:
+    """The NetworkPolicy of group `index`'s `role` pods; `spec` has its defaults applied."""
     return {
         "apiVersion": "networking.k8s.io/v1",
         "kind": "NetworkPolicy",
         "metadata": {
-            "name": names.network_policy(name),
+            "name": names.network_policy(name, index, role),
             "namespace": namespace,
-            "labels": names.labels(name),
+            "labels": names.labels(name, role, index),
         },
         "spec": {
-            "podSelector": {"matchLabels": names.labels(name)},
-            "policyTypes": ["Ingress"],
-            "ingress": [
-                _rule(None, [workers]),
-                _rule([names.WORKER_PORT], [masters]),
-                _rule(client_ports(spec), fence.get("clientFrom")),
-                _rule([names.METRICS_PORT], fence.get("metricsFrom")),
-            ],
+            "podSelector": {"matchLabels": names.labels(name, role, index)},
+            "policyTypes": ["Ingress", "Egress"],
+            "ingress": _ingress(name, role, index, spec),
+            "egress": _egress(name, role, index, spec),
         },
     }
 
 
-def enabled(spec: dict[str, Any]) -> bool:
+def policies(name: str, namespace: str, spec: Obj, index: int) -> list[Obj]:
+    """Group `index`'s policies: its workers', its master's."""
+    return [policy(name, namespace, spec, index, role) for role in ROLES]
+
+
+def enabled(spec: Obj) -> bool:
     return bool((spec.get("networkPolicy") or {}).get("enabled", True))

@@ -26,11 +26,15 @@ def _config_volume(name: str, index: int) -> dict[str, Any]:
     return {"name": CONFIG_VOLUME, "configMap": {"name": names.config_map(name, index)}}
 
 
+def _secret_source(secret_name: str) -> dict[str, Any]:
+    return {"secretName": secret_name, "defaultMode": security.SECRET_MODE}
+
+
 def _group_volumes(name: str, index: int) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
     """What every pod of group `index` mounts beside its config: the group Secret (read-only) and
     the writable emptyDir (the root filesystem is read-only)."""
     volumes = [
-        {"name": GROUP_VOLUME, "secret": {"secretName": names.group_secret(name, index)}},
+        {"name": GROUP_VOLUME, "secret": _secret_source(names.group_secret(name, index))},
         security.volume(),
     ]
     mounts = [
@@ -225,7 +229,7 @@ def master_template(
     if tls:
         ports.append({"name": "health", "containerPort": names.HEALTH_PORT, "protocol": "TCP"})
         mounts.append({"name": TLS_VOLUME, "mountPath": names.TLS_DIR, "readOnly": True})
-        volumes.append({"name": TLS_VOLUME, "secret": {"secretName": tls["secretName"]}})
+        volumes.append({"name": TLS_VOLUME, "secret": _secret_source(tls["secretName"])})
     container = {
         "name": names.ROLE_MASTER,
         "image": specs.image(spec),

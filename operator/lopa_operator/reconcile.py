@@ -213,13 +213,14 @@ def _reconcile(
     removed = {names.group_of(c) for objs in doomed.values() for c in objs} - {None}
     for index in sorted(i for i in removed if i is not None):
         kube.delete("Secret", namespace, names.group_secret(name, index))
+        for role in network.ROLES:
+            kube.delete("NetworkPolicy", namespace, names.network_policy(name, index, role))
     for kind, objs in doomed.items():
         for child in objs:
             kube.delete(kind, namespace, child["metadata"]["name"], uid=child["metadata"]["uid"])
             logger.info("deleted %s %s: no group of spec.replicas owns it", kind, child["metadata"]["name"])
     if not rejected:
-        fence = names.network_policy(name)
-        _remove_unless(network.enabled(spec), kube, memo, "NetworkPolicy", namespace, fence)
+        _unfence(kube, obj, spec, memo)
     extra = _pool_condition(kube, obj, spec, memo, post, before, rejected)
 
     now = dt.datetime.now(dt.timezone.utc)
@@ -255,13 +256,26 @@ def _reconcile(
 _ROLE = "app.kubernetes.io/component"
 
 
-def _remove_unless(wanted: bool, kube: Kube, memo: Memo, kind: str, namespace: str, name: str) -> None:
-    """Deletes an optional child the spec does not want: once, not every resync, while it does not."""
-    if wanted:
-        memo.pop(f"absent:{kind}", None)
-    elif not memo.get(f"absent:{kind}"):
-        kube.delete(kind, namespace, name)
-        memo[f"absent:{kind}"] = True
+def _unfence(kube: Kube, obj: dict[str, Any], spec: dict[str, Any], memo: Memo) -> None:
+    """Deletes the groups' NetworkPolicies when the spec turns them off (once, not every resync, while
+    it does not want them), and, once per operator run, a deployment-wide policy this CR controls
+    (names.deployment_network_policy)."""
+    meta = obj["metadata"]
+    name, namespace = meta["name"], meta["namespace"]
+    if network.enabled(spec):
+        memo.pop("absent:NetworkPolicy", None)
+    elif not memo.get("absent:NetworkPolicy"):
+        for index in range(spec["replicas"]):
+            for role in network.ROLES:
+                kube.delete("NetworkPolicy", namespace, names.network_policy(name, index, role))
+        memo["absent:NetworkPolicy"] = True
+    if memo.get("deployment_policy_checked"):
+        return
+    wide = kube.get(path("NetworkPolicy", namespace, names.deployment_network_policy(name)))
+    refs = ((wide or {}).get("metadata") or {}).get("ownerReferences") or []
+    if any(r.get("controller") and r.get("uid") == meta["uid"] for r in refs):
+        kube.delete("NetworkPolicy", namespace, wide["metadata"]["name"], uid=wide["metadata"]["uid"])
+    memo["deployment_policy_checked"] = True
 
 
 def _pool_condition(

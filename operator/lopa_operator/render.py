@@ -1,10 +1,10 @@
 """Pure rendering of a LoPADeployment's children: no cluster access, no owner references.
 
-Shared children (the Services, the NetworkPolicy) serve every group; each group `index` <
-spec.replicas has its own Secret, ConfigMap, worker StatefulSet and master Deployment
-(`group_children`). reconcile applies the shared ones and the groups the rollout lets change, each
-with the Secret data it keeps (credentials.py); `children()` renders them all, with fresh secrets
-(unit tests, --render).
+Shared children (the Services) serve every group; each group `index` < spec.replicas has its own
+Secret, ConfigMap, worker StatefulSet and master Deployment (`group_children`), and NetworkPolicies
+(rendered with the shared children). reconcile applies the shared ones and the groups the rollout
+lets change, each with the Secret data it keeps (credentials.py); `children()` renders them all,
+with fresh secrets (unit tests, --render).
 """
 
 from __future__ import annotations
@@ -165,7 +165,8 @@ def group_hash(name: str, namespace: str, spec: dict[str, Any]) -> str:
 
 
 def shared_children(name: str, namespace: str, raw_spec: dict[str, Any]) -> list[dict[str, Any]]:
-    """The Services every group shares, and the NetworkPolicy (spec.networkPolicy.enabled)."""
+    """The Services every group shares, and each group's NetworkPolicies (spec.networkPolicy.enabled):
+    they depend on the group's index alone, so they are applied whatever the group's turn in a roll."""
     spec = specs.with_defaults(raw_spec)
     objs = [
         worker_service(name, namespace),
@@ -173,7 +174,8 @@ def shared_children(name: str, namespace: str, raw_spec: dict[str, Any]) -> list
         master_metrics_service(name, namespace),
     ]
     if network.enabled(spec):
-        objs.append(network.policy(name, namespace, spec))
+        for index in range(spec["replicas"]):
+            objs += network.policies(name, namespace, spec, index)
     return [copy.deepcopy(obj) for obj in objs]
 
 

@@ -2,8 +2,9 @@
 
 By default every master and worker runs as the images' non-root user (65532), with the runtime's
 default seccomp profile, no capabilities, no privilege escalation, a read-only root filesystem and
-no ServiceAccount token (lopa never calls the API server). What a process writes goes to an emptyDir
-at /tmp: HOME and the torch / Triton / Hugging Face caches point there.
+no ServiceAccount token (lopa never calls the API server). Secret volumes are readable by the pod's
+user and group only (SECRET_MODE, fsGroup). What a process writes goes to an emptyDir at /tmp: HOME
+and the torch / Triton / Hugging Face caches point there.
 spec.podSecurityContext and spec.securityContext are merged over these defaults (maps key by key,
 a list replaced whole), for accelerators whose device access needs more (docs/guides/security.md,
 "Pod security").
@@ -24,8 +25,17 @@ POD_DEFAULTS: dict[str, Any] = {
     "runAsNonRoot": True,
     "runAsUser": RUN_AS,
     "runAsGroup": RUN_AS,
+    # Secret files are mode SECRET_MODE, owned by root: with fsGroup the kubelet gives them this
+    # group (and group read), which every container of the pod holds, whatever its user.
+    "fsGroup": RUN_AS,
+    # Only a volume whose top directory is not yet the group's is walked (a large model PVC is not
+    # re-chowned at every start); Secret, ConfigMap and emptyDir volumes are set up either way.
+    "fsGroupChangePolicy": "OnRootMismatch",
     "seccompProfile": {"type": "RuntimeDefault"},
 }
+# Mode of the Secret volumes' files (the group secret, the link's and the client API's keys): the
+# owner (root) only, and the pod's fsGroup through the group bit the kubelet adds (0440 in the pod).
+SECRET_MODE = 0o400
 CONTAINER_DEFAULTS: dict[str, Any] = {
     "allowPrivilegeEscalation": False,
     "readOnlyRootFilesystem": True,

@@ -16,10 +16,13 @@ Where it differs from a kubelet: there is no image. The "image" is this test run
 environment (`IMAGE_ENV`: the venv's bin first on PATH, this run's PYTHONPATH, and the ENV lines of
 docker/runtime-cpu.Dockerfile); a container must name its `command` (there is no ENTRYPOINT to fall
 back on). One container per pod, no init containers. `resourceFieldRef` env, volumes other than the
-kinds above, `hostAliases`, service links (KUBERNETES_SERVICE_* included) and security contexts are
-not supported (they raise `Unsupported`, or are ignored where the pod would run the same: the
-process runs as root, its root filesystem writable, whatever runAsUser or readOnlyRootFilesystem
-say; its volumes are mounted as the pod asks). Volume files are written once at start: plain
+kinds above, `hostAliases` and service links (KUBERNETES_SERVICE_* included) are not supported (they
+raise `Unsupported`, or are ignored where the pod would run the same). Of the security contexts,
+the users and groups apply (`user`): runAsUser and runAsGroup (the container's over the pod's) and,
+as supplementary groups, fsGroup and supplementalGroups; the volumes get fsGroup's ownership as
+the kubelet gives it (`pod_sandbox.write_volumes`). Without runAsUser the process runs as root (there
+is no image USER); the rest (readOnlyRootFilesystem, capabilities, seccomp) is ignored: the root
+filesystem is writable. Volume files are written once at start: plain
 files, not the kubelet's `..data` symlinks, and not refreshed when their ConfigMap or Secret
 changes.
 """
@@ -64,6 +67,28 @@ class Mount:
     read_only: bool = False
 
 
+@dataclass(frozen=True)
+class User:
+    """Who the container's process runs as."""
+
+    uid: int
+    gid: int
+    groups: tuple[int, ...]  # supplementary: fsGroup, then supplementalGroups
+
+
+def user(pod_spec: dict[str, Any], container: dict[str, Any]) -> User | None:
+    """The process's user and groups from the security contexts, None when no runAsUser is set."""
+    pod_context = pod_spec.get("securityContext") or {}
+    own = container.get("securityContext") or {}
+    uid = own.get("runAsUser", pod_context.get("runAsUser"))
+    if uid is None:
+        return None
+    gid = own.get("runAsGroup", pod_context.get("runAsGroup", 0))
+    extra = [pod_context["fsGroup"]] if "fsGroup" in pod_context else []
+    extra += pod_context.get("supplementalGroups") or []
+    return User(int(uid), int(gid), tuple(dict.fromkeys(int(g) for g in extra)))
+
+
 @dataclass
 class PodPlan:
     uid: str
@@ -84,6 +109,8 @@ class PodPlan:
     working_dir: str
     share_pid: bool = False  # spec.shareProcessNamespace
     pre_stop_sleep_s: float = 0.0  # lifecycle.preStop.sleep: waited out before SIGTERM
+    user: User | None = None  # None: root, as an image without USER
+    fs_group: int | None = None  # the volumes' group (securityContext.fsGroup)
 
     def port(self, value: int | str) -> int:
         """A probe's port: a number, or the name of one of the container's ports."""
@@ -133,6 +160,8 @@ def plan(pod: dict[str, Any], api: Api, pod_ip: str, host_ip: str) -> PodPlan:
         working_dir=container.get("workingDir") or "/",
         share_pid=bool(spec.get("shareProcessNamespace")),
         pre_stop_sleep_s=_pre_stop_sleep(container, where),
+        user=user(spec, container),
+        fs_group=(spec.get("securityContext") or {}).get("fsGroup"),
     )
 
 

@@ -24,7 +24,8 @@ The script, in the new mount namespace only (nothing leaks to the host's mounts)
   over the host's; the UTS hostname is the pod's hostname.
 
 Where it differs from a container runtime: the root filesystem is the host's (no image), no IPC or
-user namespace (the process runs as root), no cgroup limits, /proc is remounted for the PID
+user namespace (the process runs as its pod's runAsUser, with its groups, through setpriv; as root
+without one), no cgroup limits, /proc is remounted for the PID
 namespace but /sys is the host's; every dnsPolicy is treated as ClusterFirst; a mount point
 directly under / (say /models) is refused.
 """
@@ -35,6 +36,7 @@ import os
 import shlex
 import shutil
 import sys
+from collections.abc import Collection
 from pathlib import Path
 
 from .pod_plan import Mount, PodPlan, Unsupported
@@ -82,19 +84,38 @@ def resolv_conf(namespace: str, dns_ip: str) -> str:
     return f"search {search}\nnameserver {dns_ip}\noptions ndots:5\n"
 
 
-def write_volumes(plan: PodPlan, pod_dir: Path) -> dict[str, Path]:
-    """Writes every volume's files under pod_dir/volumes; returns volume name -> its directory."""
+def write_volumes(plan: PodPlan, pod_dir: Path, read_only: Collection[str] = ()) -> dict[str, Path]:
+    """Writes every volume's files under pod_dir/volumes; returns volume name -> its directory.
+
+    As the kubelet: an emptyDir (a volume not in `read_only`) is a directory anyone may write
+    (0777); with the pod's fsGroup every volume's files and directories get that group, group read
+    (and write, unless the volume is read-only), and the directories the setgid bit."""
     dirs: dict[str, Path] = {}
     for name, files in plan.volumes.items():
         root = pod_dir / "volumes" / name
         root.mkdir(parents=True, exist_ok=True)
+        if name not in read_only:
+            root.chmod(0o777)
         for relative, (content, mode) in files.items():
             target = root / relative
             target.parent.mkdir(parents=True, exist_ok=True)
             target.write_bytes(content)
             target.chmod(mode)
+        if plan.fs_group is not None:
+            _own(root, plan.fs_group, 0o440 if name in read_only else 0o660)
         dirs[name] = root
     return dirs
+
+
+def _own(root: Path, group: int, file_bits: int) -> None:
+    """The kubelet's fsGroup ownership (SetVolumeOwnership) of one volume's tree."""
+    for path in [root, *root.rglob("*")]:
+        os.chown(path, -1, group)
+        mode = path.stat().st_mode & 0o7777
+        if path.is_dir():
+            path.chmod(mode | file_bits | 0o110 | 0o2000)  # group enters, new files keep the group
+        else:
+            path.chmod(mode | file_bits)
 
 
 def prepare(
@@ -105,7 +126,7 @@ def prepare(
     `read_only`: the volumes a kubelet always mounts read-only (see READ_ONLY_KINDS).
     """
     pod_dir.mkdir(parents=True, exist_ok=True)
-    volumes = write_volumes(plan, pod_dir)
+    volumes = write_volumes(plan, pod_dir, read_only)
     etc = pod_dir / "etc"
     etc.mkdir(exist_ok=True)
     (etc / "hosts").write_text(hosts_file(plan, pod_ip))
@@ -145,16 +166,27 @@ def prepare(
     script += _bind_lines(binds, pod_dir)
     script.append(f"hostname {shlex.quote(plan.hostname)}")
     script.append(f"cd {shlex.quote(plan.working_dir)}")
+    run = _as_user(plan)
     if plan.share_pid:  # PID 1 is the "pause" shell; it reaps the container and passes on its status
         # `echo` is a builtin (no child process): once the file exists, the only child is the container.
-        script += ['"$@" 9<&- &', f"echo $! > /proc/self/fd/9/{LAUNCHED}", "wait $!", "exit $?"]
+        script += [f'{run}"$@" 9<&- &', f"echo $! > /proc/self/fd/9/{LAUNCHED}", "wait $!", "exit $?"]
     else:
-        script.append('exec "$@" 9<&-')
+        script.append(f'exec {run}"$@" 9<&-')
     (pod_dir / "start.sh").write_text("\n".join(script) + "\n")
     return [
         _tool("nsenter"), f"--net={netns_path}", "--",
         sys.executable, "-I", "-S", str(LAUNCHER), str(pod_dir / "start.sh"), *plan.argv,
     ]
+
+
+def _as_user(plan: PodPlan) -> str:
+    """The command prefix that runs the container as its user and groups ('' for root). setpriv
+    execs the container in place, so it keeps the process's PID."""
+    if plan.user is None:
+        return ""
+    groups = f"--groups={','.join(map(str, plan.user.groups))}" if plan.user.groups else "--clear-groups"
+    setpriv = _tool("setpriv")
+    return f"{setpriv} --reuid={plan.user.uid} --regid={plan.user.gid} {groups} -- "
 
 
 def _bind_lines(binds: list[tuple[Path, str, bool]], pod_dir: Path) -> list[str]:

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from kube import cluster_dns, netns, pod_sandbox
-from kube.pod_plan import Mount, PodPlan, expand
+from kube.pod_plan import Mount, PodPlan, User, expand, user
 from kube.pod_runner import container_pid
 
 needs_netns = pytest.mark.skipif(bool(netns.available()), reason=f"pod networks: {netns.available()}")
@@ -71,6 +71,46 @@ def test_sandbox_has_volumes_hostname_and_cluster_names(tmp_path: Path) -> None:
     finally:
         dns.close()
         network.close()
+
+
+@needs_netns
+@pytest.mark.parametrize("fs_group", [65532, None])
+def test_the_container_runs_as_its_user_and_reads_an_owner_only_secret_through_fs_group(
+    tmp_path: Path, fs_group: int | None
+) -> None:
+    """runAsUser/runAsGroup and fsGroup as a kubelet applies them: a Secret file of mode 0400 (owned
+    by root) is readable by the non-root user through fsGroup (0440, that group), and not without;
+    the emptyDir is writable by that user."""
+    network = netns.PodNetwork()
+    try:
+        name, address = network.add()
+        script = """
+            id -u; id -g; id -G
+            cat /etc/lopa-harness-test/secret 2>/dev/null || echo unreadable
+            touch /etc/lopa-harness-test/inner/x && echo inner-writable
+            stat -c %a:%u:%g /etc/lopa-harness-test/secret
+        """
+        plan = _plan(["sh", "-c", textwrap.dedent(script)])
+        plan.volumes["config"] = {"secret": (b"s3cret\n", 0o400)}
+        groups = (fs_group,) if fs_group is not None else ()
+        plan.user, plan.fs_group = User(65532, 65532, groups), fs_group
+        netns_path = network.netns_path(name)
+        argv = pod_sandbox.prepare(plan, tmp_path, netns_path, address, network.gateway, {"config"})
+        result = subprocess.run(argv, env=plan.env, capture_output=True, text=True, timeout=30, check=False)
+        assert result.returncode == 0, result.stderr
+        seen = "s3cret" if fs_group else "unreadable"
+        mode = "440:0:65532" if fs_group else "400:0:0"
+        assert result.stdout.split() == ["65532", "65532", "65532", seen, "inner-writable", mode]
+    finally:
+        network.close()
+
+
+def test_the_user_comes_from_the_security_contexts() -> None:
+    pod = {"securityContext": {"runAsUser": 1000, "runAsGroup": 2000, "fsGroup": 3000,
+                               "supplementalGroups": [4000, 3000]}}
+    assert user(pod, {}) == User(1000, 2000, (3000, 4000))
+    assert user(pod, {"securityContext": {"runAsUser": 7, "runAsGroup": 8}}) == User(7, 8, (3000, 4000))
+    assert user({}, {}) is None  # root, as an image without USER
 
 
 LEAVER = """

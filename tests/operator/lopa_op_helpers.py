@@ -32,10 +32,12 @@ FORBIDDEN_MARKERS = ("Forbidden", "forbidden", " 403", "(403)", "Unauthorized", 
 
 
 def ensure_chart(kube: KubeCluster) -> None:
-    """Installs the chart once per cluster (idempotent across test modules)."""
+    """Installs the chart once per cluster (idempotent across test modules), watching every
+    namespace: the shared operator serves each test's fresh namespace."""
     if kube.helm("status", RELEASE, "-n", RELEASE_NAMESPACE, check=False).returncode == 0:
         return
-    kube.helm("install", RELEASE, str(CHART), "-n", RELEASE_NAMESPACE, "--create-namespace")
+    kube.helm("install", RELEASE, str(CHART), "-n", RELEASE_NAMESPACE, "--create-namespace",
+              "--set", "watchAllNamespaces=true")
     kube.kubectl("wait", "--for=condition=Established", "crd/lopadeployments.lopa.dev", "--timeout=60s")
 
 
@@ -55,7 +57,8 @@ INFERENCE_POOL_CRD = "inferencepools.inference.networking.k8s.io"
 
 
 class OperatorProcess:
-    """`python -m lopa_operator` (all namespaces, or `namespaces`) with a ServiceAccount's token."""
+    """`python -m lopa_operator` (all namespaces, `namespaces`, or the `scope` flags given) with a
+    ServiceAccount's token."""
 
     def __init__(
         self,
@@ -65,17 +68,20 @@ class OperatorProcess:
         service_account: str = SERVICE_ACCOUNT,
         sa_namespace: str = RELEASE_NAMESPACE,
         namespaces: list[str] | None = None,
+        scope: list[str] | None = None,
     ) -> None:
         self.kube = kube
         self.log_path = log_path
         self.liveness_port, self.metrics_port = free_ports(2)
-        kubeconfig = kube.serviceaccount_kubeconfig(sa_namespace, service_account, create=False)
+        self.kubeconfig = kube.serviceaccount_kubeconfig(sa_namespace, service_account, create=False)
         env = {
-            **kube.env(kubeconfig),
+            **kube.env(self.kubeconfig),
             "LOPA_OPERATOR_RETRY_BACKOFF": "1",
             "PYTHONUNBUFFERED": "1",
         }
-        scope = [f"--namespace={n}" for n in namespaces] if namespaces else ["--all-namespaces"]
+        if scope is None:
+            scope = [f"--namespace={n}" for n in namespaces] if namespaces else ["--all-namespaces"]
+        self.scope = scope
         self._log = log_path.open("wb")
         self.process = subprocess.Popen(
             [

@@ -29,7 +29,7 @@ SA_USER = f"system:serviceaccount:{RELEASE_NAMESPACE}:{SERVICE_ACCOUNT}"
 
 def test_helm_lint_clean(kube: KubeCluster) -> None:
     for values in (
-        [], ["--set", "watchNamespaces={team-a,team-b}"],
+        [], ["--set", "watchNamespaces={team-a,team-b}"], ["--set", "watchAllNamespaces=true"],
         ["--set", "metrics.podMonitor.enabled=true", "--set", "metrics.prometheusRule.enabled=true"],
     ):
         result = kube.helm("lint", "--strict", str(CHART), *values)
@@ -48,6 +48,9 @@ def test_helm_lint_clean(kube: KubeCluster) -> None:
         ("watchNamespaces={Team_A}", "/watchNamespaces/0"),
         ("image.pullPolicy=sometimes", "/image/pullPolicy"),
         ("livenessPort=9090", "metrics.port and livenessPort must differ"),  # two listeners, one port
+        ("watchAllNamespaces=true,watchNamespaces={team-a}", "exclude each other"),
+        ("watchAllNamespaces=yes", "/watchAllNamespaces"),
+        ("networkPolicy.metricsFrom[0].podSelectr.app=x", "/networkPolicy/metricsFrom/0"),
     ],
 )
 def test_bad_values_are_refused_naming_the_key(kube: KubeCluster, value: str, named: str) -> None:
@@ -163,6 +166,50 @@ def test_namespaced_install_renders_roles(kube: KubeCluster) -> None:
     assert "--namespace=team-a" in out and "--all-namespaces" not in out
 
 
+def render_chart(kube: KubeCluster, *values: str) -> list[dict]:
+    out = kube.helm("template", RELEASE, str(CHART), "-n", RELEASE_NAMESPACE, "--kube-version", "1.30.0",
+                    *[arg for v in values for arg in ("--set", v)]).stdout
+    return [d for d in yaml.safe_load_all(out) if d]
+
+
+def test_the_default_install_is_namespaced(kube: KubeCluster) -> None:
+    """By default the operator watches its own namespace, with a Role there: nothing cluster-wide of
+    its own (the user roles' aggregation grants nothing until a namespace binds it), so no Secret
+    outside that namespace is within its reach."""
+    docs = render_chart(kube)
+    by_kind: dict[str, list[dict]] = {}
+    for doc in docs:
+        by_kind.setdefault(doc["kind"], []).append(doc)
+    assert [(r["metadata"]["name"], r["metadata"]["namespace"]) for r in by_kind["Role"]] == [
+        (RELEASE, RELEASE_NAMESPACE)]
+    (binding,) = by_kind["RoleBinding"]
+    assert binding["subjects"] == [{"kind": "ServiceAccount", "name": SERVICE_ACCOUNT,
+                                    "namespace": RELEASE_NAMESPACE}]
+    assert "ClusterRoleBinding" not in by_kind
+    assert [c["metadata"]["name"] for c in by_kind["ClusterRole"]] == [f"{RELEASE}-edit", f"{RELEASE}-view"]
+    (deployment,) = by_kind["Deployment"]
+    args = deployment["spec"]["template"]["spec"]["containers"][0]["args"]
+    assert f"--namespace={RELEASE_NAMESPACE}" in args and "--all-namespaces" not in args
+    # Cluster-wide only when asked, with the same rules.
+    wide = {d["kind"]: d for d in render_chart(kube, "watchAllNamespaces=true")}
+    assert "Role" not in wide and wide["ClusterRoleBinding"]["roleRef"]["name"] == RELEASE
+    assert wide["ClusterRole"]["rules"] == by_kind["Role"][0]["rules"]
+    assert "--all-namespaces" in wide["Deployment"]["spec"]["template"]["spec"]["containers"][0]["args"]
+
+
+def test_the_chart_default_scrapers_are_the_operators(kube: KubeCluster) -> None:
+    from lopa_operator import network
+
+    (deployment,) = [d for d in render_chart(kube) if d["kind"] == "Deployment"]
+    env = {e["name"]: e.get("value") for e in deployment["spec"]["template"]["spec"]["containers"][0]["env"]}
+    assert json.loads(env[network.METRICS_FROM_ENV]) == network.DEFAULT_METRICS_FROM
+    scraper = "networkPolicy.metricsFrom[0].namespaceSelector.matchLabels.team=observability"
+    (deployment,) = [d for d in render_chart(kube, scraper) if d["kind"] == "Deployment"]
+    env = {e["name"]: e.get("value") for e in deployment["spec"]["template"]["spec"]["containers"][0]["env"]}
+    assert json.loads(env[network.METRICS_FROM_ENV])[0]["namespaceSelector"] == {
+        "matchLabels": {"team": "observability"}}
+
+
 def test_install_bundle_matches_helm_template(kube: KubeCluster, tmp_path: Path) -> None:
     env = {
         **os.environ,
@@ -208,12 +255,10 @@ def test_readme_crd_upgrade_command_replaces_a_helm_installed_crd(kube: KubeClus
 def test_readme_rbac_lists_the_rendered_rules(kube: KubeCluster) -> None:
     # The chart README's RBAC paragraph is what an admin reviews before granting: every verb of
     # every rendered rule, and nothing more.
-    out = kube.helm("template", RELEASE, str(CHART), "-n", RELEASE_NAMESPACE, "--kube-version", "1.30.0")
-    role = next(d for d in yaml.safe_load_all(out.stdout)
-                if d and d["kind"] == "ClusterRole" and d["metadata"]["name"] == RELEASE)
+    role = next(d for d in render_chart(kube) if d["kind"] == "Role" and d["metadata"]["name"] == RELEASE)
     rendered = {(res, verb) for rule in role["rules"] for res in rule["resources"] for verb in rule["verbs"]}
     readme = (CHART / "README.md").read_text()
-    paragraph = readme[readme.index("RBAC (ClusterRole") :].split("\n\n")[0].split(":", 1)[1]
+    paragraph = readme[readme.index("RBAC (a Role") :].split("\n\n")[0].split(":", 1)[1]
     paragraph = re.sub(r"\s+", " ", re.sub(r"\([^)]*\)", "", paragraph))
     documented = {
         (res, verb)

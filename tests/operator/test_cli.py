@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
-from lopa_operator.__main__ import parse
+from lopa_operator.__main__ import parse, scope
 
 
 @pytest.mark.parametrize("value", ["0", "-1", "inf", "nan", "soon"])
@@ -29,3 +31,29 @@ def test_version_names_the_operator_and_kopf(capsys: pytest.CaptureFixture[str])
     assert exited.value.code == 0
     expected = f"lopa-operator {lopa_operator.__version__} (kopf {kopf.__version__})"
     assert capsys.readouterr().out.strip() == expected
+
+
+def test_the_watch_scope_is_the_named_namespaces_or_all_or_the_operators_own(tmp_path: Path) -> None:
+    missing = tmp_path / "missing"
+    named = parse(["-n", "team-a", "--namespace=team-b", "-n", "team-a"])
+    assert scope(named, missing) == ["team-a", "team-b"]
+    assert scope(parse(["--all-namespaces"]), missing) == []  # [] = every namespace (kopf clusterwide)
+    own = tmp_path / "namespace"
+    own.write_text("lopa-system\n")  # what a pod's ServiceAccount mount holds
+    assert scope(parse([]), own) == ["lopa-system"]
+
+
+def test_no_scope_outside_a_pod_is_refused_naming_the_flags(tmp_path: Path) -> None:
+    with pytest.raises(SystemExit, match=r"--namespace.*--all-namespaces"):
+        scope(parse([]), tmp_path / "missing")
+    with pytest.raises(SystemExit, match="exclude each other"):
+        scope(parse(["-A", "-n", "team-a"]), tmp_path / "missing")
+
+
+@pytest.mark.parametrize("value", ["team-*", "!kube-system", "a,b", "Team_A"])
+def test_namespace_patterns_are_refused(value: str, capsys: pytest.CaptureFixture[str]) -> None:
+    # The operator neither lists nor watches namespaces (no such right): kopf would take a pattern
+    # for an exact name and silently watch nothing.
+    with pytest.raises(SystemExit):
+        parse(["--namespace", value])
+    assert "argument -n/--namespace:" in capsys.readouterr().err

@@ -67,14 +67,18 @@ def test_each_group_gets_its_own_secret_once_mounted_in_its_pods(kube: KubeClust
     config = kube.get_json("configmap", "sec-0-config", "-n", ns)["data"][names.CONFIG_FILE]
     assert f"secret_file: {names.GROUP_DIR}/secret" in config and "tls_cert" not in config
 
-    # The NetworkPolicy, as the API server holds it, is the one rendered (nothing dropped).
-    stored = kube.get_json("networkpolicy", "sec", "-n", ns)
-    assert stored["spec"] == network.policy("sec", ns, specs.with_defaults(obj["spec"]))["spec"]
-    # Scaling down takes the removed group's Secret with it.
+    # Each group's NetworkPolicies, as the API server holds them, are the ones rendered (nothing dropped).
+    for index in range(2):
+        for rendered in network.policies("sec", ns, specs.with_defaults(obj["spec"]), index):
+            stored = kube.get_json("networkpolicy", rendered["metadata"]["name"], "-n", ns)
+            assert stored["spec"] == rendered["spec"]
+    # Scaling down takes the removed group's Secret and NetworkPolicies with it.
     kube.kubectl("patch", "lopadeployment", "sec", "-n", ns, "--type=merge", "-p", '{"spec":{"replicas":1}}')
     kube.wait_for(lambda: maybe_secret(kube, ns, "sec", 1) is None, timeout=30,
                   description="sec-1-group deleted")
     assert secret(kube, ns, "sec", 0)["metadata"]["uid"] == first[0]["metadata"]["uid"]
+    fences = kube.get_json("networkpolicies", "-n", ns)["items"]
+    assert sorted(p["metadata"]["name"] for p in fences) == ["sec-0-master", "sec-0-worker"]
 
 
 def test_with_tls_the_link_has_its_own_ca_and_certificate(kube: KubeCluster, ns: str) -> None:
@@ -88,8 +92,9 @@ def test_with_tls_the_link_has_its_own_ca_and_certificate(kube: KubeCluster, ns:
     config = kube.get_json("configmap", "mtls-0-config", "-n", ns)["data"][names.CONFIG_FILE]
     for key, file in (("tls_cert", "tls.crt"), ("tls_key", "tls.key"), ("tls_ca", "ca.crt")):
         assert f"{key}: {names.GROUP_DIR}/{file}" in config
-    policy = kube.get_json("networkpolicy", "mtls", "-n", ns)["spec"]
-    assert {"protocol": "TCP", "port": names.HEALTH_PORT} in policy["ingress"][2]["ports"]
+    # The master admits clients (the kubelet's probe too) on the plaintext health port.
+    policy = kube.get_json("networkpolicy", names.master("mtls", 0), "-n", ns)["spec"]
+    assert {"protocol": "TCP", "port": names.HEALTH_PORT} in policy["ingress"][0]["ports"]
 
 
 def test_a_new_restart_trigger_restarts_each_group_on_a_new_secret(kube: KubeCluster, ns: str) -> None:
@@ -138,10 +143,13 @@ def test_a_deleted_secret_is_made_again_and_its_group_restarts_on_it(kube: KubeC
     assert lopa(kube, ns, "gone")["status"]["configHash"] == before["status"]["configHash"]
 
 
+def fence_names(kube: KubeCluster, ns: str) -> list[str]:
+    return sorted(p["metadata"]["name"] for p in kube.get_json("networkpolicies", "-n", ns)["items"])
+
+
 def test_a_disabled_network_policy_is_removed(kube: KubeCluster, ns: str) -> None:
-    deploy(kube, ns, "open", {})
-    assert kube.get_json("networkpolicy", "open", "-n", ns)
+    deploy(kube, ns, "open", {"replicas": 2})
+    assert fence_names(kube, ns) == ["open-0-master", "open-0-worker", "open-1-master", "open-1-worker"]
     kube.kubectl("patch", "lopadeployment", "open", "-n", ns, "--type=merge",
                  "-p", '{"spec": {"networkPolicy": {"enabled": false}}}')
-    kube.wait_for(lambda: kube.kubectl("get", "networkpolicy", "open", "-n", ns, check=False).returncode != 0,
-                  timeout=30, description="the NetworkPolicy removed")
+    kube.wait_for(lambda: not fence_names(kube, ns), timeout=30, description="the NetworkPolicies removed")

@@ -197,13 +197,20 @@ def test_the_processes_see_their_group_secret_and_write_to_tmp(
     kube: KubeCluster, runner: PodRunner, ns: str
 ) -> None:
     """What the pods mount besides the config: the group Secret, read-only, and the emptyDir at /tmp
-    that HOME and the caches point to (the root filesystem is read-only in a real container)."""
+    that HOME and the caches point to (the root filesystem is read-only in a real container). The
+    processes run as the non-root user 65532, which reads the Secret's owner-only (0400) files
+    through the pod's fsGroup: root owns them, group 65532 may read them, nobody else."""
     available(kube, runner, ns, "the group Available")
     shared = base64.b64decode(kube.get_json("secret", f"{NAME}-0-group", "-n", ns)["data"]["secret"]).decode()
     for pod in pods(kube, ns, NAME) + pods(kube, ns, NAME, "master"):
         pid = runner.pid(ns, pod["metadata"]["name"])
         root = Path(f"/proc/{pid}/root")  # the process's own view of its mounts
         assert (root / "etc/lopa/group/secret").read_text() == shared
+        status = dict(line.split(":", 1) for line in Path(f"/proc/{pid}/status").read_text().splitlines())
+        assert status["Uid"].split() == ["65532"] * 4 and status["Gid"].split() == ["65532"] * 4
+        assert status["Groups"].split() == ["65532"]  # the fsGroup
+        secret_file = (root / "etc/lopa/group/secret").stat()
+        assert (secret_file.st_mode & 0o777, secret_file.st_uid, secret_file.st_gid) == (0o440, 0, 65532)
         lines = Path(f"/proc/{pid}/mountinfo").read_text().splitlines()
         mounts = {line.split()[4]: line.split()[5] for line in lines}  # mount point: options (last wins)
         assert mounts["/etc/lopa/group"].startswith("ro") and mounts["/tmp"].startswith("rw")

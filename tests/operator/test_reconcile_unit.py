@@ -129,3 +129,41 @@ def test_rejected_child_changes_nothing_and_is_reported_once(fake: FakeKube) -> 
     st = run(fake, posted)
     (cond,) = [c for c in st["conditions"] if c["type"] == "Reconciled"]
     assert cond["status"] == "True" and st["observedGeneration"] == 2
+
+
+@pytest.mark.parametrize(("controller_uid", "kept"), [("cr-uid", False), ("another-cr", True)])
+def test_a_deployment_wide_policy_goes_only_when_this_deployment_controls_it(
+    controller_uid: str, kept: bool
+) -> None:
+    """One policy for all of a deployment's groups (named after it) admits every group's workers to
+    every group's ports: the per-group policies replace it. A policy of that name that another owner
+    controls is not the operator's to delete."""
+    fake = FakeKube.with_deployment({"branchParallelism": 2, "replicas": 2})
+    wide = path("NetworkPolicy", "ns", "d")
+    owner = {"apiVersion": names.API_VERSION, "kind": names.KIND, "name": "x", "uid": controller_uid,
+             "controller": True}
+    fake.objects[wide] = {"kind": "NetworkPolicy",
+                          "metadata": {"name": "d", "uid": "np-uid", "ownerReferences": [owner]}}
+    run(fake, [])
+    assert (wide in fake.objects) is kept
+    assert sorted(fake.of_kind("NetworkPolicy")) == sorted(
+        ["d-0-worker", "d-0-master", "d-1-worker", "d-1-master"] + (["d"] if kept else []))
+    owner["uid"] = "cr-uid"
+    fake.objects[wide] = {"kind": "NetworkPolicy",
+                          "metadata": {"name": "d", "uid": "np-2", "ownerReferences": [owner]}}
+    run(fake, [])  # looked for once per operator run and object (no GET every resync)
+    assert wide in fake.objects
+
+
+def test_a_removed_group_takes_its_policies_and_disabling_removes_them_all() -> None:
+    fake = FakeKube.with_deployment({"branchParallelism": 1, "replicas": 2})
+    run(fake, [])
+    assert sorted(fake.of_kind("NetworkPolicy")) == ["d-0-master", "d-0-worker", "d-1-master", "d-1-worker"]
+    fake.settle()
+    cr = fake.objects[path(names.KIND, "ns", "d")]
+    cr["spec"]["replicas"] = 1
+    run(fake, [])
+    assert sorted(fake.of_kind("NetworkPolicy")) == ["d-0-master", "d-0-worker"]
+    cr["spec"]["networkPolicy"] = {"enabled": False}
+    run(fake, [])
+    assert fake.of_kind("NetworkPolicy") == {}

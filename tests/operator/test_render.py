@@ -42,7 +42,8 @@ def test_children_names_and_contract() -> None:
         "Service/demo-workers",
         "Service/demo",
         "Service/demo-master-metrics",
-        "NetworkPolicy/demo",
+        "NetworkPolicy/demo-0-worker",
+        "NetworkPolicy/demo-0-master",
     ]
     kinds = by_kind(objs)
     headless = kinds["Service/demo-workers"]["spec"]
@@ -184,7 +185,7 @@ def test_user_settings_pass_through() -> None:
     assert svc["spec"]["type"] == "LoadBalancer" and svc["metadata"]["annotations"]["a"] == "b"
     assert svc["spec"]["ports"][0]["port"] == 443
     master = objs["Deployment/u-0-master"]["spec"]["template"]["spec"]
-    assert {"name": "tls", "secret": {"secretName": "lopa-tls"}} in master["volumes"]
+    assert {"name": "tls", "secret": {"secretName": "lopa-tls", "defaultMode": 0o400}} in master["volumes"]
     doc = yaml.safe_load(objs["ConfigMap/u-0-config"]["data"]["lopa.yaml"])
     assert doc["tls"]["client_ca"] == "/etc/lopa/tls/ca.crt"
     # kubelet gRPC probes speak no TLS: a TLS master is probed on its plaintext health port.
@@ -234,7 +235,8 @@ def test_cli_render_prints_children_without_a_cluster() -> None:
     ).stdout
     docs = list(yaml.safe_load_all(out))
     assert [d["kind"] for d in docs] == [
-        "Secret", "ConfigMap", "StatefulSet", "Deployment", "Service", "Service", "Service", "NetworkPolicy"
+        "Secret", "ConfigMap", "StatefulSet", "Deployment", "Service", "Service", "Service", "NetworkPolicy",
+        "NetworkPolicy",
     ]
     assert docs[1]["metadata"]["name"] == "d2f-dream-0-config"
     assert docs[1]["metadata"]["namespace"] == "default"

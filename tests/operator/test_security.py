@@ -27,6 +27,7 @@ def test_every_sample_renders_restricted_pods(file: str) -> None:
     for role, pod in pods_of(cr["spec"], cr["metadata"]["name"]).items():
         assert pod["securityContext"] == {
             "runAsNonRoot": True, "runAsUser": 65532, "runAsGroup": 65532,
+            "fsGroup": 65532, "fsGroupChangePolicy": "OnRootMismatch",
             "seccompProfile": {"type": "RuntimeDefault"},
         }, role
         assert pod["automountServiceAccountToken"] is False
@@ -48,10 +49,19 @@ def test_the_writable_directory_and_the_group_secret_are_mounted() -> None:
         assert volumes[mounts["/tmp"]["name"]] == {"name": "tmp", "emptyDir": {}}, role
         group = mounts[names.GROUP_DIR]
         assert group["readOnly"] is True
-        assert volumes[group["name"]]["secret"] == {"secretName": "d-0-group"}
+        # Owner-read only; the kubelet adds group read for the pod's fsGroup, which the user holds.
+        assert volumes[group["name"]]["secret"] == {"secretName": "d-0-group", "defaultMode": 0o400}
+        assert pod["securityContext"]["fsGroup"] == pod["securityContext"]["runAsGroup"] == 65532
         env = {e["name"]: e.get("value") for e in container["env"]}
         for key, value in security.WRITABLE_ENV.items():
             assert env[key] == value and value.startswith("/tmp"), (role, key)
+
+
+def test_every_secret_volume_is_owner_read_only() -> None:
+    spec = {"tls": {"secretName": "client-tls"}, "branchParallelism": 2}
+    for role, pod in pods_of(spec).items():
+        secrets = [v["secret"] for v in pod["volumes"] if "secret" in v]
+        assert secrets and all(s["defaultMode"] == 0o400 for s in secrets), role
 
 
 def test_overrides_merge_over_the_defaults() -> None:
@@ -63,6 +73,7 @@ def test_overrides_merge_over_the_defaults() -> None:
     for role, pod in pods_of(spec).items():
         assert pod["securityContext"] == {
             "runAsNonRoot": True, "runAsUser": 1000, "runAsGroup": 65532, "supplementalGroups": [1000],
+            "fsGroup": 65532, "fsGroupChangePolicy": "OnRootMismatch",
             "seccompProfile": {"type": "RuntimeDefault"},
         }, role
         (container,) = pod["containers"]

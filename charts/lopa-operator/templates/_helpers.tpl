@@ -28,7 +28,19 @@ app.kubernetes.io/part-of: lopa
 helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version }}
 {{- end -}}
 
-{{/* The rules the operator needs, and nothing more (see operator/lopa_operator/kube.py). */}}
+{{/* The namespaces the operator watches (a JSON list; unused with watchAllNamespaces): the listed
+ones, else the release's own. */}}
+{{- define "lopa-operator.namespaces" -}}
+{{- toJson (.Values.watchNamespaces | default (list .Release.Namespace)) -}}
+{{- end -}}
+
+{{/* Cluster-scoped resources the operator reads, bound cluster-wide whatever the watch scope. The
+operator reads none (kopf's CRD and namespace scanning is off; every call it makes is namespaced):
+empty, so a namespaced install has no ClusterRole of the operator's at all. */}}
+{{- define "lopa-operator.clusterScopedRules" -}}
+{{- end -}}
+
+{{/* The namespaced rules the operator needs, and nothing more (see operator/lopa_operator/kube.py). */}}
 {{- define "lopa-operator.rules" -}}
 # LoPADeployments: watched by kopf, annotated/finalized by kopf, status written by the operator.
 - apiGroups: [lopa.dev]
