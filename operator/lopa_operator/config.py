@@ -108,7 +108,8 @@ def render(name: str, namespace: str, spec: dict[str, Any], index: int) -> dict[
 # The HTTP port's connection bounds, spelled out as the runtime's defaults (docs/lopa.yaml): the
 # rendered file says what a pod runs with.
 HTTP_BOUNDS = {"http_max_connections": 1024, "http_header_timeout_s": 10.0, "http_keepalive_timeout_s": 75.0,
-               "http_body_timeout_s": 30.0}
+               "http_body_timeout_s": 30.0, "http_min_body_rate": 16384,
+               "http_max_connections_per_client": 256}
 
 
 def dump(doc: dict[str, Any]) -> str:
