@@ -4,9 +4,11 @@ A connection is idle (waiting for a request head, or between requests), reading 
 its body is still coming) or serving (its request is in the pipeline). At most `max_connections`
 are open. A new connection at the limit takes the place of, in this order:
 
-- the oldest idle connection;
+- the oldest connection idle for a second or more;
 - the oldest reading one whose body arrives slower than `min_body_rate` bytes/s (averaged since its
   head): a client that trickles a body cannot keep a slot for the whole body timeout;
+- the oldest idle one (under a burst of new connections, one accepted a moment ago has not been read
+  yet: a probe among them keeps its place while slow bodies are there to give way);
 - else it is admitted to a small reserve beyond the limit, for probes only (/health, /live,
   /metrics): a port whose every slot serves a request still answers its health checks. A reserved
   connection serves one probe and is closed; anything else gets a 503.
@@ -31,6 +33,7 @@ log = logging.getLogger("lopa.master")
 LOG_INTERVAL_S = 10.0
 PROBE_RESERVE = 16  # connections beyond the limit, for probes only
 PROBE_PATHS = frozenset({"/health", "/live", "/metrics"})
+SETTLED_S = 1.0  # idle this long, a connection gives way before a slow body does
 
 
 @dataclass(frozen=True)
@@ -49,6 +52,7 @@ class Slot:
     client: str
     reserve: bool = False
     head_at: float = 0.0  # when its current request's head arrived
+    idle_at: float = 0.0  # when it last became idle
     body: Any = None  # the body's StreamReader while it is being received
     timer: asyncio.TimerHandle | None = field(default=None, repr=False)
 
@@ -142,13 +146,16 @@ class ConnectionGuard:
     def _make_room(self) -> bool:
         """At the limit: evict an idle or slow main-slot connection, else make room in the probe reserve
         (evicting its oldest connection that sent nothing yet). False: no room anywhere."""
-        victim = next(iter(self._idle), None)
-        if victim is not None:
-            self._evict(victim, "idle")
+        oldest = next(iter(self._idle), None)
+        if oldest is not None and time.monotonic() - self._slots[oldest].idle_at >= SETTLED_S:
+            self._evict(oldest, "idle")
             return True
         victim = self._slowest_reading()
         if victim is not None:
             self._evict(victim, "slow")
+            return True
+        if oldest is not None:
+            self._evict(oldest, "idle")
             return True
         if len(self._reserve) < PROBE_RESERVE:
             return True
@@ -181,6 +188,7 @@ class ConnectionGuard:
     def _wait(self, slot: Slot, seconds: float) -> None:
         """Idle: closed after `seconds`, and the first to give way at the limit."""
         self._stop_waiting(slot)
+        slot.idle_at = time.monotonic()
         if not slot.reserve:
             self._idle[slot.connection] = None
         slot.timer = self.loop.call_later(seconds, self._expire, slot.connection)
