@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import re
 import time
 from collections.abc import AsyncIterator, Callable, Sequence
 from typing import Any
@@ -42,6 +43,7 @@ __all__ = ["Dispatcher", "GroupUnavailable", "QueueFull", "Ticket", "client_reas
 
 
 GROUP_RETRY_AFTER_S = 5  # a lost group re-forms in seconds (its workers restart and rejoin)
+_RANK = re.compile(r"worker rank \d+")  # what a client may know of a lost worker (not its address)
 
 
 class GroupUnavailable(Exception):
@@ -57,7 +59,9 @@ def client_reason(error: BaseException) -> str:
     """What a client is told of a failure: a worker's loss without its address (a pod's name in a
     cluster; the master's log has it), anything unexpected without its details."""
     if isinstance(error, WorkerLost):
-        return "the worker group was lost during this request; the master waits for it to re-form: retry"
+        rank = _RANK.search(str(error))
+        lost = f"{rank.group()} was lost" if rank else "the worker group was lost"
+        return f"{lost} during this request; the master waits for the group to re-form: retry"
     if isinstance(error, (InvalidParameter, QueueFull, RequestAborted, SchedulerStopped, GroupUnavailable)):
         return str(error)
     return "internal error (see the master log)"
