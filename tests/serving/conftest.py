@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import os
 import subprocess
 import sys
@@ -18,6 +17,7 @@ import torch
 from prometheus_client.parser import text_string_to_metric_families
 from safetensors.torch import save_file
 
+from lopa.bench.attacks import collect, spawn
 from lopa.decoding.decoder import Decoder
 from lopa.model.loader import load_model
 from lopa.serving.launcher import LocalCluster, free_ports
@@ -214,14 +214,11 @@ def master_process(config: Path, log: Path, ready_url: str) -> Iterator[subproce
 
 def attack(kind: str, **arguments: object) -> subprocess.Popen:
     """A hostile client of lopa.bench.attacks in a process of its own (its JSON report: `report`)."""
-    return subprocess.Popen([sys.executable, "-m", "lopa.bench.attacks", kind, json.dumps(arguments)],
-                            stdout=subprocess.PIPE, text=True, env=worker_env())
+    return spawn(kind, env=worker_env(), **arguments)
 
 
 def report(process: subprocess.Popen, timeout: float = 300) -> dict:
-    out, _ = process.communicate(timeout=timeout)
-    assert process.returncode == 0, out
-    return json.loads(out)
+    return collect(process, timeout)
 
 
 def rss_mb(pid: int, key: str = "VmRSS") -> float:

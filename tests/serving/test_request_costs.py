@@ -15,28 +15,14 @@ from __future__ import annotations
 import json
 import signal
 from collections.abc import Iterator
-from pathlib import Path
 
 import pytest
 
+from lopa.bench.edges import wide_checkpoint
 from lopa.serving.launcher import free_ports
 from lopa.serving.shared.config import load_config
-from lopa.synthetic import tiny_config, write_random_checkpoint
 
 from .conftest import attack, master_process, report, reset_peak, rss_mb, write_config
-
-LONGEST_TOKEN = "~" * 256
-
-
-def wide_checkpoint(directory: Path) -> Path:
-    """A tiny model of 4,096 positions whose tokenizer has a 256-character token."""
-    write_random_checkpoint(directory, tiny_config(max_position_embeddings=4096), seed=3)
-    path = directory / "tokenizer.json"
-    tokenizer = json.loads(path.read_text())
-    tokenizer["added_tokens"].append({"id": 102, "content": LONGEST_TOKEN, "single_word": False,
-                                      "lstrip": False, "rstrip": False, "normalized": False, "special": True})
-    path.write_text(json.dumps(tokenizer))
-    return directory
 
 
 @pytest.fixture(scope="module")

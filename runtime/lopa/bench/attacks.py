@@ -20,7 +20,9 @@ import gzip
 import http.client
 import json
 import selectors
+import signal
 import socket
+import subprocess
 import sys
 import threading
 import time
@@ -256,6 +258,25 @@ def trickle(port: int, count: int, seconds: float, every: float) -> dict[str, An
     return {"cut": len(lifetimes), "longest_s": round(max(lifetimes, default=0.0), 2)}
 
 
+def spawn(kind: str, env: dict[str, str] | None = None, **arguments: Any) -> subprocess.Popen:
+    """Run one of KINDS in a process of its own; `collect` its report."""
+    return subprocess.Popen([sys.executable, "-m", "lopa.bench.attacks", kind, json.dumps(arguments)],
+                            stdout=subprocess.PIPE, text=True, env=env)
+
+
+def collect(process: subprocess.Popen, timeout: float = 600) -> dict[str, Any]:
+    out, _ = process.communicate(timeout=timeout)
+    if process.returncode != 0:
+        raise RuntimeError(f"attack exited with code {process.returncode}: {out[-500:]}")
+    return json.loads(out)
+
+
+def stop_probe(process: subprocess.Popen) -> dict[str, Any]:
+    """A probe ends (SIGTERM) and reports."""
+    process.send_signal(signal.SIGTERM)
+    return collect(process)
+
+
 KINDS: dict[str, Callable[..., dict[str, Any]]] = {
     "probe": probe, "shapes": shapes, "slow_bodies": slow_bodies, "http2": http2, "trickle": trickle,
 }
@@ -263,7 +284,6 @@ KINDS: dict[str, Callable[..., dict[str, Any]]] = {
 
 def main(argv: list[str]) -> int:
     import resource
-    import signal
 
     signal.signal(signal.SIGTERM, lambda *_: STOP.set())
     hard = resource.getrlimit(resource.RLIMIT_NOFILE)[1]

@@ -9,16 +9,13 @@ enters the very same Dispatcher.open as a gRPC one (one queue, one validation, o
 limits and metrics), with no second server thread; it is already in the stack (kopf) and streams
 server-sent events with a plain StreamResponse.
 
-Errors use OpenAI's shape {"error": {"message", "type", "param", "code"}}: 400 naming the body
-field, 429 when the queue is full, 503 when the worker group is lost or not formed, 504 when the
-request's deadline passed, 500 otherwise. A client that disconnects cancels its request.
+Errors use OpenAI's shape (openai_errors); answers and streams are openai_stream's. A client that
+disconnects cancels its request.
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
-import json
 import logging
 import time
 import uuid
@@ -30,40 +27,26 @@ from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_l
 
 from lopa.model.tokenizer import NO_CHAT_TEMPLATE
 from lopa.params import InvalidParameter
-from lopa.scheduling.request import Completion, QueueFull, RequestAborted, SchedulerStopped
+from lopa.scheduling.request import Completion, QueueFull
 from lopa.serving.master.admission import InvalidInBatch
 from lopa.serving.master.api import bounded_json
 from lopa.serving.master.api.connection_guard import ConnectionGuard, HttpBounds
 from lopa.serving.master.api.http_site import BoundedSite, guard_middleware, no_server_version
 from lopa.serving.master.api.openai_body import Parsed, body_field, chat_request, completion_request
-from lopa.serving.master.dispatch import (
-    Dispatcher,
-    GroupUnavailable,
-    Ticket,
-    client_reason,
-    outcome_label,
-    retry_after_s,
-)
-from lopa.serving.master.events import Finished, Progress
+from lopa.serving.master.api.openai_errors import error_response, failure, invalid, openai_errors, unavailable
+from lopa.serving.master.api.openai_stream import FINISH, lopa_stats, stream, total_usage
+from lopa.serving.master.dispatch import Dispatcher, GroupUnavailable, client_reason, retry_after_s
 from lopa.serving.shared.config import TlsConfig
 from lopa.serving.shared.tls import ssl_context
+
+__all__ = ["OpenAIApi", "failure", "start_http"]
 
 log = logging.getLogger("lopa.master")
 RETRY_AFTER_S = 1  # a full queue drains in about a request's time: retry soon, not at once
 HEALTH_RETRY_AFTER_S = 5  # a group forms or re-forms in seconds
 INLINE_BODY_BYTES = 1 << 16  # a larger body is parsed off the event loop
 SHUTDOWN_S = 5.0  # at shutdown, what a request in flight is given to end (a stream: its error event)
-FINISH = {"eos": "stop", "stop": "stop", "length": "length"}
 NO_TEMPLATE_HINT = "the model has no chat template; send a plain prompt to /v1/completions"
-
-
-def error_response(status: int, message: str, kind: str, param: str | None = None) -> web.Response:
-    body = {"error": {"message": message, "type": kind, "param": param, "code": None}}
-    return web.json_response(body, status=status)
-
-
-def invalid(param: str, reason: str) -> web.Response:
-    return error_response(400, f"{param}: {reason}", "invalid_request_error", param)
 
 
 def _unreadable(error: Exception) -> str:
@@ -75,26 +58,6 @@ def _unreadable(error: Exception) -> str:
     if isinstance(error, bounded_json.NotJson):
         return str(error)
     return "not valid JSON"
-
-
-def unavailable(message: str, retry_after: int) -> web.Response:
-    """503, with when to retry (a lost group re-forms in seconds)."""
-    response = error_response(503, message, "service_unavailable")
-    response.headers["Retry-After"] = str(retry_after)
-    return response
-
-
-def failure(error: BaseException) -> web.Response:
-    """A request that was queued and did not complete (the message: client_reason's)."""
-    if isinstance(error, RequestAborted):
-        if error.deadline:
-            return error_response(504, str(error), "timeout")
-        return error_response(499, str(error), "cancelled")
-    if isinstance(error, InvalidParameter):
-        return error_response(400, str(error), "invalid_request_error", error.field)
-    if outcome_label(error) == "unavailable":
-        return unavailable(client_reason(error), retry_after_s(error))
-    return error_response(500, client_reason(error), "server_error")
 
 
 def parse_body(raw: bytes, charset: str | None, chat: bool, model: str, max_prompts: int,
@@ -186,7 +149,7 @@ class OpenAIApi:
             return self._refused(error, chat, body, index)
         ident = f"{'chatcmpl' if chat else 'cmpl'}-{uuid.uuid4().hex}"
         if parsed.stream:
-            return await self._stream(request, tickets, parsed, ident, chat)
+            return await stream(request, tickets, parsed, ident, chat)
         # A client that disconnects cancels the handler, and with it every ticket's wait (each then
         # counted as cancelled); otherwise each is counted by its own outcome.
         done = await asyncio.gather(*(ticket.finished() for ticket in tickets), return_exceptions=True)
@@ -267,141 +230,6 @@ class OpenAIApi:
                  "created": int(time.time()), "model": parsed.model, "choices": choices,
                  "usage": total_usage(done)}
         return reply if parsed.batch else {**reply, "lopa": lopa_stats(done[0])}
-
-    async def _stream(
-        self, request: web.Request, tickets: list[Ticket], parsed: Parsed, ident: str, chat: bool
-    ) -> web.StreamResponse:
-        """Server-sent events of every ticket (a batch's choices interleave, each event naming its
-        choice), then [DONE]. A failure after the status line travels as an error event, and the
-        batch's other requests stop (counted as cancelled). A stream the master cuts (it stops with the
-        stream still open) ends with an error event too: only the client's own [DONE] or error event
-        ends a stream, so a client can tell a cut from an end even when the master is killed outright
-        (the chunked body then also lacks its last, empty chunk)."""
-        headers = {"Content-Type": "text/event-stream", "Cache-Control": "no-cache"}
-        response = web.StreamResponse(headers=headers)
-        try:
-            await self._stream_events(request, response, tickets, parsed, ident, chat)
-        except ConnectionResetError:  # an ordinary event: one line, no traceback
-            log.info("HTTP client %s went away during its stream", request.remote)
-        except asyncio.CancelledError:  # the client went away, or the master stops: say so if it can hear
-            if response.prepared and request.transport is not None and not request.transport.is_closing():
-                cut = SchedulerStopped("the server is stopping: the stream was cut before its end")
-                with contextlib.suppress(Exception):
-                    await response.write(f"data: {failure(cut).text}\n\ndata: [DONE]\n\n".encode())
-            raise
-        finally:
-            for ticket in tickets:  # any request whose end was not read stops, counted as cancelled
-                ticket.cancel()
-        return response
-
-    async def _stream_events(
-        self, request: web.Request, response: web.StreamResponse, tickets: list[Ticket], parsed: Parsed,
-        ident: str, chat: bool,
-    ) -> None:
-        await response.prepare(request)
-        created, kind = int(time.time()), "chat.completion.chunk" if chat else "text_completion"
-
-        async def write(choices: list[dict[str, Any]], extra: dict | None = None) -> None:
-            event = {"id": ident, "object": kind, "created": created, "model": parsed.model,
-                     "choices": choices, **(extra or {})}
-            await response.write(f"data: {json.dumps(event)}\n\n".encode())
-
-        async def send(index: int, delta: str, finish: str | None = None, extra: dict | None = None,
-                       first: bool = False) -> None:
-            if chat:
-                piece = {"role": "assistant", "content": delta} if first else {"content": delta}
-                choice: dict[str, Any] = {"index": index, "delta": piece, "finish_reason": finish}
-            else:
-                choice = {"index": index, "text": delta, "finish_reason": finish, "logprobs": None}
-            await write([choice], extra)
-
-        merged: asyncio.Queue[tuple[int, Progress | Finished | Exception]] = asyncio.Queue()
-
-        async def pump(index: int, ticket: Ticket) -> None:
-            try:
-                async for event in ticket.events():
-                    merged.put_nowait((index, event))
-            except Exception as error:
-                merged.put_nowait((index, error))
-
-        pumps = [asyncio.create_task(pump(i, ticket)) for i, ticket in enumerate(tickets)]
-        # Every event carries the lookahead branches granted in each round since the one before
-        # (rounds that added no text send no event): gRPC's GenerateChunk.granted_branches.
-        first, rounds = [True] * len(tickets), [[] for _ in tickets]
-        prompts = [len(ticket.admitted.prompt_ids) for ticket in tickets]
-        sent = [0] * len(tickets)  # answer tokens streamed so far, per choice
-        done: list[Completion] = []
-        failed: Exception | None = None
-        try:
-            while len(done) < len(tickets):
-                index, item = await merged.get()
-                if isinstance(item, Progress):
-                    rounds[index].append(item.granted_branches)
-                    sent[index] = item.offset + len(item.token_ids)
-                    if item.text or first[index]:
-                        extra: dict[str, Any] = {"lopa": {"granted_branches": rounds[index]}}
-                        if parsed.continuous_usage:
-                            extra["usage"] = usage_of(prompts[index], sent[index])
-                        await send(index, item.text, extra=extra, first=first[index])
-                        if item.text:
-                            tickets[index].first_token_sent()
-                        first[index], rounds[index] = False, []
-                    continue
-                if isinstance(item, Exception):
-                    failed = item
-                    break
-                outcome = item.completion
-                stats = {"granted_branches": rounds[index], **lopa_stats(outcome)}
-                # With include_usage only the last chunk carries usage, as OpenAI's do (clients that
-                # add up every chunk's usage would count it twice); the choice's stats stay in lopa.
-                own = usage(outcome) if parsed.continuous_usage or not parsed.include_usage else None
-                await send(index, item.text, FINISH[outcome.finish_reason],
-                           {"usage": own, "lopa": stats}, first=first[index])
-                done.append(outcome)
-        finally:
-            for task in pumps:  # a failure or a client gone: the others stop, counted as cancelled
-                task.cancel()
-        if failed is not None:  # the status line is sent: the error travels as an event, as OpenAI's do
-            await response.write(f"data: {failure(failed).text}\n\n".encode())
-        elif parsed.include_usage:  # OpenAI's shape: one more chunk, the totals and no choices
-            await write([], {"usage": total_usage(done)})
-        await response.write(b"data: [DONE]\n\n")
-        await response.write_eof()
-
-
-def usage(c: Completion) -> dict[str, int]:
-    return usage_of(len(c.result.prompt_ids), len(c.result.output_ids))
-
-
-def usage_of(prompt: int, completion: int) -> dict[str, int]:
-    return {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion}
-
-
-def total_usage(done: list[Completion]) -> dict[str, int]:
-    """The usage of every choice of a reply (one or more completions), summed."""
-    each = [usage(c) for c in done]
-    return {key: sum(u[key] for u in each) for key in each[0]}
-
-
-def lopa_stats(c: Completion) -> dict[str, float]:
-    r = c.result
-    return {"forwards": r.forwards, "tokens": r.tokens, "tpf": round(r.tpf, 4),
-            "mean_branches": round(r.mean_branches, 4), "verified_tokens": r.verified_tokens,
-            "tokens_per_s": round(r.tokens_per_s, 2),
-            "wall_s": round(r.wall_s, 4), "ttft_s": round(c.ttft_s, 4), "queue_s": round(c.queue_s, 4)}
-
-
-@web.middleware
-async def openai_errors(request: web.Request, handler: Any) -> web.StreamResponse:
-    """aiohttp's own errors (404, 405 ...) in OpenAI's shape."""
-    try:
-        return await handler(request)
-    except web.HTTPException as error:
-        if error.status < 400:
-            raise
-        kind = "invalid_request_error" if error.status < 500 else "server_error"
-        return error_response(error.status, f"{request.method} {request.path}: {error.reason}", kind)
-
 
 async def start_http(api: OpenAIApi, host: str, port: int, tls: TlsConfig,
                      count_refused: Callable[[str], None] = lambda reason: None) -> web.AppRunner:
