@@ -106,7 +106,8 @@ def open_sockets(pid: int) -> int:
 
 def test_http2_clients_on_the_grpc_port_are_capped_and_closed_when_idle(cluster: LocalCluster) -> None:
     """Five times the cap of HTTP/2 connections that never call: the master's sockets stay under the
-    cap plus a margin, and every connection is closed within the idle timeout."""
+    cap plus a margin, and every connection is closed within the idle timeout (which gRPC spreads
+    by up to 10%)."""
     assert cluster.master is not None
     pid, port = cluster.master.pid, int(cluster.address.rsplit(":", 1)[1])
     base = open_sockets(pid)
@@ -120,7 +121,7 @@ def test_http2_clients_on_the_grpc_port_are_capped_and_closed_when_idle(cluster:
     print(f"master sockets: {base} before, at most {most}; clients {seen}")
     assert most <= base + GRPC_SLOTS + 16, (base, most)
     assert seen["still_open"] == 0 and seen["closed_at_accept"] >= 4 * GRPC_SLOTS - 10, seen
-    assert seen["longest_s"] <= GRPC_IDLE_S + 2, seen
+    assert seen["longest_s"] <= 1.1 * GRPC_IDLE_S + 1, seen  # gRPC spreads its idle timer by 10%
     with LopaClient(cluster.address) as client:  # the port serves again
         assert client.health(timeout=10) == "SERVING"
 
@@ -138,5 +139,5 @@ def test_trickling_sockets_on_the_metrics_port_leave_scrapes_served(cluster: Loc
     trickled = report(tricklers)
     print(f"scrapes {scrapes['statuses']}, tricklers {trickled}")
     assert not scrapes["failures"] and set(scrapes["statuses"]) == {"200"}, scrapes
-    assert trickled["cut"] >= 16 and trickled["longest_s"] <= METRICS_READ_TIMEOUT_S + 1.5, trickled
+    assert trickled["cut"] >= 16 and trickled["longest_s"] <= METRICS_READ_TIMEOUT_S + 1, trickled
     assert metric_samples(port)["lopa_workers_joined"] == 1

@@ -138,9 +138,9 @@ def _grpc_raw(address: str, message: bytes) -> str:
             return f"{error.code().name} {str(error.details())[:80]}"
 
 
-def slow_bodies(port: int, count: int, seconds: float, sources: list[str],
+def slow_bodies(port: int, count: int, seconds: float, sources: list[str], reopen: bool = True,
                 body_length: int = 100_000) -> dict[str, Any]:
-    """`count` connections each sending a head and one body byte, reopened when closed."""
+    """`count` connections each sending a head and one body byte, reopened when closed (`reopen`)."""
     head = (b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
             + f"Content-Length: {body_length}\r\n\r\n{{".encode())
     opened, evicted, failed = 0, 0, 0
@@ -177,7 +177,7 @@ def slow_bodies(port: int, count: int, seconds: float, sources: list[str],
                 evicted += 1
             selector.unregister(conn)
             conn.close()  # type: ignore[union-attr]
-            if time.monotonic() < end:
+            if reopen and time.monotonic() < end:
                 open_one()
     for key in list(selector.get_map().values()):
         key.fileobj.close()  # type: ignore[union-attr]
@@ -223,36 +223,41 @@ def http2(port: int, count: int, seconds: float) -> dict[str, Any]:
 
 
 def trickle(port: int, count: int, seconds: float, every: float) -> dict[str, Any]:
-    """`count` connections sending a metrics request a byte every `every` s, reopened when cut."""
-    request = b"GET /metrics HTTP/1.1\r\nHost: scraper.example\r\nUser-Agent: trickle\r\nAccept: */*\r\n\r\n"
-    live: dict[socket.socket, tuple[float, int]] = {}  # -> (opened at, bytes sent)
+    """`count` connections sending a metrics request a byte every `every` s (the head never ends),
+    reopened when cut; each checked for its cut every 0.1 s."""
+    head = b"GET /metrics HTTP/1.1\r\nHost: scraper.example\r\nX-Trickle: "  # then "a" for ever
+    live: dict[socket.socket, list[float]] = {}  # -> [opened at, last byte at, bytes sent]
     lifetimes: list[float] = []
 
     def open_one() -> None:
         with contextlib.suppress(OSError):
             conn = socket.create_connection(("127.0.0.1", port), timeout=10)
             conn.setblocking(False)
-            live[conn] = (time.monotonic(), 0)
+            live[conn] = [time.monotonic(), 0.0, 0]
+
+    def cut(conn: socket.socket, state: list[float]) -> bool:
+        try:
+            if time.monotonic() - state[1] >= every:
+                sent = int(state[2])
+                conn.send(head[sent:sent + 1] if sent < len(head) else b"a")
+                state[1], state[2] = time.monotonic(), sent + 1
+            return conn.recv(1) == b""
+        except BlockingIOError:
+            return False
+        except OSError:
+            return True
 
     for _ in range(count):
         open_one()
     end = time.monotonic() + seconds
     while time.monotonic() < end:
-        for conn, (opened, sent) in list(live.items()):
-            try:
-                conn.send(request[sent:sent + 1])
-                live[conn] = (opened, min(sent + 1, len(request) - 1))  # the head never ends
-                cut = conn.recv(1) == b""
-            except BlockingIOError:
-                cut = False
-            except OSError:
-                cut = True
-            if cut:
-                lifetimes.append(time.monotonic() - opened)
+        for conn, state in list(live.items()):
+            if cut(conn, state):
+                lifetimes.append(time.monotonic() - state[0])
                 del live[conn]
                 conn.close()
                 open_one()
-        time.sleep(every)
+        time.sleep(0.1)
     for conn in live:
         conn.close()
     return {"cut": len(lifetimes), "longest_s": round(max(lifetimes, default=0.0), 2)}

@@ -6,14 +6,16 @@ what the master's other clients saw meanwhile:
 - shapes: four copies at once of each stalling request shape, against a master alone whose body
   limit is a 7B model's (a tiny model of 2,048-token prompts whose tokenizer has a 256-character
   token): /health's latencies, the master's peak memory growth, every copy's answer;
-- slow bodies: `--slow` connections sending a request head and one body byte, reopened as the
-  master closes them, for `--hold` s, from 8 addresses, against a master and a worker of the
-  bundled model with the default HTTP bounds: /health and completions meanwhile, and the master's
-  refusal counter against the evictions the attackers saw;
+- slow bodies: `--slow` connections sending a request head and one body byte, held, then reopened
+  as the master closes them, for `--hold` s each, from 8 addresses, against a master and a worker
+  of the bundled model with the default HTTP bounds: /health and completions meanwhile, and the
+  master's refusal counter against the evictions the attackers saw;
 - http2: `--http2` HTTP/2 connections that never call, on the gRPC port's default cap and idle
   timeout: the master's open sockets, when each connection was closed;
 - metrics: 16 connections trickling a metrics request a byte every 5 s, for 30 s: the scrapes
-  meanwhile.
+  meanwhile, and how long a trickler lasted.
+
+    lopa bench edges [--slow 1100] [--hold 60] [--http2 5000] [--json FILE]
 """
 
 from __future__ import annotations
@@ -65,7 +67,7 @@ def run(args: argparse.Namespace) -> int:
         rows.append(shapes(Path(tmp)))
         show_row(rows[-1])
         with bundled_group(Path(tmp) / "group") as cluster:
-            for measure in (slow_bodies, http2_clients, tricklers):
+            for measure in (slow_bodies_held, slow_bodies_reopened, http2_clients, tricklers):
                 rows.append(measure(cluster, args))
                 show_row(rows[-1])
     finish(rows, args.json)
@@ -77,11 +79,23 @@ def percentile(values: list[float], q: float) -> float:
     return ordered[int(q * (len(ordered) - 1))] if ordered else 0.0
 
 
-def probed(seen: dict[str, Any]) -> dict[str, Any]:
-    """A probe's report as row fields: statuses, p99 and slowest latency (ms), failures."""
-    latencies = seen["latencies"]
-    return {"statuses": seen["statuses"], "p99_ms": round(1000 * percentile(latencies, 0.99), 1),
-            "slowest_ms": round(1000 * max(latencies, default=0.0), 1), "failures": len(seen["failures"])}
+def answered(seen: dict[str, Any], ok: str) -> str:
+    """A probe's report: how many of its requests got `ok` (a status), of how many."""
+    return f"{seen['statuses'].get(ok, 0)}/{len(seen['latencies'])} {ok}"
+
+
+def row(attack: str, refused: str, probe: str, seen: dict[str, Any] | None, ok: str = "200",
+        completions: str = "", master: str = "") -> dict[str, Any]:
+    """One table row: the attack, what the attackers got, what a probe saw meanwhile (answers, p99
+    and slowest latency), completions meanwhile, what the master showed."""
+    measured: dict[str, Any] = {"probe": "", "probe p99 ms": "", "probe slowest ms": ""}
+    if seen:
+        latencies = seen["latencies"]
+        measured = {"probe": f"{probe} {answered(seen, ok)}",
+                    "probe p99 ms": round(1000 * percentile(latencies, 0.99), 1),
+                    "probe slowest ms": round(1000 * max(latencies, default=0.0), 1)}
+    return {"attack": attack, "attackers got": refused, **measured, "completions": completions,
+            "master": master}
 
 
 # -- shapes ---------------------------------------------------------------------------------------------
@@ -108,10 +122,10 @@ def shapes(work: Path) -> dict[str, Any]:
                              gzip_bytes=2_000_000))
         seen = stop_probe(health)
         grown = memory_mb(pid, "VmHWM") - before
-    answers = {name: sorted({a.split(" (")[0][:40] for a in shape["answers"]})  # the distinct answers
-               for name, shape in sent.items()}
-    return {"attack": "shapes x4", "health": probed(seen), "memory_growth_mb": round(grown, 1),
-            "answers": answers}
+    answers = "; ".join(f"{name}: {len(shape['answers'])} x {shape['answers'][0].split(':')[0][:24]}"
+                        for name, shape in sent.items())
+    return row("4 copies of each stalling shape", answers, "/health", seen, ok="503",
+               master=f"peak memory +{grown:.1f} MB")
 
 
 def wide_checkpoint(directory: Path) -> Path:
@@ -190,20 +204,32 @@ def refused(cluster: Any) -> dict[str, float]:
             if s.name == "lopa_http_connections_refused_total"}
 
 
-def slow_bodies(cluster: Any, args: argparse.Namespace) -> dict[str, Any]:
+def slow_bodies(cluster: Any, args: argparse.Namespace, reopen: bool) -> dict[str, Any]:
     port, hold = cluster.config.master.http_port, args.hold
     before = sum(refused(cluster).values())
-    slow = spawn("slow_bodies", port=port, count=args.slow, seconds=hold, sources=SOURCES)
+    slow = spawn("slow_bodies", port=port, count=args.slow, seconds=hold, sources=SOURCES, reopen=reopen)
     time.sleep(1.0)
     health = spawn("probe", url=f"http://127.0.0.1:{port}/health", seconds=hold - 2, interval=0.1)
     completion = spawn("probe", url=f"http://127.0.0.1:{port}/v1/completions", seconds=hold - 2, interval=1.0,
                        body={"model": "lopa-bundled", "prompt": "head:ab=", "max_tokens": 8})
     seen_health, seen_completion, flood = collect(health), collect(completion), collect(slow)
     time.sleep(1.0)
-    counted = sum(refused(cluster).values()) - before
-    return {"attack": f"{args.slow} slow bodies, {hold:g} s", "health": probed(seen_health),
-            "completions": probed(seen_completion), "attackers": flood,
-            "refused_counted": int(counted)}
+    counted = int(sum(refused(cluster).values()) - before)
+    late = ", ".join(f"{n} x {status}" for status, n in flood["answered"].items())
+    got = f"{flood['opened']} opened, {flood['evicted']} evicted" + (f", {late}" if late else "")
+    done = seen_completion["latencies"]
+    completions = (f"{answered(seen_completion, '200')}, p99 {1000 * percentile(done, 0.99):.0f} ms")
+    how = "reopened as closed" if reopen else "held"
+    return row(f"{args.slow} slow bodies {how}, {hold:g} s", got, "/health", seen_health,
+               completions=completions, master=f"refusal counter +{counted}")
+
+
+def slow_bodies_held(cluster: Any, args: argparse.Namespace) -> dict[str, Any]:
+    return slow_bodies(cluster, args, reopen=False)
+
+
+def slow_bodies_reopened(cluster: Any, args: argparse.Namespace) -> dict[str, Any]:
+    return slow_bodies(cluster, args, reopen=True)
 
 
 def http2_clients(cluster: Any, args: argparse.Namespace) -> dict[str, Any]:
@@ -216,9 +242,11 @@ def http2_clients(cluster: Any, args: argparse.Namespace) -> dict[str, Any]:
         most = max(most, open_sockets(pid))
         time.sleep(0.2)
     seen = collect(clients)
-    return {"attack": f"{args.http2} HTTP/2 clients", "cap": master.grpc_max_connections,
-            "idle_timeout_s": master.grpc_idle_timeout_s, "master_sockets": {"before": base, "most": most},
-            "clients": seen}
+    got = (f"{seen['closed_at_accept']} closed at accept, {seen['closed_later']} after at most "
+           f"{seen['longest_s']} s, {seen['still_open']} left open")
+    return row(f"{args.http2} HTTP/2 clients on the gRPC port", got, "", None,
+               master=f"sockets {base} -> at most {most} (cap {master.grpc_max_connections}, idle timeout "
+                      f"{master.grpc_idle_timeout_s:g} s)")
 
 
 def open_sockets(pid: int) -> int:
@@ -235,5 +263,6 @@ def tricklers(cluster: Any, args: argparse.Namespace) -> dict[str, Any]:
     time.sleep(1.0)
     url = f"http://127.0.0.1:{port}/metrics"
     scrapes = collect(spawn("probe", url=url, seconds=seconds - 2, interval=1.0))
-    return {"attack": "16 tricklers on /metrics, 30 s", "scrapes": probed(scrapes),
-            "tricklers": collect(trickle)}
+    cut = collect(trickle)
+    return row("16 tricklers on /metrics (a byte / 5 s), 30 s",
+               f"cut {cut['cut']} times, the longest lived {cut['longest_s']} s", "/metrics", scrapes)

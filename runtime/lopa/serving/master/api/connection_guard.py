@@ -175,15 +175,18 @@ class ConnectionGuard:
     def _slowest_reading(self) -> Any:
         """The oldest main-slot connection whose body is behind the minimum rate (bodies that arrived
         in full leave the reading set on the way)."""
-        now = time.monotonic()
-        for connection in list(self._reading):
+        now, arrived, victim = time.monotonic(), [], None
+        for connection in self._reading:  # the oldest is the likeliest behind: usually the first
             slot = self._slots[connection]
             if slot.body.is_eof():
-                del self._reading[connection]
-                slot.body = None
+                arrived.append(connection)
             elif not slot.reserve and slot.slow(now, self.bounds.min_body_rate):
-                return connection
-        return None
+                victim = connection
+                break
+        for connection in arrived:
+            del self._reading[connection]
+            self._slots[connection].body = None
+        return victim
 
     def _wait(self, slot: Slot, seconds: float) -> None:
         """Idle: closed after `seconds`, and the first to give way at the limit."""

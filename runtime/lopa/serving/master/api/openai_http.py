@@ -20,6 +20,7 @@ import logging
 import time
 import uuid
 from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from aiohttp import web
@@ -44,7 +45,7 @@ __all__ = ["OpenAIApi", "failure", "start_http"]
 log = logging.getLogger("lopa.master")
 RETRY_AFTER_S = 1  # a full queue drains in about a request's time: retry soon, not at once
 HEALTH_RETRY_AFTER_S = 5  # a group forms or re-forms in seconds
-INLINE_BODY_BYTES = 1 << 16  # a larger body is parsed off the event loop
+INLINE_BODY_BYTES = 1 << 16  # a larger body is parsed off the event loop, by one thread
 SHUTDOWN_S = 5.0  # at shutdown, what a request in flight is given to end (a stream: its error event)
 NO_TEMPLATE_HINT = "the model has no chat template; send a plain prompt to /v1/completions"
 
@@ -82,6 +83,7 @@ class OpenAIApi:
         self.dispatcher, self.model, self.queue_size = dispatcher, served_model, queue_size
         self.serving, self.registry = serving, registry
         self.bounds = bounds or HttpBounds()
+        self._parser = ThreadPoolExecutor(1, thread_name_prefix="lopa-http-body")
         self.max_body_bytes, self.max_body_values = max_body_bytes, max_body_values
 
     def app(self, middlewares: Sequence[Any] = ()) -> web.Application:
@@ -168,8 +170,9 @@ class OpenAIApi:
             args = (raw, request.charset, chat, self.model, self.queue_size, self.max_body_values)
             if len(raw) < INLINE_BODY_BYTES:
                 return parse_body(*args)
-            # A large body is parsed off the event loop: /health and every other request go on.
-            return await asyncio.to_thread(parse_body, *args)
+            # A large body is parsed off the event loop: /health and every other request go on. One
+            # thread parses them in turn: several at once would each take the GIL from the loop.
+            return await asyncio.get_running_loop().run_in_executor(self._parser, parse_body, *args)
         except web.HTTPRequestEntityTooLarge:
             return self._too_large()
         except asyncio.TimeoutError:
