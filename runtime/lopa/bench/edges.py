@@ -91,7 +91,8 @@ def row(attack: str, refused: str, probe: str, seen: dict[str, Any] | None, ok: 
     measured: dict[str, Any] = {"probe": "", "probe p99 ms": "", "probe slowest ms": ""}
     if seen:
         latencies = seen["latencies"]
-        measured = {"probe": f"{probe} {answered(seen, ok)}",
+        failures = ", ".join(sorted(set(seen["failures"])))
+        measured = {"probe": f"{probe} {answered(seen, ok)}" + (f" ({failures})" if failures else ""),
                     "probe p99 ms": round(1000 * percentile(latencies, 0.99), 1),
                     "probe slowest ms": round(1000 * max(latencies, default=0.0), 1)}
     return {"attack": attack, "attackers got": refused, **measured, "completions": completions,
@@ -235,6 +236,9 @@ def slow_bodies_reopened(cluster: Any, args: argparse.Namespace) -> dict[str, An
 def http2_clients(cluster: Any, args: argparse.Namespace) -> dict[str, Any]:
     master = cluster.config.master
     pid, port = cluster.master.pid, int(master.listen.rsplit(":", 1)[1])
+    deadline = time.monotonic() + 60  # the HTTP attacks' connections closed first
+    while open_sockets(pid) > 64 and time.monotonic() < deadline:
+        time.sleep(0.5)
     base = open_sockets(pid)
     clients = spawn("http2", port=port, count=args.http2, seconds=master.grpc_idle_timeout_s + 15)
     most = base
