@@ -8,8 +8,11 @@ whose rank 1 is killed, a master stopped and killed under a stream, `lopa serve`
 
 from __future__ import annotations
 
+import contextlib
 import http.client
+import ipaddress
 import json
+import os
 import shutil
 import signal
 import subprocess
@@ -23,7 +26,6 @@ from typing import Any
 
 import grpc
 import openai
-import psutil
 import pytest
 
 from lopa.serving.client import LopaClient
@@ -210,15 +212,40 @@ def test_a_stream_cut_by_the_master_ends_with_an_error_event(cluster: LocalClust
 # -- lopa serve's listeners ---------------------------------------------------------------------------
 
 
-def listeners(pid: int) -> list[str]:
-    """The TCP addresses a process and its children listen on, as HOST:PORT."""
-    family = [psutil.Process(pid), *psutil.Process(pid).children(recursive=True)]
-    found = []
-    for process in family:
-        for conn in process.net_connections(kind="tcp"):
-            if conn.status == psutil.CONN_LISTEN:
-                found.append(f"{conn.laddr.ip}:{conn.laddr.port}")
+def family(pid: int) -> list[int]:
+    """A process and its descendants (Linux: /proc/PID/task/*/children)."""
+    found, index = [pid], 0
+    while index < len(found):
+        for task in Path(f"/proc/{found[index]}/task").glob("*/children"):
+            with contextlib.suppress(OSError):
+                found += [int(child) for child in task.read_text().split()]
+        index += 1
     return found
+
+
+def listeners(pid: int) -> list[str]:
+    """The TCP addresses a process and its descendants listen on, as HOST:PORT (/proc/net/tcp*)."""
+    inodes: set[str] = set()
+    for member in family(pid):
+        for fd in Path(f"/proc/{member}/fd").glob("*"):
+            with contextlib.suppress(OSError):
+                link = os.readlink(fd)
+                if link.startswith("socket:["):
+                    inodes.add(link[8:-1])
+    found = []
+    for table in ("tcp", "tcp6"):
+        for line in Path(f"/proc/net/{table}").read_text().splitlines()[1:]:
+            fields = line.split()
+            if fields[3] == "0A" and fields[9] in inodes:  # LISTEN
+                address, port = fields[1].split(":")
+                found.append(f"{_host(address)}:{int(port, 16)}")
+    return found
+
+
+def _host(hexadecimal: str) -> str:
+    """/proc/net/tcp's host: 4 bytes (IPv4) or 16 (IPv6), each 32-bit word little-endian."""
+    raw = b"".join(bytes.fromhex(hexadecimal[i:i + 8])[::-1] for i in range(0, len(hexadecimal), 8))
+    return str(ipaddress.ip_address(raw))
 
 
 @pytest.mark.parametrize("flags", [[], ["--all-interfaces"]], ids=["default", "all-interfaces"])
