@@ -102,13 +102,18 @@ def render(name: str, namespace: str, spec: dict[str, Any], index: int) -> dict[
         doc["master"]["http_port"] = names.HTTP_PORT  # the Service maps httpPort onto it
         doc["master"]["model_name"] = name  # OpenAI clients name the LoPADeployment as the model
         doc["master"].update(HTTP_BOUNDS)
+    doc["master"].update(GRPC_BOUNDS)
     return doc
 
 
 # The HTTP port's connection bounds, spelled out as the runtime's defaults (docs/lopa.yaml): the
 # rendered file says what a pod runs with.
 HTTP_BOUNDS = {"http_max_connections": 1024, "http_header_timeout_s": 10.0, "http_keepalive_timeout_s": 75.0,
-               "http_body_timeout_s": 30.0}
+               "http_body_timeout_s": 30.0, "http_min_body_rate": 16384,
+               "http_max_connections_per_client": 256}
+# The gRPC client port's connection bounds, likewise.
+GRPC_BOUNDS = {"grpc_max_connections": 1024, "grpc_handshake_timeout_s": 10.0, "grpc_idle_timeout_s": 75.0,
+               "grpc_max_connection_age_s": 3600.0}
 
 
 def dump(doc: dict[str, Any]) -> str:

@@ -282,3 +282,4 @@ def test_the_rendered_http_bounds_are_the_runtimes_defaults() -> None:
     from lopa.serving.shared.config import MasterConfig
 
     assert {key: getattr(MasterConfig(), key) for key in config.HTTP_BOUNDS} == config.HTTP_BOUNDS
+    assert {key: getattr(MasterConfig(), key) for key in config.GRPC_BOUNDS} == config.GRPC_BOUNDS

@@ -6,6 +6,7 @@ import os
 import subprocess
 import sys
 import time
+import urllib.error
 import urllib.request
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -16,6 +17,7 @@ import torch
 from prometheus_client.parser import text_string_to_metric_families
 from safetensors.torch import save_file
 
+from lopa.bench.attacks import collect, spawn
 from lopa.decoding.decoder import Decoder
 from lopa.model.loader import load_model
 from lopa.serving.launcher import LocalCluster, free_ports
@@ -185,3 +187,48 @@ def wait_for_gauges(
         )
         admitted_before = samples["lopa_queue_seconds_count"]
         time.sleep(0.01)
+
+
+@contextmanager
+def master_process(config: Path, log: Path, ready_url: str) -> Iterator[subprocess.Popen]:
+    """`lopa master --config` as a process of its own (no workers: its health says NOT_SERVING, yet
+    it answers), yielded once `ready_url` answers; stopped on exit."""
+    with log.open("wb") as sink:
+        process = subprocess.Popen([sys.executable, "-m", "lopa", "master", "--config", str(config)],
+                                   stdout=sink, stderr=subprocess.STDOUT, env=worker_env())
+    try:
+        deadline = time.monotonic() + 90
+        while True:
+            try:
+                urllib.request.urlopen(ready_url, timeout=2)
+                break
+            except urllib.error.HTTPError:
+                break  # answered (503 without workers)
+            except OSError:
+                assert process.poll() is None and time.monotonic() < deadline, log.read_text()
+                time.sleep(0.2)
+        yield process
+    finally:
+        stop([process])
+
+
+def attack(kind: str, **arguments: object) -> subprocess.Popen:
+    """A hostile client of lopa.bench.attacks in a process of its own (its JSON report: `report`)."""
+    return spawn(kind, env=worker_env(), **arguments)
+
+
+def report(process: subprocess.Popen, timeout: float = 300) -> dict:
+    return collect(process, timeout)
+
+
+def rss_mb(pid: int, key: str = "VmRSS") -> float:
+    """A process's resident memory (VmRSS) or its peak since reset_peak (VmHWM), in MB."""
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith(key + ":"):
+            return int(line.split()[1]) / 1024
+    raise AssertionError(f"no {key} for process {pid}")
+
+
+def reset_peak(pid: int) -> None:
+    """From now on VmHWM is the peak since this call (Linux: clear_refs 5)."""
+    Path(f"/proc/{pid}/clear_refs").write_text("5")

@@ -172,14 +172,17 @@ def test_serve_checks_its_flags_before_starting_anything(
 def test_serve_names_the_flag_of_a_port_in_use_or_taken_twice(
     capsys: pytest.CaptureFixture[str], flag: str
 ) -> None:
-    """Before, the master found the port busy and the user read its config key (master.http_port)."""
+    """Before, the master found the port busy and the user read its config key (master.http_port).
+    The ports listen on the host of --listen (loopback by default)."""
     with socket.socket() as held:
         held.bind(("0.0.0.0", 0))
         held.listen()
         port = held.getsockname()[1]
-        code, err = run_cli(capsys, "serve", "--listen", closed_address(), flag, str(port))
+        listen = closed_address()
+        code, err = run_cli(capsys, "serve", "--listen", listen, flag, str(port))
     assert code == 2
-    assert one_line(err).startswith(f"lopa serve: error: {flag}: cannot listen on 0.0.0.0:{port}: ")
+    host = listen.rsplit(":", 1)[0]
+    assert one_line(err).startswith(f"lopa serve: error: {flag}: cannot listen on {host}:{port}: ")
     listen = closed_address()
     same = listen.rsplit(":", 1)[1]
     code, err = run_cli(capsys, "serve", "--listen", listen, flag, same)

@@ -30,7 +30,7 @@ from lopa.serving.shared.config import load_config
 from .conftest import worker_env, write_config
 
 MAX_CONNECTIONS = 1100
-HEADER_TIMEOUT_S = 1.0
+HEADER_TIMEOUT_S = 3.0  # long enough for 2,200 connections on a loaded 2-core machine
 
 
 class Master:
@@ -50,7 +50,8 @@ def master(checkpoint: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterat
     (http,) = free_ports(1)
     config = write_config(work, checkpoint, 1, master={
         "http_port": http, "http_max_connections": MAX_CONNECTIONS, "http_header_timeout_s": HEADER_TIMEOUT_S,
-        "http_keepalive_timeout_s": 2, "http_body_timeout_s": 2})
+        "http_keepalive_timeout_s": 2, "http_body_timeout_s": 2,
+        "http_max_connections_per_client": 0})  # one client address floods here: the port's own limit
     log = work / "master.log"
     with log.open("wb") as sink:
         process = subprocess.Popen([sys.executable, "-m", "lopa", "master", "--config", str(config)],
@@ -131,7 +132,14 @@ def test_a_huge_prompt_is_refused_at_once_while_health_answers(master: Master) -
             urllib.request.urlopen(request, timeout=10)
         assert refused.value.code == 400
         with LopaClient(master.listen) as client:
-            request = client.request(prompt)
+            # Over the message limit derived from the limits (as the HTTP body's): gRPC refuses it
+            # itself, off the event loop.
+            with pytest.raises(grpc.RpcError) as error:
+                client.generate(prompt, timeout=30)
+            assert error.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+            assert "larger than max" in str(error.value.details())
+            # Under it but longer than any prompt can be: refused before tokenizing.
+            request = client.request("a" * 100_000)
             began = time.perf_counter()
             request.SerializeToString()  # what this side spends before the server sees a byte
             own = time.perf_counter() - began
@@ -140,7 +148,7 @@ def test_a_huge_prompt_is_refused_at_once_while_health_answers(master: Master) -
                 client.stub.Generate(request, timeout=30)
             assert time.perf_counter() - began - own < 0.05
             assert error.value.code() == grpc.StatusCode.INVALID_ARGUMENT
-            message = "prompt: 8000000 characters cannot fit the server limit of 64 tokens"
+            message = "prompt: 100000 characters cannot fit the server limit of 64 tokens"
             assert str(error.value.details()).startswith(message)
             with pytest.raises(grpc.RpcError) as error:
                 client.generate("ab", timeout=30, stop=["x"] * 65)

@@ -19,7 +19,7 @@ def chat(**fields: Any) -> Any:
 
 
 def completion(**fields: Any) -> Any:
-    return completion_request({"model": MODEL, "prompt": "hi", **fields}, MODEL)
+    return completion_request({"model": MODEL, "prompt": "hi", **fields}, MODEL, max_prompts=64)
 
 
 def test_defaults_and_nulls_give_the_plain_request() -> None:

@@ -9,9 +9,8 @@ concurrency            the concurrency sweep, over the local engine or a served 
 serving                `lopa bench serving`: step time split and the sweep over real workers
 transport              `lopa bench transport`: the step stream's round-trip floor
 rows                   one JSON line per measured row, then a table
+attacks, edges         `lopa bench edges`: hostile clients of a master's ports, at full size
+
+The package imports nothing itself: a hostile client (attacks, a process of its own) starts
+without torch.
 """
-
-from lopa.bench.evaluate import RunStats, evaluate
-from lopa.bench.tpf import KS, MODES, Sweep, run_sweep
-
-__all__ = ["KS", "MODES", "RunStats", "Sweep", "evaluate", "run_sweep"]

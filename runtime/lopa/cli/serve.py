@@ -51,7 +51,11 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--dtype", default=None, choices=DTYPES,
                         help="weights dtype (default: the config file's model.dtype, else float32)")
     parser.add_argument("--listen", default="127.0.0.1:50051",
-                        help="client API address, HOST:PORT (default: %(default)s)")
+                        help="client API address, HOST:PORT; the HTTP API and the metrics listen on its host "
+                        "too (default: %(default)s, loopback only)")
+    parser.add_argument("--all-interfaces", action="store_true",
+                        help="listen on every interface (0.0.0.0) with the client API, the HTTP API and the "
+                        "metrics, reachable from other hosts; the workers stay on loopback (default: off)")
     parser.add_argument("--http-port", type=int, default=0,
                         help="serve the OpenAI-compatible HTTP API on this port too (default: the config's "
                         "master.http_port, else 0 = off)")
@@ -95,7 +99,8 @@ def run(args: argparse.Namespace) -> int:
             address = cluster.start(timeout=args.start_timeout)
             if args.prompt is not None:
                 return one_shot(address, args.prompt, config.workers.count)
-            http = f", HTTP (OpenAI API) on port {config.master.http_port}" if config.master.http_port else ""
+            host, port = address.rpartition(":")[0], config.master.http_port
+            http = f", HTTP (OpenAI API) on {host}:{port}" if port else ""
             workers = config.workers.count
             print(f"lopa: serving on {address}{http} with {workers} workers (Ctrl-C to stop)", flush=True)
             return cluster.supervise()
@@ -110,7 +115,10 @@ def run(args: argparse.Namespace) -> int:
 
 
 def check_flags(args: argparse.Namespace) -> None:
-    """The flags that config validation would report under a config key, or the children too late."""
+    """The flags that config validation would report under a config key, or the children too late.
+    --all-interfaces replaces the host of --listen with 0.0.0.0."""
+    if args.all_interfaces:
+        args.listen = f"0.0.0.0:{args.listen.rpartition(':')[2]}"
     if args.prompt is not None and not args.prompt.strip():
         raise InvalidParameter("prompt", "is empty")
     if args.workers is not None and args.workers < 1:
@@ -146,9 +154,11 @@ def _make_log_dir(path: Path) -> None:
 
 
 def _check_ports(args: argparse.Namespace) -> None:
-    """--http-port and --metrics-port (the master listens on 0.0.0.0) free and apart from --listen's
-    port, reported under their flags before any child starts (the master would name its config key)."""
-    taken = {"listen": split_address(args.listen)[1]}  # checked by listen_problem first
+    """--http-port and --metrics-port (the master listens on --listen's host) free and apart from
+    --listen's port, reported under their flags before any child starts (the master would name its
+    config key)."""
+    host, port = split_address(args.listen)  # checked by listen_problem first
+    taken = {"listen": port}
     for flag in ("http_port", "metrics_port"):
         port = getattr(args, flag)
         if not port:
@@ -156,7 +166,7 @@ def _check_ports(args: argparse.Namespace) -> None:
         for other, used in taken.items():
             if port == used:
                 raise InvalidParameter(flag, f"must differ from --{other.replace('_', '-')} (both {port})")
-        problem = listen_problem(f"0.0.0.0:{port}")
+        problem = listen_problem(f"{host}:{port}")
         if problem:
             raise InvalidParameter(flag, problem)
         taken[flag] = port

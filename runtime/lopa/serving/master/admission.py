@@ -27,7 +27,11 @@ SETTING_TYPES: dict[str, tuple[type, ...]] = {
     f.name: _TYPES.get(str(f.type), (str,)) for f in fields(DecodingParams) if f.name != "max_new_tokens"
 }
 MAX_STOP_STRINGS = 64  # per request: each is searched in the answer after every round
-PROMPTS_PER_BODY = 8  # full-length prompts one request body may carry (a batch of shorter ones: more)
+# Full-length prompts of token ids one request body may carry (a batch of shorter ones: more): what
+# bounds the JSON values of a body, beside a few thousand for its other fields and chat turns.
+PROMPTS_PER_BODY = 8
+OTHER_VALUES = 4096
+FIELDS_BYTES = 64 << 10  # room for the fields beside the prompt and the stop strings
 # Integer settings travel on the gRPC wire as uint32 (uint64: the seed): a value outside cannot be
 # meant, whichever transport sent it.
 _INT_BITS = {"seed": 64}
@@ -98,10 +102,28 @@ class Admission:
 
     @property
     def max_body_bytes(self) -> int:
-        """The largest request body worth reading: a few full-length prompts and their stop strings,
-        every character escaped in JSON (6 bytes), and room for the other fields."""
-        per_request = self.max_prompt_chars + MAX_STOP_STRINGS * min(self.max_stop_chars, 1024)
-        return 6 * per_request * min(self.limits.queue_size, PROMPTS_PER_BODY) + (64 << 10)
+        """The largest JSON request body worth reading: the longest prompt and stop strings a request
+        can have, every character escaped (6 bytes), and room for the other fields. A batch's prompts
+        together are held to it too: a longer body is mostly a flood."""
+        return 6 * self._max_text_chars + FIELDS_BYTES
+
+    @property
+    def max_body_values(self) -> int:
+        """The most JSON values a request body needs: the token ids of a few full-length prompts, and
+        room for the other fields and chat turns."""
+        return PROMPTS_PER_BODY * self.limits.max_prompt_tokens + OTHER_VALUES
+
+    @property
+    def max_message_bytes(self) -> int:
+        """The largest GenerateRequest worth reading: the longest prompt and stop strings in UTF-8
+        (4 bytes a character at most) or the prompt as token ids (a varint of 5 bytes at most), and
+        room for the other fields."""
+        ids = 5 * self.limits.max_prompt_tokens
+        return max(4 * self._max_text_chars, ids) + FIELDS_BYTES
+
+    @property
+    def _max_text_chars(self) -> int:
+        return self.max_prompt_chars + MAX_STOP_STRINGS * min(self.max_stop_chars, 1024)
 
     def admit_all(self, asks: Sequence[Ask]) -> list[Admitted]:
         """admit() of each; the first refusal names its request (InvalidInBatch)."""
@@ -153,7 +175,7 @@ class Admission:
         if len(given) > 1:
             raise InvalidParameter(given[1], f"set one of {' or '.join(given)}, not both")
         if ask.prompt_token_ids:
-            if isinstance(ask.prompt_token_ids, (list, tuple)):
+            if _sequence(ask.prompt_token_ids):
                 self._check_count("prompt_token_ids", ask.prompt_token_ids)  # before looking at each id
             ids = token_ids(ask.prompt_token_ids)
             bad = [t for t in ids if not 0 <= t < self.vocab_size or t == self.mask_id]
@@ -167,6 +189,7 @@ class Admission:
             self._bound_text("messages", chars)
             ids = self._chat(ask.messages)
             self._check_count("messages", ids)
+            self._check_mask("messages", ids)  # the template's text included
             return ids
         text = typed("prompt", ask.prompt, (str,)) or ""
         if not text:
@@ -176,10 +199,14 @@ class Admission:
         special = bool(typed("add_special_tokens", ask.add_special_tokens, (bool,)))
         ids = list(self.tokenizer.encode(text, add_special_tokens=special))
         self._check_count("prompt", ids)
-        if self.mask_id in ids:
-            raise InvalidParameter("prompt", f"contains the mask token (id {self.mask_id}), which only "
-                                             "decoding may place")
+        self._check_mask("prompt", ids)
         return ids
+
+    def _check_mask(self, name: str, ids: list[int]) -> None:
+        """Every prompt path checks its final ids: only decoding may place the mask token."""
+        if self.mask_id in ids:
+            raise InvalidParameter(name, f"contains the mask token (id {self.mask_id}), which only "
+                                         "decoding may place")
 
     def _chat(self, messages: Any) -> list[int]:
         try:
@@ -237,10 +264,13 @@ def setting(name: str, value: Any) -> Any:
     return value
 
 
+def _sequence(value: Any) -> bool:
+    """A list of a JSON body or a repeated field of a protobuf message (not a string)."""
+    return isinstance(value, Sequence) and not isinstance(value, (str, bytes))
+
+
 def token_ids(value: Any) -> list[int]:
-    if not isinstance(value, (list, tuple)) or not all(
-        isinstance(t, int) and not isinstance(t, bool) for t in value
-    ):
+    if not _sequence(value) or not all(isinstance(t, int) and not isinstance(t, bool) for t in value):
         raise InvalidParameter("prompt_token_ids", "must be a list of integers")
     return list(value)
 
@@ -250,7 +280,7 @@ def check_stop(stop: Any, max_chars: int) -> tuple[str, ...]:
     (`max_chars`: a longer one could never match)."""
     if stop is None:
         return ()
-    if not isinstance(stop, (list, tuple)):
+    if not _sequence(stop):
         raise InvalidParameter("stop", "must be a list of strings")
     if len(stop) > MAX_STOP_STRINGS:
         raise InvalidParameter("stop", f"at most {MAX_STOP_STRINGS} stop sequences, got {len(stop)}")

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import re
 import time
 from collections.abc import AsyncIterator, Callable, Sequence
 from typing import Any
@@ -37,11 +38,40 @@ from lopa.serving.shared.metrics import MasterMetrics
 
 log = logging.getLogger("lopa.master")
 
-__all__ = ["Dispatcher", "GroupUnavailable", "QueueFull", "Ticket", "outcome_label"]
+__all__ = ["Dispatcher", "GroupUnavailable", "QueueFull", "Ticket", "client_reason", "outcome_label",
+           "retry_after_s"]
+
+
+GROUP_RETRY_AFTER_S = 5  # a lost group re-forms in seconds (its workers restart and rejoin)
+_RANK = re.compile(r"worker rank \d+")  # what a client may know of a lost worker (not its address)
 
 
 class GroupUnavailable(Exception):
-    """No worker group is attached, or the master is draining: a request cannot be queued."""
+    """No worker group is attached, or the master is draining: a request cannot be queued.
+    retry_after_s: when a client may try again (a draining master: at once, elsewhere)."""
+
+    def __init__(self, message: str, retry_after_s: int = GROUP_RETRY_AFTER_S) -> None:
+        super().__init__(message)
+        self.retry_after_s = retry_after_s
+
+
+def client_reason(error: BaseException) -> str:
+    """What a client is told of a failure: a worker's loss without its address (a pod's name in a
+    cluster; the master's log has it), anything unexpected without its details."""
+    if isinstance(error, WorkerLost):
+        rank = _RANK.search(str(error))
+        lost = f"{rank.group()} was lost" if rank else "the worker group was lost"
+        return f"{lost} during this request; the master waits for the group to re-form: retry"
+    if isinstance(error, (InvalidParameter, QueueFull, RequestAborted, SchedulerStopped, GroupUnavailable)):
+        return str(error)
+    return "internal error (see the master log)"
+
+
+def retry_after_s(error: BaseException) -> int:
+    """Seconds until an unavailable server may take the request (the HTTP API's Retry-After)."""
+    if isinstance(error, GroupUnavailable):
+        return error.retry_after_s
+    return 1 if isinstance(error, SchedulerStopped) else GROUP_RETRY_AFTER_S
 
 
 def outcome_label(error: BaseException) -> str:
@@ -178,7 +208,7 @@ class Dispatcher:
         n = len(admitted)
         if self.draining:
             self.refused("unavailable", n)
-            raise GroupUnavailable("the master is shutting down (draining its requests): retry elsewhere")
+            raise GroupUnavailable("the master is shutting down (draining its requests): retry elsewhere", 1)
         if not self.group_ready():
             self.refused("unavailable", n)
             raise GroupUnavailable("the worker group is not ready (see health)")
@@ -197,7 +227,7 @@ class Dispatcher:
             raise
         except SchedulerStopped as error:  # stopping between the drain check and the queue
             self.refused("unavailable", n)
-            raise GroupUnavailable(str(error)) from None
+            raise GroupUnavailable(str(error), 1) from None
         return tickets
 
     def _request(self, ticket: Ticket) -> Request:

@@ -13,6 +13,7 @@ import logging
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
@@ -32,17 +33,14 @@ from lopa.serving.master.observer import MasterObserver
 from lopa.serving.master.served import ServedModel
 from lopa.serving.shared.config import ServingConfig
 from lopa.serving.shared.group_link import LinkSecurity
-from lopa.serving.shared.listen import NO_REUSEPORT, add_port
+from lopa.serving.shared.listen import add_port, grpc_server_options, host_of
 from lopa.serving.shared.log_limits import limit_repeats, raise_descriptor_limit
 from lopa.serving.shared.metrics import MasterMetrics
 from lopa.serving.shared.model_dir import model_path
 from lopa.serving.shared.tls import server_credentials
 
 log = logging.getLogger("lopa.master")
-# gRPC refuses a message over its limit slowly (the whole message crosses first, ~0.1-0.3 s for a few
-# MB), admission in milliseconds: so the limit stays above what a mistaken client sends, and
-# admission refuses a prompt too long for any token limit before tokenizing it.
-GRPC_MESSAGE_FLOOR = 16 << 20
+HEALTH_PORT_CONNECTIONS = 64  # the plaintext health port's (probes only)
 
 
 @dataclass
@@ -99,7 +97,8 @@ async def serve_master(
     raise_descriptor_limit()
     served = ServedModel.load(config, model_path(config.model.path))
     metrics = MasterMetrics.create(served.name)
-    metrics.serve(config.master.metrics_port)
+    host = host_of(config.master.listen)  # every client-facing port binds the host of master.listen
+    metrics.serve(config.master.metrics_port, host)
     pipeline = Pipeline.build(config, served, metrics)
     group = pipeline.group
     health = health_aio.HealthServicer()
@@ -119,8 +118,7 @@ async def serve_master(
             asyncio.run_coroutine_threadsafe(health.set(name, status), loop)
 
     admission = pipeline.dispatcher.admission
-    largest = max(admission.max_body_bytes, GRPC_MESSAGE_FLOOR)
-    server = grpc.aio.server(options=[NO_REUSEPORT, ("grpc.max_receive_message_length", largest)])
+    server = grpc.aio.server(options=grpc_bounds(config, admission.max_message_bytes))
     # a request that does not parse: INVALID_ARGUMENT, not UNKNOWN
     add_lopa_servicer(LopaService(pipeline.dispatcher, pipeline.served), server)
     health_pb2_grpc.add_HealthServicer_to_server(health, server)
@@ -133,26 +131,17 @@ async def serve_master(
     if config.master.health_port:
         # grpc.health.v1 alone, plaintext, with the same servicer: the kubelet's gRPC probe speaks no
         # TLS, and a TCP check of master.listen passes before the group has formed.
-        health_server = grpc.aio.server(options=[NO_REUSEPORT])
+        health_server = grpc.aio.server(options=grpc_bounds(config, None, HEALTH_PORT_CONNECTIONS))
         health_pb2_grpc.add_HealthServicer_to_server(health, health_server)
-        add_port(health_server, f"0.0.0.0:{config.master.health_port}", "master.health_port")
+        health_listen = f"{listen.rpartition(':')[0]}:{config.master.health_port}"
+        add_port(health_server, health_listen, "master.health_port")
     await server.start()
     if health_server is not None:
         await health_server.start()
     http = None
     try:  # from here on every exit stops what started (an HTTP port in use included)
         if config.master.http_port:
-            from lopa.serving.master.api.http_site import HttpBounds
-            from lopa.serving.master.api.openai_http import OpenAIApi, start_http
-
-            name = pipeline.served.name
-            master = config.master
-            bounds = HttpBounds(master.http_max_connections, master.http_header_timeout_s,
-                                master.http_keepalive_timeout_s, master.http_body_timeout_s)
-            api = OpenAIApi(pipeline.dispatcher, name, config.limits.queue_size, pipeline.serving,
-                            metrics.registry, bounds, admission.max_body_bytes)
-            http = await start_http(api, config.master.http_port, config.tls)
-            log.info("OpenAI-compatible HTTP API on port %d, model %r", config.master.http_port, name)
+            http = await start_openai_http(config, pipeline, host)
         group.listeners.append(on_group)
         group.start()
         pipeline.dispatcher.start()
@@ -167,13 +156,44 @@ async def serve_master(
             await drain.wait()
             await drain_requests(pipeline, health, config.limits.request_timeout_s)
     finally:
+        # Requests still in flight end first, each with its error (a stream's error event); then the
+        # HTTP port closes, giving its handlers a few seconds to write it.
+        pipeline.dispatcher.stop()
         if http is not None:
             await http.cleanup()
-        pipeline.dispatcher.stop()
         group.stop()
         if health_server is not None:
             await health_server.stop(grace=None)
         await server.stop(grace=2.0)
+
+
+def grpc_bounds(config: ServingConfig, max_message_bytes: int | None, max_connections: int | None = None
+                ) -> list[tuple[str, Any]]:
+    """The master's gRPC server options: the connection bounds of master.grpc_*, calls in flight
+    given up to limits.request_timeout_s to end when their connection ages out."""
+    master = config.master
+    return grpc_server_options(max_connections or master.grpc_max_connections,
+                               master.grpc_handshake_timeout_s, master.grpc_idle_timeout_s,
+                               master.grpc_max_connection_age_s, config.limits.request_timeout_s,
+                               max_message_bytes)
+
+
+async def start_openai_http(config: ServingConfig, pipeline: Pipeline, host: str) -> Any:
+    """The OpenAI-compatible HTTP API on master.http_port, bounded by the master.http_* keys and the
+    admission's limits."""
+    from lopa.serving.master.api.connection_guard import HttpBounds
+    from lopa.serving.master.api.openai_http import OpenAIApi, start_http
+
+    master, admission, metrics = config.master, pipeline.dispatcher.admission, pipeline.metrics
+    bounds = HttpBounds(master.http_max_connections, master.http_header_timeout_s,
+                        master.http_keepalive_timeout_s, master.http_body_timeout_s,
+                        master.http_min_body_rate, master.http_max_connections_per_client)
+    api = OpenAIApi(pipeline.dispatcher, pipeline.served.name, config.limits.queue_size, pipeline.serving,
+                    metrics.registry, bounds, admission.max_body_bytes, admission.max_body_values)
+    runner = await start_http(api, host, master.http_port, config.tls,
+                              lambda reason: metrics.http_refused.labels(reason).inc())
+    log.info("OpenAI-compatible HTTP API on %s port %d, model %r", host, master.http_port, api.model)
+    return runner
 
 
 async def drain_requests(pipeline: Pipeline, health: health_aio.HealthServicer, limit_s: float) -> None:

@@ -84,6 +84,18 @@ class MasterConfig:
     http_header_timeout_s: float = 10.0
     http_keepalive_timeout_s: float = 75.0
     http_body_timeout_s: float = 30.0
+    # At the limit a body arriving slower than http_min_body_rate (bytes/s, averaged since its head)
+    # gives way too; one client address holds at most http_max_connections_per_client (0 = no cap).
+    http_min_body_rate: int = 16384
+    http_max_connections_per_client: int = 256
+    # The gRPC port (master.listen): at most grpc_max_connections open (more are refused at accept);
+    # a connection must finish its HTTP/2 handshake within grpc_handshake_timeout_s, is closed after
+    # grpc_idle_timeout_s without a call and asked to reconnect after grpc_max_connection_age_s
+    # (its calls in flight keep up to limits.request_timeout_s to finish).
+    grpc_max_connections: int = 1024
+    grpc_handshake_timeout_s: float = 10.0
+    grpc_idle_timeout_s: float = 75.0
+    grpc_max_connection_age_s: float = 3600.0
 
 
 @dataclass(frozen=True)
@@ -270,7 +282,11 @@ def _check_decoding(decoding: DecodingParams, limits: Limits, keys: frozenset[st
 def _check_master(master: MasterConfig) -> None:
     _address("master.listen", master.listen)
     _at_least("master.http_max_connections", master.http_max_connections, 1)
-    for key in ("http_header_timeout_s", "http_keepalive_timeout_s", "http_body_timeout_s"):
+    _at_least("master.http_min_body_rate", master.http_min_body_rate, 1)
+    _at_least("master.http_max_connections_per_client", master.http_max_connections_per_client, 0)
+    _at_least("master.grpc_max_connections", master.grpc_max_connections, 1)
+    for key in ("http_header_timeout_s", "http_keepalive_timeout_s", "http_body_timeout_s",
+                "grpc_handshake_timeout_s", "grpc_idle_timeout_s", "grpc_max_connection_age_s"):
         _positive_seconds(f"master.{key}", getattr(master, key))
     _port("master.metrics_port", master.metrics_port)  # 0 = no metrics endpoint
     _port("master.health_port", master.health_port)  # 0 = no separate health endpoint

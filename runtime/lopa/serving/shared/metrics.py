@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import contextlib
 import logging
+import socket
 import threading
+import time
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from http.server import ThreadingHTTPServer
@@ -46,6 +49,7 @@ class MasterMetrics:
     branches_cut: Counter  # lookahead branches the budget took away
     vllm: VllmMetrics  # the same measurements under vLLM's names (lopa.serving.shared.vllm_metrics)
     occupancy: Occupancy  # the queue and the KV slots, lopa's and vLLM's gauges from one snapshot
+    http_refused: Counter  # HTTP connections refused or evicted at the port's limits, by reason
 
     @classmethod
     def create(cls, model_name: str = "") -> MasterMetrics:
@@ -101,10 +105,15 @@ class MasterMetrics:
                 "Lookahead branches the budget took away (those a round could spawn, up to k, minus granted)",
                 registry=r,
             ),
+            http_refused=Counter(
+                "lopa_http_connections_refused",
+                "HTTP connections refused or evicted at the port's limits (reason: full, idle, slow, "
+                "client_cap, not_a_probe)", ["reason"], registry=r,
+            ),
         )
 
-    def serve(self, port: int) -> None:
-        serve_registry(self.registry, port, "master.metrics_port")
+    def serve(self, port: int, host: str = "0.0.0.0") -> None:
+        serve_registry(self.registry, port, "master.metrics_port", host)
 
 
 @dataclass
@@ -192,50 +201,88 @@ class _GraphCaptures(Collector):
         )
 
 
-METRICS_CONNECTIONS = 16  # scrapes served at once; more are closed at once (a scraper retries)
-METRICS_READ_TIMEOUT_S = 10.0  # a scrape's request must arrive within this
+METRICS_CONNECTIONS = 16  # scrapes served at once
+METRICS_READ_TIMEOUT_S = 10.0  # a scrape's request head must arrive within this, in all
 
 
 class _BoundedServer(ThreadingHTTPServer):
     """A thread per scrape, at most METRICS_CONNECTIONS of them: held connections cannot pile up
-    threads or descriptors."""
+    threads or descriptors. A connection whose request head has not arrived within
+    METRICS_READ_TIMEOUT_S in all is cut (a client trickling a byte at a time never reaches a
+    per-read timeout); at the limit a new connection takes the place of the oldest one still sending
+    its head, so such clients cannot keep a scraper out."""
 
     daemon_threads = True
 
     def __init__(self, address: tuple[str, int], handler: type) -> None:
-        self._slots = threading.BoundedSemaphore(METRICS_CONNECTIONS)
+        self.address_family = socket.AF_INET6 if ":" in address[0] else socket.AF_INET
+        self._lock = threading.Lock()
+        self._open = 0
+        self._reading: dict[socket.socket, float] = {}  # still sending its head -> its deadline, oldest first
         super().__init__(address, handler)
 
     def process_request(self, request: Any, client_address: Any) -> None:
-        if not self._slots.acquire(blocking=False):
-            self.shutdown_request(request)
-            return
+        with self._lock:
+            if self._open >= METRICS_CONNECTIONS:
+                victim = next(iter(self._reading), None)
+                if victim is None:  # every one is being answered: this one waits for none
+                    self.shutdown_request(request)
+                    return
+                del self._reading[victim]
+                _cut(victim)  # its thread sees the end of its input and ends
+            self._open += 1
+            self._reading[request] = time.monotonic() + METRICS_READ_TIMEOUT_S
         super().process_request(request, client_address)
+
+    def head_read(self, request: Any) -> None:
+        with self._lock:
+            self._reading.pop(request, None)
 
     def process_request_thread(self, request: Any, client_address: Any) -> None:
         try:
             super().process_request_thread(request, client_address)
         finally:
-            self._slots.release()
+            with self._lock:
+                self._open -= 1
+                self._reading.pop(request, None)
+
+    def service_actions(self) -> None:
+        """Between accepts (every half second at most): cut the heads past their deadline."""
+        now = time.monotonic()
+        with self._lock:
+            late = [request for request, deadline in self._reading.items() if deadline <= now]
+            for request in late:
+                del self._reading[request]
+                _cut(request)
 
     def handle_error(self, request: Any, client_address: Any) -> None:
         log.debug("metrics scrape from %s failed", client_address, exc_info=True)
 
 
-def serve_registry(registry: CollectorRegistry, port: int, key: str) -> None:
-    """/metrics on 0.0.0.0:port (0: none), on a bounded server; OSError naming the config key when the
+def _cut(request: socket.socket) -> None:
+    with contextlib.suppress(OSError):
+        request.shutdown(socket.SHUT_RDWR)
+
+
+def serve_registry(registry: CollectorRegistry, port: int, key: str, host: str = "0.0.0.0") -> None:
+    """/metrics on host:port (0: none), on a bounded server; OSError naming the config key when the
     port is taken."""
     if not port:
         return
 
     class Handler(MetricsHandler.factory(registry)):  # type: ignore[misc]
-        timeout = METRICS_READ_TIMEOUT_S
+        timeout = METRICS_READ_TIMEOUT_S  # each read; the head as a whole: _BoundedServer's deadline
+
+        def parse_request(self) -> bool:
+            parsed = bool(super().parse_request())
+            self.server.head_read(self.connection)
+            return parsed
 
         def log_message(self, format: str, *args: Any) -> None:  # a scrape is no news
             pass
 
     try:
-        server = _BoundedServer(("0.0.0.0", port), Handler)
+        server = _BoundedServer((host, port), Handler)
     except OSError as error:
         raise OSError(f"{key}: cannot listen on port {port}: {error.strerror or error}") from None
     threading.Thread(target=server.serve_forever, name="lopa-metrics", daemon=True).start()

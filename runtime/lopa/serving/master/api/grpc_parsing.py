@@ -5,6 +5,11 @@ fails inside gRPC, which answers UNKNOWN and logs a traceback per request (a che
 the logs). The servicer is registered here with parsers that hand such a request to it as an
 `Undecodable`, which names the field (found by walking the wire format against the message's
 descriptor), so the servicer refuses it like any other bad input.
+
+The parser runs on the event loop, so its cost is bounded: the message's size by the server's
+grpc.max_receive_message_length (derived from the limits), protobuf's own parse by that size, and
+the walk, in Python, by WALK_FIELDS fields (a message of many small unknown fields is refused
+unnamed past it).
 """
 
 from __future__ import annotations
@@ -19,6 +24,7 @@ from lopa.proto import lopa_pb2, lopa_pb2_grpc
 
 SERVICE = "lopa.v1.Lopa"
 _VARINT, _I64, _LEN, _I32 = 0, 1, 2, 5
+WALK_FIELDS = 4096  # fields read looking for the bad string: about a millisecond
 
 
 class Undecodable:
@@ -34,7 +40,7 @@ def parser(message_type: type[Message]) -> Callable[[bytes], Message | Undecodab
             return message_type.FromString(data)
         except DecodeError:
             descriptor = message_type.DESCRIPTOR
-            field = bad_string_field(descriptor, data)
+            field = bad_string_field(descriptor, data, budget=[WALK_FIELDS])
             if field is not None:
                 return Undecodable(f"{field}: is not valid UTF-8")
             return Undecodable(f"request: cannot be parsed as {descriptor.full_name}")
@@ -42,13 +48,19 @@ def parser(message_type: type[Message]) -> Callable[[bytes], Message | Undecodab
     return parse
 
 
-def bad_string_field(descriptor: Descriptor, data: bytes, prefix: str = "") -> str | None:
+def bad_string_field(descriptor: Descriptor, data: bytes, prefix: str = "",
+                     budget: list[int] | None = None) -> str | None:
     """The name (`prompt`, `stop[1]`, `decoding.conf`) of the first string field whose bytes are not
-    UTF-8, or None (also for bytes that are not a message at all)."""
+    UTF-8, or None (also for bytes that are not a message at all, and once `budget[0]` fields, shared
+    with the nested messages' walks, are read)."""
+    budget = [WALK_FIELDS] if budget is None else budget
     seen: dict[int, int] = {}
     position = 0
     try:
         while position < len(data):
+            budget[0] -= 1
+            if budget[0] < 0:
+                return None
             key, position = _varint(data, position)
             number, wire_type = key >> 3, key & 7
             if wire_type == _VARINT:
@@ -65,7 +77,7 @@ def bad_string_field(descriptor: Descriptor, data: bytes, prefix: str = "") -> s
                 if field.type == FieldDescriptor.TYPE_STRING:
                     chunk.decode("utf-8")
                 elif field.type == FieldDescriptor.TYPE_MESSAGE:
-                    inner = bad_string_field(field.message_type, chunk, name + ".")
+                    inner = bad_string_field(field.message_type, chunk, name + ".", budget)
                     if inner is not None:
                         return inner
             else:

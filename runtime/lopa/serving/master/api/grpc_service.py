@@ -21,7 +21,13 @@ from lopa.proto import lopa_pb2, lopa_pb2_grpc
 from lopa.scheduling.request import Completion, QueueFull, RequestAborted
 from lopa.serving.master.admission import SETTING_TYPES, Ask
 from lopa.serving.master.api.grpc_parsing import Undecodable
-from lopa.serving.master.dispatch import Dispatcher, GroupUnavailable, outcome_label
+from lopa.serving.master.dispatch import (
+    Dispatcher,
+    GroupUnavailable,
+    client_reason,
+    outcome_label,
+    retry_after_s,
+)
 from lopa.serving.master.events import Finished, Progress
 from lopa.serving.master.served import ServedModel
 
@@ -100,10 +106,11 @@ def ask_of(request: lopa_pb2.GenerateRequest) -> Ask:
     chat = request.chat and request.prompt
     return Ask(
         prompt=None if chat else request.prompt,
-        prompt_token_ids=list(request.prompt_token_ids),
+        # The repeated fields as they are: admission counts them before it copies or looks at any.
+        prompt_token_ids=request.prompt_token_ids,
         messages=[{"role": "user", "content": request.prompt}] if chat else None,
         max_new_tokens=request.max_new_tokens if request.HasField("max_new_tokens") else None,
-        stop=list(request.stop),
+        stop=request.stop,
         decoding={name: getattr(request.decoding, name) for name in _OVERRIDES
                   if request.decoding.HasField(name)},
         pin_branches=request.pin_branches,
@@ -131,10 +138,14 @@ def status_of(error: BaseException) -> grpc.StatusCode:
 
 
 async def _abort(context: Any, error: BaseException) -> NoReturn:
-    message = str(error)
+    """The call ends with the error's status; an unavailable server says when to retry (gRPC's
+    retry pushback), and no message names a worker's address (client_reason)."""
+    message, status, trailers = client_reason(error), status_of(error), ()
     if isinstance(error, InvalidParameter):  # named as the GenerateRequest names it
         message = f"{field_name(error.field)}: {error.reason}"
-    await context.abort(status_of(error), message)
+    if status == grpc.StatusCode.UNAVAILABLE:
+        trailers = (("grpc-retry-pushback-ms", str(1000 * retry_after_s(error))),)
+    await context.abort(status, message, trailing_metadata=trailers)
     raise AssertionError("unreachable")
 
 

@@ -107,12 +107,17 @@ def _neutral(value: Any, accepted: tuple[Any, ...]) -> bool:
     return any(same(a) for a in accepted)
 
 
-def completion_request(body: Any, served_model: str) -> Parsed:
+def completion_request(body: Any, served_model: str, max_prompts: int) -> Parsed:
     """One prompt (a string or a list of token ids), or a batch: a list of several, each of which
-    becomes its own request with the same settings (choice i answers prompt i)."""
+    becomes its own request with the same settings (choice i answers prompt i), at most
+    `max_prompts` of them (counted before any is looked at)."""
     parsed, ask = _common(body, COMPLETION_FIELDS, served_model)
     ask = replace(ask, max_new_tokens=body.get("max_tokens"))
     prompt = body.get("prompt")
+    batch = isinstance(prompt, list) and prompt and isinstance(prompt[0], (str, list))
+    if batch and len(prompt) > max_prompts:  # could never be queued at once: no retry helps
+        raise InvalidParameter("prompt", f"at most {max_prompts} prompts per request "
+                                         f"(limits.queue_size), got {len(prompt)}")
     if isinstance(prompt, list) and prompt and all(isinstance(p, (str, list)) for p in prompt):
         if len(prompt) == 1:  # a batch of one
             return replace(parsed, asks=(_with_prompt(ask, prompt[0], "prompt"),))

@@ -9,19 +9,18 @@ enters the very same Dispatcher.open as a gRPC one (one queue, one validation, o
 limits and metrics), with no second server thread; it is already in the stack (kopf) and streams
 server-sent events with a plain StreamResponse.
 
-Errors use OpenAI's shape {"error": {"message", "type", "param", "code"}}: 400 naming the body
-field, 429 when the queue is full, 503 when the worker group is lost or not formed, 504 when the
-request's deadline passed, 500 otherwise. A client that disconnects cancels its request.
+Errors use OpenAI's shape (openai_errors); answers and streams are openai_stream's. A client that
+disconnects cancels its request.
 """
 
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 import time
 import uuid
 from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from aiohttp import web
@@ -29,34 +28,26 @@ from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_l
 
 from lopa.model.tokenizer import NO_CHAT_TEMPLATE
 from lopa.params import InvalidParameter
-from lopa.scheduling.request import Completion, QueueFull, RequestAborted
+from lopa.scheduling.request import Completion, QueueFull
 from lopa.serving.master.admission import InvalidInBatch
-from lopa.serving.master.api.http_site import (
-    BoundedSite,
-    ConnectionGuard,
-    HttpBounds,
-    guard_middleware,
-    no_server_version,
-)
+from lopa.serving.master.api import bounded_json
+from lopa.serving.master.api.connection_guard import ConnectionGuard, HttpBounds
+from lopa.serving.master.api.http_site import BoundedSite, guard_middleware, no_server_version
 from lopa.serving.master.api.openai_body import Parsed, body_field, chat_request, completion_request
-from lopa.serving.master.dispatch import Dispatcher, GroupUnavailable, Ticket, outcome_label
-from lopa.serving.master.events import Finished, Progress
+from lopa.serving.master.api.openai_errors import error_response, failure, invalid, openai_errors, unavailable
+from lopa.serving.master.api.openai_stream import FINISH, lopa_stats, stream, total_usage
+from lopa.serving.master.dispatch import Dispatcher, GroupUnavailable, client_reason, retry_after_s
 from lopa.serving.shared.config import TlsConfig
 from lopa.serving.shared.tls import ssl_context
 
+__all__ = ["OpenAIApi", "failure", "start_http"]
+
 log = logging.getLogger("lopa.master")
 RETRY_AFTER_S = 1  # a full queue drains in about a request's time: retry soon, not at once
-FINISH = {"eos": "stop", "stop": "stop", "length": "length"}
+HEALTH_RETRY_AFTER_S = 5  # a group forms or re-forms in seconds
+INLINE_BODY_BYTES = 1 << 16  # a larger body is parsed off the event loop, by one thread
+SHUTDOWN_S = 5.0  # at shutdown, what a request in flight is given to end (a stream: its error event)
 NO_TEMPLATE_HINT = "the model has no chat template; send a plain prompt to /v1/completions"
-
-
-def error_response(status: int, message: str, kind: str, param: str | None = None) -> web.Response:
-    body = {"error": {"message": message, "type": kind, "param": param, "code": None}}
-    return web.json_response(body, status=status)
-
-
-def invalid(param: str, reason: str) -> web.Response:
-    return error_response(400, f"{param}: {reason}", "invalid_request_error", param)
 
 
 def _unreadable(error: Exception) -> str:
@@ -65,32 +56,35 @@ def _unreadable(error: Exception) -> str:
         return "unknown charset in the Content-Type header"
     if isinstance(error, RecursionError):
         return "nested too deeply"
+    if isinstance(error, bounded_json.NotJson):
+        return str(error)
     return "not valid JSON"
 
 
-def failure(error: BaseException) -> web.Response:
-    """A request that was queued and did not complete."""
-    if isinstance(error, RequestAborted):
-        if error.deadline:
-            return error_response(504, str(error), "timeout")
-        return error_response(499, str(error), "cancelled")
-    if isinstance(error, InvalidParameter):
-        return error_response(400, str(error), "invalid_request_error", error.field)
-    if outcome_label(error) == "unavailable":
-        return error_response(503, str(error), "service_unavailable")
-    return error_response(500, "internal error (see the master log)", "server_error")
+def parse_body(raw: bytes, charset: str | None, chat: bool, model: str, max_prompts: int,
+               max_values: int) -> tuple[Parsed, Any]:
+    """A body's bytes -> the requests it asks for, and the JSON they came from (pure: run off the
+    event loop for a large body). Each step is bounded before it builds anything: the JSON's values
+    (bounded_json), a batch's prompts (completion_request)."""
+    body = bounded_json.loads(raw.decode(charset or "utf-8"), max_values)
+    parsed = chat_request(body, model) if chat else completion_request(body, model, max_prompts)
+    return parsed, body
 
 
 class OpenAIApi:
     def __init__(self, dispatcher: Dispatcher, served_model: str, queue_size: int,
                  serving: Callable[[], bool], registry: CollectorRegistry | None = None,
-                 bounds: HttpBounds | None = None, max_body_bytes: int = 8 << 20) -> None:
+                 bounds: HttpBounds | None = None, max_body_bytes: int = 8 << 20,
+                 max_body_values: int = 1 << 16) -> None:
         """serving: whether the group serves (attached and not draining), what /health says;
         registry: the master's metrics, also served here (where the endpoint picker scrapes);
-        max_body_bytes: the largest request body read (admission's bound, see Admission.max_body_bytes)."""
+        max_body_bytes, max_body_values: the largest request body read and the most JSON values
+        parsed in it (admission's bounds, see Admission.max_body_bytes)."""
         self.dispatcher, self.model, self.queue_size = dispatcher, served_model, queue_size
         self.serving, self.registry = serving, registry
-        self.bounds, self.max_body_bytes = bounds or HttpBounds(), max_body_bytes
+        self.bounds = bounds or HttpBounds()
+        self._parser = ThreadPoolExecutor(1, thread_name_prefix="lopa-http-body")
+        self.max_body_bytes, self.max_body_values = max_body_bytes, max_body_values
 
     def app(self, middlewares: Sequence[Any] = ()) -> web.Application:
         app = web.Application(client_max_size=self.max_body_bytes, middlewares=[*middlewares, openai_errors])
@@ -124,7 +118,8 @@ class OpenAIApi:
     async def health(self, request: web.Request) -> web.Response:
         ready = self.serving()
         status = {"status": "SERVING" if ready else "NOT_SERVING"}
-        return web.json_response(status, status=200 if ready else 503)
+        headers = {} if ready else {"Retry-After": str(HEALTH_RETRY_AFTER_S)}
+        return web.json_response(status, status=200 if ready else 503, headers=headers)
 
     async def metrics(self, request: web.Request) -> web.Response:
         """The master's Prometheus metrics, as its metrics port serves them."""
@@ -144,30 +139,11 @@ class OpenAIApi:
 
     async def _serve(self, request: web.Request, chat: bool) -> web.StreamResponse:
         arrived = time.perf_counter()  # latencies start here, before the body is read (as vLLM's)
-        try:
-            text = await asyncio.wait_for(request.text(), self.bounds.body_timeout_s)
-            # A large body is parsed off the event loop: /health and every other request go on.
-            body = json.loads(text) if len(text) < 1 << 16 else await asyncio.to_thread(json.loads, text)
-        except web.HTTPRequestEntityTooLarge:
+        read = await self._read(request, chat)
+        if isinstance(read, web.Response):
             self.dispatcher.refused("invalid")
-            return error_response(413, f"body: larger than {self.max_body_bytes} bytes, the most a request "
-                                       "of this server's limits needs", "invalid_request_error", "body")
-        except asyncio.TimeoutError:
-            self.dispatcher.refused("invalid")
-            return error_response(408, f"body: not received within {self.bounds.body_timeout_s:g} s",
-                                  "invalid_request_error", "body")
-        except (json.JSONDecodeError, UnicodeDecodeError, LookupError, RecursionError) as error:
-            self.dispatcher.refused("invalid")
-            return invalid("body", _unreadable(error))
-        try:
-            parsed = chat_request(body, self.model) if chat else completion_request(body, self.model)
-        except InvalidParameter as error:  # named as in the body already
-            self.dispatcher.refused("invalid")
-            return invalid(error.field, error.reason)
-        if len(parsed.asks) > self.queue_size:  # could never be queued at once: no retry helps
-            self.dispatcher.refused("invalid")
-            return invalid("prompt", f"at most {self.queue_size} prompts per request (limits.queue_size), "
-                                     f"got {len(parsed.asks)}")
+            return read
+        parsed, body = read
         try:  # all of a batch valid before any is queued, then all queued or none: counts its refusals
             tickets = await self.dispatcher.open(parsed.asks, parsed.stream, arrived=arrived)
         except (InvalidParameter, QueueFull, GroupUnavailable) as error:
@@ -175,7 +151,7 @@ class OpenAIApi:
             return self._refused(error, chat, body, index)
         ident = f"{'chatcmpl' if chat else 'cmpl'}-{uuid.uuid4().hex}"
         if parsed.stream:
-            return await self._stream(request, tickets, parsed, ident, chat)
+            return await stream(request, tickets, parsed, ident, chat)
         # A client that disconnects cancels the handler, and with it every ticket's wait (each then
         # counted as cancelled); otherwise each is counted by its own outcome.
         done = await asyncio.gather(*(ticket.finished() for ticket in tickets), return_exceptions=True)
@@ -183,6 +159,47 @@ class OpenAIApi:
         if failed is not None:
             return failure(failed)
         return web.json_response(self._response([f.completion for f in done], parsed, ident, chat))
+
+    async def _read(self, request: web.Request, chat: bool) -> tuple[Parsed, Any] | web.Response:
+        """The body's requests and its JSON, or the response that refuses it."""
+        unread = self._refuse_unread(request)
+        if unread is not None:
+            return unread
+        try:
+            raw = await asyncio.wait_for(request.read(), self.bounds.body_timeout_s)
+            args = (raw, request.charset, chat, self.model, self.queue_size, self.max_body_values)
+            if len(raw) < INLINE_BODY_BYTES:
+                return parse_body(*args)
+            # A large body is parsed off the event loop: /health and every other request go on. One
+            # thread parses them in turn: several at once would each take the GIL from the loop.
+            return await asyncio.get_running_loop().run_in_executor(self._parser, parse_body, *args)
+        except web.HTTPRequestEntityTooLarge:
+            return self._too_large()
+        except asyncio.TimeoutError:
+            return error_response(408, f"body: not received within {self.bounds.body_timeout_s:g} s",
+                                  "invalid_request_error", "body")
+        except bounded_json.TooManyValues as error:
+            return error_response(413, f"body: {error}, more than a request of this server's limits holds",
+                                  "invalid_request_error", "body")
+        except InvalidParameter as error:  # named as in the body already
+            return invalid(error.field, error.reason)
+        except (ValueError, LookupError, RecursionError) as error:  # UnicodeDecodeError, NotJson
+            return invalid("body", _unreadable(error))
+
+    def _refuse_unread(self, request: web.Request) -> web.Response | None:
+        """What the headers alone refuse, before a byte of the body is read: a compressed body (never
+        inflated: a small one can inflate to gigabytes) and a declared length over the limit."""
+        encoding = request.headers.get("Content-Encoding", "identity").strip().lower()
+        if encoding not in ("", "identity"):
+            return error_response(415, f"body: Content-Encoding {encoding!r} is not accepted; send the body "
+                                       "uncompressed", "invalid_request_error", "body")
+        if (request.content_length or 0) > self.max_body_bytes:
+            return self._too_large()
+        return None
+
+    def _too_large(self) -> web.Response:
+        return error_response(413, f"body: larger than {self.max_body_bytes} bytes, the most a request of "
+                                   "this server's limits needs", "invalid_request_error", "body")
 
     def _refused(self, error: Exception, chat: bool, body: Any, index: int | None) -> web.Response:
         """A request the pipeline would not queue; `index`: which prompt of a batch."""
@@ -198,7 +215,7 @@ class OpenAIApi:
             response = error_response(429, str(error), "rate_limit_exceeded")
             response.headers["Retry-After"] = str(RETRY_AFTER_S)
             return response
-        return error_response(503, str(error), "service_unavailable")
+        return unavailable(client_reason(error), retry_after_s(error))
 
     def _response(self, done: list[Completion], parsed: Parsed, ident: str, chat: bool) -> dict[str, Any]:
         choices = []
@@ -217,141 +234,20 @@ class OpenAIApi:
                  "usage": total_usage(done)}
         return reply if parsed.batch else {**reply, "lopa": lopa_stats(done[0])}
 
-    async def _stream(
-        self, request: web.Request, tickets: list[Ticket], parsed: Parsed, ident: str, chat: bool
-    ) -> web.StreamResponse:
-        """Server-sent events of every ticket (a batch's choices interleave, each event naming its
-        choice), then [DONE]. A failure after the status line travels as an error event, and the
-        batch's other requests stop (counted as cancelled)."""
-        headers = {"Content-Type": "text/event-stream", "Cache-Control": "no-cache"}
-        response = web.StreamResponse(headers=headers)
-        try:
-            await self._stream_events(request, response, tickets, parsed, ident, chat)
-        except ConnectionResetError:  # an ordinary event: one line, no traceback
-            log.info("HTTP client %s went away during its stream", request.remote)
-        finally:
-            for ticket in tickets:  # any request whose end was not read stops, counted as cancelled
-                ticket.cancel()
-        return response
-
-    async def _stream_events(
-        self, request: web.Request, response: web.StreamResponse, tickets: list[Ticket], parsed: Parsed,
-        ident: str, chat: bool,
-    ) -> None:
-        await response.prepare(request)
-        created, kind = int(time.time()), "chat.completion.chunk" if chat else "text_completion"
-
-        async def write(choices: list[dict[str, Any]], extra: dict | None = None) -> None:
-            event = {"id": ident, "object": kind, "created": created, "model": parsed.model,
-                     "choices": choices, **(extra or {})}
-            await response.write(f"data: {json.dumps(event)}\n\n".encode())
-
-        async def send(index: int, delta: str, finish: str | None = None, extra: dict | None = None,
-                       first: bool = False) -> None:
-            if chat:
-                piece = {"role": "assistant", "content": delta} if first else {"content": delta}
-                choice: dict[str, Any] = {"index": index, "delta": piece, "finish_reason": finish}
-            else:
-                choice = {"index": index, "text": delta, "finish_reason": finish, "logprobs": None}
-            await write([choice], extra)
-
-        merged: asyncio.Queue[tuple[int, Progress | Finished | Exception]] = asyncio.Queue()
-
-        async def pump(index: int, ticket: Ticket) -> None:
-            try:
-                async for event in ticket.events():
-                    merged.put_nowait((index, event))
-            except Exception as error:
-                merged.put_nowait((index, error))
-
-        pumps = [asyncio.create_task(pump(i, ticket)) for i, ticket in enumerate(tickets)]
-        # Every event carries the lookahead branches granted in each round since the one before
-        # (rounds that added no text send no event): gRPC's GenerateChunk.granted_branches.
-        first, rounds = [True] * len(tickets), [[] for _ in tickets]
-        prompts = [len(ticket.admitted.prompt_ids) for ticket in tickets]
-        sent = [0] * len(tickets)  # answer tokens streamed so far, per choice
-        done: list[Completion] = []
-        failed: Exception | None = None
-        try:
-            while len(done) < len(tickets):
-                index, item = await merged.get()
-                if isinstance(item, Progress):
-                    rounds[index].append(item.granted_branches)
-                    sent[index] = item.offset + len(item.token_ids)
-                    if item.text or first[index]:
-                        extra: dict[str, Any] = {"lopa": {"granted_branches": rounds[index]}}
-                        if parsed.continuous_usage:
-                            extra["usage"] = usage_of(prompts[index], sent[index])
-                        await send(index, item.text, extra=extra, first=first[index])
-                        if item.text:
-                            tickets[index].first_token_sent()
-                        first[index], rounds[index] = False, []
-                    continue
-                if isinstance(item, Exception):
-                    failed = item
-                    break
-                outcome = item.completion
-                stats = {"granted_branches": rounds[index], **lopa_stats(outcome)}
-                # With include_usage only the last chunk carries usage, as OpenAI's do (clients that
-                # add up every chunk's usage would count it twice); the choice's stats stay in lopa.
-                own = usage(outcome) if parsed.continuous_usage or not parsed.include_usage else None
-                await send(index, item.text, FINISH[outcome.finish_reason],
-                           {"usage": own, "lopa": stats}, first=first[index])
-                done.append(outcome)
-        finally:
-            for task in pumps:  # a failure or a client gone: the others stop, counted as cancelled
-                task.cancel()
-        if failed is not None:  # the status line is sent: the error travels as an event, as OpenAI's do
-            await response.write(f"data: {failure(failed).text}\n\n".encode())
-        elif parsed.include_usage:  # OpenAI's shape: one more chunk, the totals and no choices
-            await write([], {"usage": total_usage(done)})
-        await response.write(b"data: [DONE]\n\n")
-        await response.write_eof()
-
-
-def usage(c: Completion) -> dict[str, int]:
-    return usage_of(len(c.result.prompt_ids), len(c.result.output_ids))
-
-
-def usage_of(prompt: int, completion: int) -> dict[str, int]:
-    return {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion}
-
-
-def total_usage(done: list[Completion]) -> dict[str, int]:
-    """The usage of every choice of a reply (one or more completions), summed."""
-    each = [usage(c) for c in done]
-    return {key: sum(u[key] for u in each) for key in each[0]}
-
-
-def lopa_stats(c: Completion) -> dict[str, float]:
-    r = c.result
-    return {"forwards": r.forwards, "tokens": r.tokens, "tpf": round(r.tpf, 4),
-            "mean_branches": round(r.mean_branches, 4), "verified_tokens": r.verified_tokens,
-            "tokens_per_s": round(r.tokens_per_s, 2),
-            "wall_s": round(r.wall_s, 4), "ttft_s": round(c.ttft_s, 4), "queue_s": round(c.queue_s, 4)}
-
-
-@web.middleware
-async def openai_errors(request: web.Request, handler: Any) -> web.StreamResponse:
-    """aiohttp's own errors (404, 405 ...) in OpenAI's shape."""
-    try:
-        return await handler(request)
-    except web.HTTPException as error:
-        if error.status < 400:
-            raise
-        kind = "invalid_request_error" if error.status < 500 else "server_error"
-        return error_response(error.status, f"{request.method} {request.path}: {error.reason}", kind)
-
-
-async def start_http(api: OpenAIApi, port: int, tls: TlsConfig) -> web.AppRunner:
-    """Serve the API on 0.0.0.0:port, its connections bounded (http_site); handler_cancellation: a
+async def start_http(api: OpenAIApi, host: str, port: int, tls: TlsConfig,
+                     count_refused: Callable[[str], None] = lambda reason: None) -> web.AppRunner:
+    """Serve the API on host:port, its connections bounded (connection_guard, http_site; count_refused:
+    called with the reason of each connection refused or evicted); handler_cancellation: a
     disconnect cancels the handler, which cancels the request (see OpenAIApi._serve)."""
-    guard = ConnectionGuard(api.bounds, asyncio.get_running_loop())
-    handler_args = {"keepalive_timeout": api.bounds.keepalive_timeout_s, "access_log": None}
-    runner = web.AppRunner(api.app([guard_middleware(guard)]), handler_cancellation=True, **handler_args)
+    guard = ConnectionGuard(api.bounds, asyncio.get_running_loop(), count_refused)
+    # auto_decompress off: a compressed body is refused unread, never inflated (_refuse_unread)
+    handler_args = {"keepalive_timeout": api.bounds.keepalive_timeout_s, "access_log": None,
+                    "auto_decompress": False}
+    runner = web.AppRunner(api.app([guard_middleware(guard)]), handler_cancellation=True,
+                           shutdown_timeout=SHUTDOWN_S, **handler_args)
     await runner.setup()
     try:
-        await BoundedSite(runner, "0.0.0.0", port, guard, handler_args, ssl_context(tls)).start()
+        await BoundedSite(runner, host, port, guard, handler_args, ssl_context(tls)).start()
     except OSError as error:
         await runner.cleanup()
         raise OSError(f"master.http_port: cannot listen on port {port}: {error.strerror or error}") from None

@@ -1,0 +1,148 @@
+"""The OpenAI API's answers: a completion's choices, usage and LoPA stats, and server-sent events.
+
+A stream sends an event per round that adds text (a batch's choices interleave, each event naming
+its choice), then [DONE]. A failure after the status line travels as an error event, then [DONE];
+so does a stream the master cuts when it stops. Only [DONE] ends a stream: a client can tell a cut
+from an end even when the master is killed outright (the chunked body then also lacks its last,
+empty chunk).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import time
+from typing import Any
+
+from aiohttp import web
+
+from lopa.scheduling.request import Completion, SchedulerStopped
+from lopa.serving.master.api.openai_body import Parsed
+from lopa.serving.master.api.openai_errors import failure
+from lopa.serving.master.dispatch import Ticket
+from lopa.serving.master.events import Finished, Progress
+
+log = logging.getLogger("lopa.master")
+FINISH = {"eos": "stop", "stop": "stop", "length": "length"}
+
+
+async def stream(request: web.Request, tickets: list[Ticket], parsed: Parsed, ident: str, chat: bool
+                 ) -> web.StreamResponse:
+    """Server-sent events of every ticket, then [DONE]. A failure ends the batch's other requests
+    (counted as cancelled); a handler cancelled while its client still listens (the master stops)
+    writes the error event and [DONE] before it goes."""
+    headers = {"Content-Type": "text/event-stream", "Cache-Control": "no-cache"}
+    response = web.StreamResponse(headers=headers)
+    try:
+        await _events(request, response, tickets, parsed, ident, chat)
+    except ConnectionResetError:  # an ordinary event: one line, no traceback
+        log.info("HTTP client %s went away during its stream", request.remote)
+    except asyncio.CancelledError:  # the client went away, or the master stops: say so if it can hear
+        if response.prepared and request.transport is not None and not request.transport.is_closing():
+            cut = SchedulerStopped("the server is stopping: the stream was cut before its end")
+            with contextlib.suppress(Exception):
+                await response.write(f"data: {failure(cut).text}\n\ndata: [DONE]\n\n".encode())
+        raise
+    finally:
+        for ticket in tickets:  # any request whose end was not read stops, counted as cancelled
+            ticket.cancel()
+    return response
+
+
+async def _events(
+    request: web.Request, response: web.StreamResponse, tickets: list[Ticket], parsed: Parsed, ident: str,
+    chat: bool,
+) -> None:
+    await response.prepare(request)
+    created, kind = int(time.time()), "chat.completion.chunk" if chat else "text_completion"
+
+    async def write(choices: list[dict[str, Any]], extra: dict | None = None) -> None:
+        event = {"id": ident, "object": kind, "created": created, "model": parsed.model,
+                 "choices": choices, **(extra or {})}
+        await response.write(f"data: {json.dumps(event)}\n\n".encode())
+
+    async def send(index: int, delta: str, finish: str | None = None, extra: dict | None = None,
+                   first: bool = False) -> None:
+        if chat:
+            piece = {"role": "assistant", "content": delta} if first else {"content": delta}
+            choice: dict[str, Any] = {"index": index, "delta": piece, "finish_reason": finish}
+        else:
+            choice = {"index": index, "text": delta, "finish_reason": finish, "logprobs": None}
+        await write([choice], extra)
+
+    merged: asyncio.Queue[tuple[int, Progress | Finished | Exception]] = asyncio.Queue()
+
+    async def pump(index: int, ticket: Ticket) -> None:
+        try:
+            async for event in ticket.events():
+                merged.put_nowait((index, event))
+        except Exception as error:
+            merged.put_nowait((index, error))
+
+    pumps = [asyncio.create_task(pump(i, ticket)) for i, ticket in enumerate(tickets)]
+    # Every event carries the lookahead branches granted in each round since the one before
+    # (rounds that added no text send no event): gRPC's GenerateChunk.granted_branches.
+    first, rounds = [True] * len(tickets), [[] for _ in tickets]
+    prompts = [len(ticket.admitted.prompt_ids) for ticket in tickets]
+    sent = [0] * len(tickets)  # answer tokens streamed so far, per choice
+    done: list[Completion] = []
+    failed: Exception | None = None
+    try:
+        while len(done) < len(tickets):
+            index, item = await merged.get()
+            if isinstance(item, Progress):
+                rounds[index].append(item.granted_branches)
+                sent[index] = item.offset + len(item.token_ids)
+                if item.text or first[index]:
+                    extra: dict[str, Any] = {"lopa": {"granted_branches": rounds[index]}}
+                    if parsed.continuous_usage:
+                        extra["usage"] = usage_of(prompts[index], sent[index])
+                    await send(index, item.text, extra=extra, first=first[index])
+                    if item.text:
+                        tickets[index].first_token_sent()
+                    first[index], rounds[index] = False, []
+                continue
+            if isinstance(item, Exception):
+                failed = item
+                break
+            outcome = item.completion
+            stats = {"granted_branches": rounds[index], **lopa_stats(outcome)}
+            # With include_usage only the last chunk carries usage, as OpenAI's do (clients that
+            # add up every chunk's usage would count it twice); the choice's stats stay in lopa.
+            own = usage(outcome) if parsed.continuous_usage or not parsed.include_usage else None
+            await send(index, item.text, FINISH[outcome.finish_reason],
+                       {"usage": own, "lopa": stats}, first=first[index])
+            done.append(outcome)
+    finally:
+        for task in pumps:  # a failure or a client gone: the others stop, counted as cancelled
+            task.cancel()
+    if failed is not None:  # the status line is sent: the error travels as an event, as OpenAI's do
+        await response.write(f"data: {failure(failed).text}\n\n".encode())
+    elif parsed.include_usage:  # OpenAI's shape: one more chunk, the totals and no choices
+        await write([], {"usage": total_usage(done)})
+    await response.write(b"data: [DONE]\n\n")
+    await response.write_eof()
+
+
+def usage(c: Completion) -> dict[str, int]:
+    return usage_of(len(c.result.prompt_ids), len(c.result.output_ids))
+
+
+def usage_of(prompt: int, completion: int) -> dict[str, int]:
+    return {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion}
+
+
+def total_usage(done: list[Completion]) -> dict[str, int]:
+    """The usage of every choice of a reply (one or more completions), summed."""
+    each = [usage(c) for c in done]
+    return {key: sum(u[key] for u in each) for key in each[0]}
+
+
+def lopa_stats(c: Completion) -> dict[str, float]:
+    r = c.result
+    return {"forwards": r.forwards, "tokens": r.tokens, "tpf": round(r.tpf, 4),
+            "mean_branches": round(r.mean_branches, 4), "verified_tokens": r.verified_tokens,
+            "tokens_per_s": round(r.tokens_per_s, 2),
+            "wall_s": round(r.wall_s, 4), "ttft_s": round(c.ttft_s, 4), "queue_s": round(c.queue_s, 4)}
