@@ -72,9 +72,11 @@ class LocalEngine:
         max_length: int | None = None,
         max_batch: int = DEFAULT_MAX_BATCH,
         max_step_tokens: int | None = None,
+        weights: str = "dtype",
     ) -> LocalEngine:
+        """weights: the linear weights' format, "dtype" or "fp8" (lopa.model.weight_formats)."""
         model_dir = Path(model_dir) if model_dir else bundled_model_dir()
-        loaded = load_model(model_dir, adapter_dir, dtype, device)
+        loaded = load_model(model_dir, adapter_dir, dtype, device, weights=weights)
         return cls(loaded, max_length, device, model_dir, max_batch, max_step_tokens)
 
     def encode(self, prompt: str | Sequence[int], chat: bool = False) -> list[int]:

@@ -26,13 +26,14 @@ from collections.abc import Sequence
 import torch
 
 from lopa.host.heap import keep_freed_memory
+from lopa.kernels.dispatch import KERNELS_ENV
 from lopa.model.attention import Segment
 from lopa.model.cuda_graphs import WindowGraphs
 from lopa.model.dream import DreamModel
 from lopa.model.exact_attention import row_spans
 from lopa.model.graph_layout import MAX_LAYOUT_TOKENS, bucket_for
 from lopa.model.kv_cache import KVCache, cache_shape
-from lopa.model.layer_steps import COMPILE_ENV, compile_wanted
+from lopa.model.layer_steps import COMPILE_ENV, compile_wanted, kernels_wanted
 from lopa.model.mask import additive_window_mask
 from lopa.model.protocol import WindowBatch
 from lopa.params import AttentionMode
@@ -141,6 +142,10 @@ class DreamWindowModel:
         if compile_wanted(self.device):
             model.compile_steps()  # compiled now on a few tokens: a step that cannot, fails the start
             log.info("%s=1: the layers' elementwise steps run through torch.compile", COMPILE_ENV)
+        elif kernels_wanted(self.device):
+            model.use_kernels()  # each checked against its reference now: one that fails, fails the start
+            log.info("the layers' elementwise steps run as Triton kernels (%s=torch: the torch references)",
+                     KERNELS_ENV)
         self.graphs: WindowGraphs | None = None
         if graphs_wanted(self.device, cuda_graphs):
             # Staging reserved up front: graphs hold its address, growing it means recapturing.
@@ -328,7 +333,7 @@ class DreamWindowModel:
             self.graphs.stage_round(bucket, kvs, [(batch.rows, batch.n_stage) for batch in ordered])
         begin = captured.layout.outputs
         index = captured.inputs[begin : begin + sum(counts)]
-        logits = self.model.lm_head(hidden.index_select(0, index)).float().split(counts)
+        logits = self.model.logits(hidden.index_select(0, index)).float().split(counts)
         out: list[torch.Tensor] = [logits[0]] * len(batches)
         for position, i in enumerate(order):
             out[i] = logits[position]
