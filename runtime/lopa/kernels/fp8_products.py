@@ -10,8 +10,8 @@ Three products compute x @ (e4m3 x scales).T:
 - `dequant`: the reference (lopa.kernels.fp8.linear_reference), the whole weight upcast before a
   BLAS product (8-12x slower than bf16 at these shapes: for checks, and where nothing else serves).
 
-A fourth choice, `bf16`, is made at load: weights of that shape are not quantized at all (they keep
-the model dtype and its product), for shapes where FP8 does not pay.
+A fourth choice, `dtype`, is made at load: weights of that shape are not quantized at all (they keep
+the model dtype, bf16 on a GPU, and its product), for shapes where FP8 does not pay at any row count.
 
 The table (`Choice`s, the first that matches applies) defaults to the weight-only kernel up to 256
 rows and scaled_mm above. `lopa bench products` times all of them per shape and writes the table
@@ -32,8 +32,8 @@ from lopa.kernels import fp8_linear
 from lopa.kernels.dispatch import uses_triton
 from lopa.kernels.fp8 import E4M3, E4M3_MAX, linear_reference
 
-TRITON, SCALED_MM, DEQUANT, BF16 = "triton", "scaled_mm", "dequant", "bf16"
-KERNELS = (TRITON, SCALED_MM, DEQUANT, BF16)
+TRITON, SCALED_MM, DEQUANT, DTYPE = "triton", "scaled_mm", "dequant", "dtype"
+KERNELS = (TRITON, SCALED_MM, DEQUANT, DTYPE)
 TABLE_ENV = "LOPA_FP8_PRODUCTS"
 ANY_ROWS = 1 << 30
 
@@ -97,8 +97,8 @@ def choose(rows: int, n: int, k: int, choices: tuple[Choice, ...] | None = None)
 
 
 def keeps_dtype(n: int, k: int) -> bool:
-    """Whether weights [n, k] stay in the model dtype (a `bf16` choice for every row count)."""
-    return choose(ANY_ROWS, n, k) == BF16 and choose(1, n, k) == BF16
+    """Whether weights [n, k] stay in the model dtype (a `dtype` choice for every row count)."""
+    return choose(ANY_ROWS, n, k) == DTYPE and choose(1, n, k) == DTYPE
 
 
 def scaled_mm_serves(n: int, k: int, dtype: torch.dtype) -> bool:

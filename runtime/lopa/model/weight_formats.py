@@ -30,11 +30,12 @@ def weights_problem(weights: str, device: str | torch.device) -> str | None:
     device without FP8 support."""
     if weights not in WEIGHT_FORMATS:
         return f"must be one of {', '.join(WEIGHT_FORMATS)}, got {weights!r}"
-    device = torch.device(device)
-    if weights == DTYPE or device.type == "cpu":
+    kind = str(device).partition(":")[0]  # not torch.device: "npu" needs torch-npu to parse
+    if weights == DTYPE or kind == "cpu":
         return None
-    if device.type != "cuda":
-        return f"fp8 weights run on CUDA or the CPU, not on {device.type}"
+    if kind != "cuda":
+        return f"fp8 weights run on CUDA or the CPU, not on {kind}"
+    device = torch.device(device)
     capability = torch.cuda.get_device_capability(device)
     if capability < FP8_CAPABILITY:
         name = torch.cuda.get_device_name(device)

@@ -217,8 +217,9 @@ def serve_worker(config: ServingConfig, rank: int, stop: threading.Event | None 
         raise ValueError(f"--rank: {rank} outside [0, workers.count={workers.count})")
     path = model_path(model_cfg.path)
     max_length = usable_max_length(config, path)  # before the (long) load: a bad config fails at once
-    loaded = load_model(path, model_cfg.adapter or None, model_cfg.dtype, model_cfg.device)
-    element_size = loaded.model.lm_head.weight.element_size()
+    loaded = load_model(path, model_cfg.adapter or None, model_cfg.dtype, model_cfg.device,
+                        weights=model_cfg.weights)
+    element_size = loaded.model.model.embed_tokens.weight.element_size()  # the KV caches' (model) dtype
     check_kv_fits(config, loaded.config, max_length, loaded.model.device, element_size)
     window_model = loaded.window_model(max_length, max_batch=config.limits.max_batch)
     reserved = window_model.reserved_bytes()
