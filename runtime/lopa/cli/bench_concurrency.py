@@ -87,11 +87,11 @@ def run(args: argparse.Namespace) -> int:
     if args.threads:
         torch.set_num_threads(args.threads)
     model_dir = Path(args.model) if args.model else bundled_model_dir()
-    engine = LocalEngine.from_dirs(model_dir, dtype=args.dtype, device=args.device, max_batch=max(levels),
-                                   max_step_tokens=args.max_step_tokens, weights=args.weights)
     params = model_defaults(model_dir).with_overrides(branches=args.branches)
     if args.max_new_tokens is not None:
         params = params.with_overrides(max_new_tokens=args.max_new_tokens)
+    engine = LocalEngine.from_dirs(model_dir, dtype=args.dtype, device=args.device, max_batch=max(levels),
+                                   max_step_tokens=args.max_step_tokens, weights=args.weights, warm=params)
     prompts = [e.prompt for e in tasks.held_out(args.requests)]
     budget = engine.scheduler.budget.describe()
     graphs = getattr(engine.window_model, "graphs", None)

@@ -25,6 +25,7 @@ from lopa.model.loader import load_model
 from lopa.params import DecodingParams
 from lopa.proto import worker_pb2, worker_pb2_grpc
 from lopa.scheduling.calibration import measured_tokens
+from lopa.scheduling.warmup import warm_graphs
 from lopa.serving.shared.config import ServingConfig
 from lopa.serving.shared.group_link import LinkSecurity
 from lopa.serving.shared.listen import NO_REUSEPORT, add_port
@@ -225,6 +226,8 @@ def serve_worker(config: ServingConfig, rank: int, stop: threading.Event | None 
     reserved = window_model.reserved_bytes()
     # limits.max_step_tokens = 0 on an accelerator: measured here, run by the master (the smallest)
     measured = None if config.limits.max_step_tokens else measured_tokens(window_model, model_cfg.device)
+    # The graphs of the likely rounds, before this worker joins (the master serves once all joined).
+    warm_graphs(window_model, config.decoding, config.limits.max_step_tokens or measured)
     metrics = WorkerMetrics.start(workers.metrics_port, rank)
     exit_code: list[int] = []
     stop = stop or threading.Event()
