@@ -20,7 +20,10 @@ from collections.abc import Callable, Sequence
 import torch
 from torch import nn
 
+from lopa.kernels import vocab_stats
+from lopa.kernels.dispatch import uses_triton
 from lopa.kernels.rotary import Staging
+from lopa.kernels.vocab_stats import Stats
 from lopa.model import products
 from lopa.model.attention import (
     KVCallback,
@@ -44,6 +47,7 @@ from lopa.model.layer_steps import (
     compiled_steps,
     kernel_steps,
 )
+from lopa.params import ConfKind
 
 # A fused projection: (weight, bias, FP8 scales), the linears' parameters views of it.
 Fused = tuple[torch.Tensor, "torch.Tensor | None", "torch.Tensor | None"]
@@ -313,9 +317,11 @@ class DreamModel(nn.Module):
         on_kv: KVCallback | None = None,
         output_index: torch.Tensor | None = None,
         segments: Sequence[Segment] | UniformSegments | None = None,
+        head: bool = True,
     ) -> torch.Tensor:
         """Raw logits [B, T, vocab] in the model dtype, or [N, vocab] for the N flat token indices
-        (into B * T) of `output_index` (the lm_head then runs on those tokens only).
+        (into B * T) of `output_index` (the lm_head then runs on those tokens only); without `head`,
+        the final norm's outputs of those tokens instead (for greedy_stats).
 
         input_ids [B, T]; position_ids [B, T] or [T] (absolute); attn_mask [B or 1, 1, T, C+T], bool
         (True = may attend) or additive in the model dtype, over the C cached keys of `past`
@@ -324,11 +330,21 @@ class DreamModel(nn.Module):
         hidden = self.hidden_states(input_ids, position_ids, attn_mask, past, on_kv, segments)
         if output_index is not None:
             hidden = hidden.reshape(-1, hidden.shape[-1]).index_select(0, output_index)
-        return self.logits(hidden)
+        return self.logits(hidden) if head else hidden
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """The lm_head's product: raw logits of final-norm outputs, in the model dtype."""
         return products.apply(self.lm_head, hidden)
+
+    def greedy_stats(self, hidden: torch.Tensor, conf: ConfKind) -> Stats:
+        """The greedy statistics (token, P, Conf: lopa.execution.sampling's) of the logits of these
+        final-norm outputs [N, hidden]: on a GPU with Triton (lopa.kernels.dispatch), the lm_head and
+        the statistics in one pass over the vocabulary (lopa.kernels.vocab_stats), else from the
+        logits."""
+        weight, scale = self.lm_head.weight, products.scale_of(self.lm_head)
+        if uses_triton(hidden.device) and vocab_stats.serves(weight.shape[0]):
+            return vocab_stats.greedy_stats(hidden, weight, scale, conf)
+        return vocab_stats.greedy_stats_reference(hidden, weight, scale, conf)
 
     def hidden_states(
         self,

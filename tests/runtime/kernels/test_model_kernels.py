@@ -12,11 +12,16 @@ from dataclasses import replace
 import pytest
 from round_cases import MAX_LENGTH, play_rounds
 
+from lopa.bundled import tasks
+from lopa.bundled.defaults import model_defaults
+from lopa.decoding.decoder import Decoder
 from lopa.engine import bundled_model_dir
+from lopa.execution.local import LocalExecutor
 from lopa.kernels.dispatch import KERNELS_ENV
 from lopa.model import DreamWindowModel
 from lopa.model.cuda_graphs import WindowGraphs
-from lopa.model.loader import load_model
+from lopa.model.layer_steps import EAGER
+from lopa.model.loader import LoadedModel, load_model
 
 ROUNDS = [[0, 1, 2], [1], [2, 0]]
 
@@ -47,3 +52,35 @@ def test_rounds_on_the_kernels_equal_rounds_on_the_references(monkeypatch: pytes
     play_rounds(references, kernels, ROUNDS)
     assert any(staged) and not all(staged)  # batched rounds stage their K/V in the kernel, lone ones not
     assert kernels.graphs is not None and {b.requests for b in kernels.graphs.graphs} == {1, 2, 3}
+
+
+def _decode(loaded: LoadedModel, window: DreamWindowModel) -> list[list[int]]:
+    executor = LocalExecutor(window, pad_id=loaded.special.pad)
+    decoder = Decoder(executor, loaded.special.mask, loaded.special.eos, MAX_LENGTH)
+    params = model_defaults(bundled_model_dir()).with_overrides(branches=3)
+    return [decoder.generate(loaded.tokenizer.encode(e.prompt), params).generated_ids
+            for e in tasks.held_out(2)]
+
+
+def test_greedy_decoding_through_the_vocabulary_pass_equals_the_references(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The executor takes each round's statistics from the model's vocabulary kernel (no logits
+    for the masked positions) and decodes the same tokens as from the logits."""
+    references = load_model(bundled_model_dir())
+    plain = references.window_model(MAX_LENGTH)
+    monkeypatch.setenv(KERNELS_ENV, "interpret")
+    kernels = load_model(bundled_model_dir())
+    fused = kernels.window_model(MAX_LENGTH)
+    kernels.model.steps = EAGER  # the layers on the references (the test above runs their kernels)
+    assert fused.vocab_pass and not plain.vocab_pass
+    passes: list[int] = []
+    forward_many_stats = fused.forward_many_stats
+
+    def counting(*args: object) -> object:
+        passes.append(1)
+        return forward_many_stats(*args)
+
+    fused.forward_many_stats = counting  # type: ignore[method-assign]
+    assert _decode(kernels, fused) == _decode(references, plain)
+    assert passes  # the rounds took the vocabulary pass
