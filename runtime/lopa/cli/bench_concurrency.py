@@ -101,6 +101,9 @@ def run(args: argparse.Namespace) -> int:
     elif engine.loaded.model.steps.kernels:
         graphs += ", layer steps as Triton kernels"
     weights = f", {args.weights} weights" if args.weights != "dtype" else ""
+    captured, seconds = engine.window_model.graph_captures()  # by the warm-up (lopa.scheduling.warmup)
+    if getattr(engine.window_model, "graphs", None) is not None:
+        graphs += f", {captured} graphs captured at start in {seconds:.2f} s"
     print(f"local engine, {model_dir.name} on {args.device} ({args.dtype}{weights}), k={args.branches}, "
           f"budget {budget}{graphs}, {torch.get_num_threads()} threads, "
           f"{args.requests} requests per level, {args.passes} pass(es)", flush=True)
