@@ -128,23 +128,29 @@ def check_kernels(steps: LayerSteps, config: DreamConfig, dtype: torch.dtype, de
     inputs = _sample_inputs(config, dtype, device, 5)
     tolerance = {"rtol": 2e-2, "atol": 2e-2} if dtype != torch.float32 else {"rtol": 1e-4, "atol": 1e-4}
     try:
-        pairs = [
-            ("swiglu", steps.swiglu(*inputs["swiglu"]), swiglu(*inputs["swiglu"])),
-            ("add_rms_norm", steps.add_rms_norm(*inputs["norm"]), add_rms_norm(*inputs["norm"])),
-        ]
+        gate_up, norm = inputs["swiglu"], inputs["norm"]
+        _compare("swiglu", steps.swiglu(*gate_up), swiglu(*gate_up), tolerance)
+        _compare("add_rms_norm", steps.add_rms_norm(*norm), add_rms_norm(*norm), tolerance)
         if steps.rotary_qkv is not None:
             qkv = inputs["qkv"]
-            pairs.append(("rotary_qkv", steps.rotary_qkv(*qkv), rotary_qkv_reference(*qkv)))
-        for name, got, want in pairs:
-            for one, other in zip(got if isinstance(got, tuple) else (got,),
-                                  want if isinstance(want, tuple) else (want,), strict=True):
-                torch.testing.assert_close(one.float(), other.float(), **tolerance,
-                                           msg=lambda text, name=name: f"{name}: {text}")
+            _compare("rotary_qkv", steps.rotary_qkv(*qkv), rotary_qkv_reference(*qkv), tolerance)
     except Exception as error:
         env = dispatch.KERNELS_ENV
         problem = (f"{env}: a layer kernel fails its check against the reference on {device} ({error}); "
                    f"{env}=torch runs the references")
         raise RuntimeError(problem) from error
+
+
+def _compare(name: str, got: Tensor | tuple, want: Tensor | tuple, tolerance: dict) -> None:
+    """ValueError naming the kernel unless each output is close to its reference's."""
+    outputs = got if isinstance(got, tuple) else (got,)
+    references = want if isinstance(want, tuple) else (want,)
+    for one, other in zip(outputs, references, strict=True):
+        if one.shape != other.shape:
+            raise ValueError(f"{name} gives shape {tuple(one.shape)}, its reference {tuple(other.shape)}")
+        if not torch.allclose(one.float(), other.float(), **tolerance):
+            worst = (one.float() - other.float()).abs().max().item()
+            raise ValueError(f"{name} differs from its reference (greatest difference {worst:.3g})")
 
 
 def compile_wanted(device: torch.device) -> bool:
