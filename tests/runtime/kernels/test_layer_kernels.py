@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from conftest import HEAD_DIM, HEADS, HIDDEN, INTERMEDIATE, KV_HEADS, ROWS, bf16_close
+from kernel_cases import HEAD_DIM, HEADS, HIDDEN, INTERMEDIATE, KV_HEADS, ROWS, bf16_close
 
 from lopa.kernels import rms_norm, rotary, swiglu
 from lopa.model.dream import rotary_cos_sin, signed_sin

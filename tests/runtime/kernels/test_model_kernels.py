@@ -23,7 +23,7 @@ from lopa.model.cuda_graphs import WindowGraphs
 from lopa.model.layer_steps import EAGER
 from lopa.model.loader import LoadedModel, load_model
 
-ROUNDS = [[0, 1, 2], [1], [2, 0]]
+ROUNDS = [[0, 1, 2], [1]]  # a batched round, then a lone one over the cache it committed
 
 
 def _on_kernels(monkeypatch: pytest.MonkeyPatch) -> DreamWindowModel:
@@ -51,7 +51,7 @@ def test_rounds_on_the_kernels_equal_rounds_on_the_references(monkeypatch: pytes
     kernels.model.steps = replace(steps, rotary_qkv=recording)
     play_rounds(references, kernels, ROUNDS)
     assert any(staged) and not all(staged)  # batched rounds stage their K/V in the kernel, lone ones not
-    assert kernels.graphs is not None and {b.requests for b in kernels.graphs.graphs} == {1, 2, 3}
+    assert kernels.graphs is not None and {b.requests for b in kernels.graphs.graphs} == {1, 3}
 
 
 def _decode(loaded: LoadedModel, window: DreamWindowModel) -> list[list[int]]:

@@ -11,7 +11,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
-from conftest import HIDDEN, ROWS, VOCAB
+from kernel_cases import HIDDEN, ROWS, VOCAB
 
 from lopa.execution.sampling import position_stats
 from lopa.kernels import fp8, vocab_stats
@@ -71,7 +71,7 @@ CASES = [(torch.float32, True), (torch.bfloat16, False), (torch.bfloat16, True)]
 
 @pytest.mark.parametrize("dtype,quantized", CASES)
 def test_one_pass_statistics_of_bf16_and_fp8_heads(dtype: torch.dtype, quantized: bool) -> None:
-    for rows in (1, 17, 100):
+    for rows in (1, 17):
         _statistics(rows, dtype, quantized)
 
 
