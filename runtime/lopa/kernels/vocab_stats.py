@@ -8,7 +8,8 @@ position ([N, vocab] fp32, 152k columns for a 7B), then a softmax over them, a m
 passes over N x vocab values. The kernel multiplies the hidden states by the lm_head tile by tile
 and keeps, per row, a running maximum, its index, the second largest logit, sum(exp(l - max)) and
 sum(exp(l - max) (l - max)): the logits never reach memory. The vocabulary is split into chunks
-(programs enough to keep every SM reading the weight); a second kernel merges the chunks in order.
+of a fixed width (programs enough to keep every SM reading the weight); a second kernel merges the
+chunks in order, so a row's statistics do not depend on the rows beside it.
 
 Serves: greedy statistics of any number of rows and any vocabulary; lm_head weights in the model
 dtype or FP8 (e4m3 + per-row scales). Arithmetic: logits accumulated in fp32 (the reference rounds
@@ -28,6 +29,7 @@ from lopa.kernels.triton_support import cdiv, interpreting, kernel, next_power_o
 from lopa.params import ConfKind
 
 ENTROPY_EPS = 1e-10  # lopa.execution.sampling's
+VOCAB_CHUNK = 1024  # vocabulary columns per program of the first kernel
 CONF_CODES = {ConfKind.PROB: 0, ConfKind.NEG_ENTROPY: 1, ConfKind.MARGIN: 2}
 Stats = tuple[torch.Tensor, torch.Tensor, torch.Tensor]  # x_hat [N] int64, P [N] fp32, Conf [N] fp32
 
@@ -175,9 +177,9 @@ def partials(
         hidden = hidden.contiguous()
     block_n = min(64, max(16, next_power_of_two(rows)))
     row_tiles = cdiv(rows, block_n)
-    if parts is None:
-        parts = max(1, min(cdiv(vocab, block_v), 264 // row_tiles))
-    chunk = cdiv(cdiv(vocab, parts), block_v) * block_v
+    # A fixed chunk, whatever the rows: a row's statistics are merged in the same order in any
+    # batch (149 chunks for a 7B's vocabulary: programs for every SM even for one row tile).
+    chunk = cdiv(cdiv(vocab, parts), block_v) * block_v if parts else cdiv(VOCAB_CHUNK, block_v) * block_v
     parts = cdiv(vocab, chunk)  # every chunk holds a column
     values = torch.empty((4, parts, rows), dtype=torch.float32, device=hidden.device)
     index = torch.empty((parts, rows), dtype=torch.long, device=hidden.device)
