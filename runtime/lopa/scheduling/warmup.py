@@ -2,9 +2,10 @@
 
 On a GPU a round replays the CUDA graph of its bucket (lopa.model.cuda_graphs), captured on the
 round that first needs it: 0.1-0.4 s per capture for a 7B, paid by a fresh server's first requests
-(an 8-in-flight pass of a fresh process ran at x2.08 a lone request's throughput where a warm one
-ran x2.64, after 13 captures taking 1.06 s). So before serving, a worker (and a local engine of
-several requests) captures the buckets its decoding defaults make likely, `plan()`:
+(on an H200, a 7B's 8-in-flight pass in a fresh process that captured nothing at start ran at
+x2.08 a lone request's throughput, a warm one at x2.64; its 13 captures took 1.06 s). So before
+serving, a worker (and a local engine of several requests) captures the buckets its decoding
+defaults make likely, `plan()`:
 
 - a lone request's rounds: every row count up to k + 1 (the graphs pad rows to powers of two);
 - rounds of R requests, for each request count a graph is kept for up to max_batch: each request
@@ -12,8 +13,8 @@ several requests) captures the buckets its decoding defaults make likely, `plan(
 - windows of one and of two blocks (the TO_CACHE block and the active one), for the first
   CACHE_BUCKETS cache buckets (a request's cache grows into the next one past 256, 512, ... tokens).
 
-Rounds outside the plan capture on first use, as every round did. The plan stops after
-WARMUP_SECONDS. A device without graphs (a CPU) captures nothing, and says so.
+Rounds outside the plan capture on first use. The plan stops after WARMUP_SECONDS. A device
+without graphs (a CPU) captures nothing, and says so.
 """
 
 from __future__ import annotations
