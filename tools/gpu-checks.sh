@@ -16,10 +16,10 @@
 #   bundled-lone     the bundled model, one request at a time (and 8 in flight) at k = 0 and k = 7
 #   weights-bundled  FP8 against bf16 on the bundled model: exact match, greedy agreement (k = 0, 7)
 #   step-unfused     the step table again with LOPA_KERNELS=torch (the torch references), k = 0 and 7
-# Each step has a time limit (514 s in all; on an H200 the run takes under 8 minutes); every step's
-# output is in $OUT/logs/<step>.log (each line after the epoch time it was printed at, beside
-# the GPU's utilisation samples) and its JSON beside it; at the end all of it goes to one tarball,
-# ${OUT:-gpu-checks}/gpu-checks.tgz.
+# Each step has a time limit (514 s in all: the run is sized for under 8 minutes on an H200);
+# every step's output is in $OUT/logs/<step>.log (each line after the epoch time it was printed at,
+# beside the GPU's utilisation samples) and its JSON beside it; at the end all of it goes to one
+# tarball, ${OUT:-gpu-checks}/gpu-checks.tgz.
 #
 # GPU_CHECKS_DEVICE=cpu GPU_CHECKS_SCALE=tiny runs every bench step with tiny settings on the CPU
 # and skips the CUDA tests (tests/runtime/test_gpu_checks.py does, so the commands cannot rot).
