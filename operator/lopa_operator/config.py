@@ -58,6 +58,9 @@ def render(name: str, namespace: str, spec: dict[str, Any], index: int) -> dict[
             "adapter": model.get("adapter", ""),
             "dtype": specs.dtype(spec),
             "device": specs.device(spec),
+            # Only when the spec sets it (as decoding keys): a group's config, hence its pods, do not
+            # change for a spec that leaves it out.
+            **({"weights": model["weights"]} if model.get("weights") else {}),
         },
         # Only the keys the spec sets: the runtime fills the others from the model's lopa_defaults.json.
         "decoding": {

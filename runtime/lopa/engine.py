@@ -10,6 +10,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from lopa.bundled import bundled_model_dir
+from lopa.bundled.defaults import model_defaults
 from lopa.decoding.decoder import Decoder, StepEvent
 from lopa.execution.local import LocalExecutor
 from lopa.host.openmp import release_thread_pool
@@ -20,6 +21,7 @@ from lopa.scheduling.budget import Budget, default_budget
 from lopa.scheduling.calibration import measured_tokens
 from lopa.scheduling.request import Completion, Request, Waiter
 from lopa.scheduling.scheduler import Observer, Scheduler
+from lopa.scheduling.warmup import warm_graphs
 
 DEFAULT_MAX_LENGTH = 4096
 DEFAULT_MAX_BATCH = 8
@@ -38,7 +40,11 @@ class LocalEngine:
         max_batch: int = DEFAULT_MAX_BATCH,
         max_step_tokens: int | None = None,
         observer: Observer | None = None,
+        warm: DecodingParams | None = None,
     ) -> None:
+        """warm: the decoding settings whose likely rounds' CUDA graphs are captured before the
+        first request (lopa.scheduling.warmup; several requests at once only); default: the model
+        directory's defaults."""
         self.loaded = loaded
         self.model_dir = model_dir
         self.tokenizer = loaded.tokenizer
@@ -55,6 +61,9 @@ class LocalEngine:
         if not max_step_tokens and max_batch > 1:
             max_step_tokens = measured_tokens(self.window_model, str(device))
         budget = Budget(max_step_tokens) if max_step_tokens else default_budget(str(device))
+        if max_batch > 1:
+            params = warm or (model_defaults(model_dir) if model_dir is not None else DecodingParams())
+            warm_graphs(self.window_model, params, budget.tokens or None)
         self.scheduler = Scheduler(
             self.decoder, self.executor, self.decode, DEFAULT_QUEUE_SIZE, budget, observer
         )
@@ -72,10 +81,13 @@ class LocalEngine:
         max_length: int | None = None,
         max_batch: int = DEFAULT_MAX_BATCH,
         max_step_tokens: int | None = None,
+        weights: str = "dtype",
+        warm: DecodingParams | None = None,
     ) -> LocalEngine:
+        """weights: the linear weights' format, "dtype" or "fp8" (lopa.model.weight_formats)."""
         model_dir = Path(model_dir) if model_dir else bundled_model_dir()
-        loaded = load_model(model_dir, adapter_dir, dtype, device)
-        return cls(loaded, max_length, device, model_dir, max_batch, max_step_tokens)
+        loaded = load_model(model_dir, adapter_dir, dtype, device, weights=weights)
+        return cls(loaded, max_length, device, model_dir, max_batch, max_step_tokens, warm=warm)
 
     def encode(self, prompt: str | Sequence[int], chat: bool = False) -> list[int]:
         if isinstance(prompt, str):

@@ -83,7 +83,7 @@ def test_config_matches_docs_shape() -> None:
         "default",
         specs.with_defaults(
             {"accelerator": {"type": "nvidia"}, "branchParallelism": 2, "tls": {"secretName": "s"},
-             "service": {"httpPort": 8000}}
+             "service": {"httpPort": 8000}, "model": {"weights": "fp8"}}  # weights: rendered when set
         ),
         0,
     )
@@ -261,6 +261,23 @@ def test_decoding_keys_the_spec_sets_are_rendered_as_given() -> None:
     assert doc["decoding"] == {"block_size": 32, "tau_conf": 1.0}
     runtime_config = pytest.importorskip("lopa.serving.shared.config")
     assert runtime_config.parse_config(doc).decoding_keys == {"block_size", "tau_conf"}
+
+
+def test_the_weights_format_is_rendered_only_when_the_spec_sets_it() -> None:
+    doc = config.render("d", "ns", specs.with_defaults({"accelerator": {"type": "nvidia"},
+                                                        "model": {"weights": "fp8"}}), 0)
+    assert doc["model"]["weights"] == "fp8"
+    runtime_config = pytest.importorskip("lopa.serving.shared.config")
+    assert runtime_config.parse_config(doc).model.weights == "fp8"
+    assert set(runtime_config.WEIGHTS) == set(_crd_model()["weights"]["enum"])
+    # Left out, the key stays out: the config (and the pods' hash) of an existing spec do not move.
+    assert "weights" not in config.render("d", "ns", specs.with_defaults({}), 0)["model"]
+
+
+def _crd_model() -> dict:
+    crd = yaml.safe_load((REPO / "manifests" / "crds" / "lopadeployments.lopa.dev.yaml").read_text())
+    return crd["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]["spec"]["properties"][
+        "model"]["properties"]
 
 
 def test_operator_backends_agree_with_the_runtime() -> None:

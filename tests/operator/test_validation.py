@@ -52,6 +52,9 @@ CASES = [
     ("pvc-without-path", {"model": {"pvc": {"claimName": "m"}}}, "spec.model.path"),
     ("adapter-without-base", {"model": {"adapter": "/models/lora"}}, "spec.model.adapter"),
     ("bad-conf", {"decoding": {"conf": "entropy"}}, "spec.decoding.conf"),
+    ("unknown-weights", {"model": {"weights": "int4"}}, "spec.model.weights"),
+    ("fp8-on-ascend", {"accelerator": {"type": "ascend"}, "model": {"weights": "fp8"}},
+     "spec.model.weights fp8 runs on nvidia GPUs or cpu, not on ascend"),
     ("bad-shm", {"accelerator": {"type": "nvidia", "shmSize": "lots"}}, "spec.accelerator.shmSize"),
     (
         "two-devices-per-worker",
@@ -255,6 +258,16 @@ def test_user_env_other_than_the_wiring_is_accepted(
     kube.kubectl(
         "create", "--dry-run=server", "-n", shared_namespace, "-f", "-", input=manifest(spec, "env-ok")
     )
+
+
+def test_fp8_weights_are_accepted_on_nvidia_and_cpu(
+    kube: KubeCluster, crd_installed: None, shared_namespace: str
+) -> None:
+    for kind in ("nvidia", "cpu"):
+        spec = {"accelerator": {"type": kind}, "model": {"weights": "fp8"}}
+        result = kube.kubectl("create", "--dry-run=server", "-o", "json", "-n", shared_namespace, "-f", "-",
+                              input=manifest(spec, f"fp8-{kind}"))
+        assert yaml.safe_load(result.stdout)["spec"]["model"]["weights"] == "fp8"
 
 
 def test_minimal_spec_gets_defaults(kube: KubeCluster, crd_installed: None, namespace: str) -> None:

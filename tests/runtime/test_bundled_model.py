@@ -6,6 +6,7 @@ from __future__ import annotations
 import pytest
 
 from lopa.bench.evaluate import evaluate
+from lopa.bench.weights import agreement, decode_all
 from lopa.bundled import tasks
 from lopa.bundled.defaults import model_defaults
 from lopa.engine import LocalEngine, bundled_model_dir
@@ -40,11 +41,31 @@ def test_tpf_rises_with_the_branches_at_d2f_accuracy(bundled_engine: LocalEngine
     assert d2f.exact_match >= 0.95  # the model genuinely solves the tasks
 
 
-def test_generate_cli_answers_a_held_out_prompt(capsys: pytest.CaptureFixture[str]) -> None:
+@pytest.mark.parametrize("weights", ["dtype", "fp8"])
+def test_generate_cli_answers_a_held_out_prompt(capsys: pytest.CaptureFixture[str], weights: str) -> None:
     from lopa.cli import main
 
     example = tasks.held_out(1)[0]
     defaults = model_defaults(bundled_model_dir())
-    flags = ["--block-size", str(defaults.block_size), "--max-new-tokens", str(defaults.max_new_tokens)]
+    flags = ["--block-size", str(defaults.block_size), "--max-new-tokens", str(defaults.max_new_tokens),
+             "--weights", weights]
     assert main(["generate", "--prompt", example.prompt, "--branches", "7", *flags]) == 0
     assert tasks.score(example, capsys.readouterr().out)
+
+
+def test_fp8_weights_keep_exact_match_within_a_point(bundled_engine: LocalEngine) -> None:
+    """FP8 weights (the CPU's reference path) on the held-out prompts at k = 0 and 7: exact match
+    within 1 point of the dtype's; greedy agreement is printed (300-prompt figures: BENCHMARKS.md)."""
+    fp8_engine = LocalEngine.from_dirs(bundled_model_dir(), weights="fp8")
+    try:
+        examples = tasks.held_out(PROMPTS)
+        base = model_defaults(bundled_model_dir())
+        for k in (0, 7):
+            params = base.with_overrides(branches=k)
+            plain, fp8 = (decode_all(engine, examples, params) for engine in (bundled_engine, fp8_engine))
+            print(f"k={k}: exact match {plain.exact_match:.3f} -> {fp8.exact_match:.3f} with fp8 weights, "
+                  f"greedy agreement {agreement(plain, fp8):.3f}")
+            assert 100 * fp8.exact_match >= 100 * plain.exact_match - 1.0, (k, plain, fp8)
+            assert agreement(plain, fp8) >= 0.5  # the same model: most answers are token for token the same
+    finally:
+        fp8_engine.close()

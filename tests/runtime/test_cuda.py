@@ -1,4 +1,6 @@
-"""The CUDA path: bf16 against fp32 on the CPU, graphs against eager, CUDA against the CPU token for token.
+"""The CUDA path: bf16 against fp32 on the CPU, graphs against eager, CUDA against the CPU token for token;
+the Triton kernels against their references (compiled), fused against unfused steps, FP8 weights
+against bf16, the graph warm-up at start.
 
 Needs a GPU: every test here skips cleanly without one (CI has none); run them on a GPU
 machine (`pytest tests/runtime/test_cuda.py tests/serving/test_cuda_serving.py`).
@@ -265,3 +267,166 @@ def test_batched_rounds_on_cuda_equal_each_request_alone() -> None:
     mismatches, largest = batched_equals_alone("cuda")
     assert largest >= 4, "the requests never shared a forward"
     assert not mismatches
+
+
+# -- the kernels (lopa.kernels), FP8 weights, the graph warm-up -------------------------------------------
+
+
+def _kernel_cases(dtype: torch.dtype) -> dict:
+    generator = torch.Generator(device="cuda").manual_seed(0)
+
+    def draw(*shape: int) -> torch.Tensor:
+        return torch.randn(*shape, generator=generator, device="cuda").to(dtype)
+
+    return {"x": draw(1, 37, 3584), "delta": draw(1, 37, 3584), "weight": 1 + draw(3584) / 4,
+            "gate_up": draw(1, 37, 2 * 4736), "qkv": draw(1, 37, 36, 128), "hidden": draw(37, 3584)}
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_triton_kernels_equal_their_references_on_cuda(dtype: torch.dtype) -> None:
+    from lopa.kernels import fp8, fp8_linear, rms_norm, rotary, swiglu, vocab_stats
+    from lopa.kernels.fp8_products import scaled_mm_linear
+    from lopa.model.dream import rotary_cos_sin, signed_sin
+    from lopa.params import ConfKind
+
+    tolerance = {"rtol": 2e-2, "atol": 2e-2} if dtype == torch.bfloat16 else {"rtol": 1e-4, "atol": 1e-4}
+    case = _kernel_cases(dtype)
+    for got, want in zip(rms_norm.add_rms_norm(case["x"], case["delta"], case["weight"], 1e-6),
+                         rms_norm.add_rms_norm_reference(case["x"], case["delta"], case["weight"], 1e-6),
+                         strict=True):
+        torch.testing.assert_close(got, want, **tolerance)
+    gate, up = case["gate_up"].chunk(2, dim=-1)
+    torch.testing.assert_close(swiglu.swiglu(gate, up), swiglu.swiglu_reference(gate, up), **tolerance)
+    cos, sin = rotary_cos_sin(torch.arange(37, device="cuda").view(1, 37) + 100, 128, 1e6, dtype)
+    staged = [torch.zeros(64, 4, 128, dtype=dtype, device="cuda") for _ in range(4)]
+    rows = torch.randperm(64, device="cuda")[:37]
+    got = rotary.rotary_qkv(case["qkv"], cos, signed_sin(sin), 28, 4, (staged[0], staged[1], rows))
+    want = rotary.rotary_qkv_reference(case["qkv"], cos, signed_sin(sin), 28, 4, (staged[2], staged[3], rows))
+    for one, other in zip([*got, staged[0], staged[1]], [*want, staged[2], staged[3]], strict=True):
+        torch.testing.assert_close(one, other, **tolerance)
+    for n, k in ((4608, 3584), (3584, 18944)):  # qkv, and down (split-K)
+        x = case["hidden"][:, :k] if k == 3584 else torch.randn(37, k, device="cuda").to(dtype)
+        values, scale = fp8.quantize(torch.randn(n, k, device="cuda") / k**0.5)
+        want = fp8.linear_reference(x.float(), values, scale)
+        for product in (fp8_linear.fp8_linear, scaled_mm_linear):
+            if product is scaled_mm_linear and dtype == torch.float32:
+                continue
+            got = product(x, values, scale).float()
+            assert float((got - want).norm() / want.norm()) < (0.05 if product is scaled_mm_linear else 1e-2)
+    head = torch.randn(4096, 3584, device="cuda").to(dtype) / 30
+    for kind in ConfKind:
+        got = vocab_stats.greedy_stats(case["hidden"], head, None, kind)
+        want = vocab_stats.greedy_stats_reference(case["hidden"], head, None, kind)
+        assert (got[0] == want[0]).float().mean() >= 0.9
+        torch.testing.assert_close(got[1], want[1], rtol=0.05, atol=0.02)
+        torch.testing.assert_close(got[2], want[2], rtol=0.05, atol=0.05)
+
+
+def test_rounds_on_the_kernels_equal_rounds_on_the_references_on_cuda(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Fused against unfused: the Triton steps (default on a GPU) and LOPA_KERNELS=torch, both
+    replaying graphs, over rounds of 1-4 requests."""
+    from lopa.kernels.dispatch import KERNELS_ENV
+
+    fused = DreamWindowModel(load_model(bundled_model_dir(), dtype="float32", device="cuda").model,
+                             MAX_LENGTH, max_batch=4)
+    assert fused.model.steps.kernels and fused.vocab_pass
+    monkeypatch.setenv(KERNELS_ENV, "torch")
+    plain = DreamWindowModel(load_model(bundled_model_dir(), dtype="float32", device="cuda").model,
+                             MAX_LENGTH, max_batch=4)
+    assert not plain.model.steps.kernels and not plain.vocab_pass
+    play_rounds(plain, fused, ROUNDS)
+    assert fused.graphs is not None and not fused.graphs.disabled and fused.forwards["eager"] == 0
+
+
+def test_greedy_decodes_through_the_vocabulary_pass_as_through_logits(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from lopa.kernels.dispatch import KERNELS_ENV
+
+    cases = _bundled_cases(PROMPTS // 2)
+    outputs = []
+    for mode in ("triton", "torch"):
+        monkeypatch.setenv(KERNELS_ENV, mode)
+        loaded = load_model(bundled_model_dir(), dtype="float32", device="cuda")
+        window = loaded.window_model(256)
+        assert window.vocab_pass == (mode == "triton")
+        outputs.append(greedy_outputs(LocalExecutor(window, device="cuda", pad_id=loaded.special.pad), loaded,
+                                      256, cases))
+    same = sum(a == b for a, b in zip(*outputs, strict=True))
+    print(f"vocabulary pass against logits, fp32: {same}/{len(cases)} decodes token-identical")
+    assert same == len(cases)
+
+
+def _fp8_supported() -> bool:
+    return torch.cuda.is_available() and torch.cuda.get_device_capability() >= (8, 9)
+
+
+def test_fp8_weights_are_refused_below_compute_capability_8_9_and_close_to_bf16_above(
+    tiny_checkpoint: Path,
+) -> None:
+    if not _fp8_supported():
+        with pytest.raises(ValueError, match=r"weights: fp8 weights need a GPU of compute capability 8\.9"):
+            load_model(tiny_checkpoint, dtype="bfloat16", device="cuda", weights="fp8")
+        return
+    plain = load_model(tiny_checkpoint, dtype="bfloat16", device="cuda")
+    quantized = load_model(tiny_checkpoint, dtype="bfloat16", device="cuda", weights="fp8")
+    tokens = torch.randint(0, plain.config.vocab_size, (3, 40), generator=torch.Generator().manual_seed(1))
+    positions = torch.arange(40, device="cuda")
+    with torch.no_grad():
+        want = plain.model(tokens.cuda(), positions).float()
+        got = quantized.model(tokens.cuda(), positions).float()
+        on_cpu = load_model(tiny_checkpoint, dtype="bfloat16", weights="fp8")  # the reference path
+        reference = on_cpu.model(tokens, positions.cpu())
+    error = relative_error(got.cpu(), want.cpu())
+    print(f"fp8 vs bf16 logits on CUDA: relative error {error:.3f}; "
+          f"against the CPU's fp8 reference {relative_error(got.cpu(), reference.float()):.3f}")
+    assert error < 0.1 and relative_error(got.cpu(), reference.float()) < BF16_REL_TOLERANCE
+
+
+@pytest.mark.skipif(not _fp8_supported(), reason="needs FP8 (compute capability 8.9)")
+def test_fp8_rounds_replay_graphs_and_equal_eager_rounds() -> None:
+    loaded = load_model(bundled_model_dir(), dtype="float32", device="cuda", weights="fp8")
+    graphed = DreamWindowModel(loaded.model, MAX_LENGTH, max_batch=4)
+    eager = DreamWindowModel(loaded.model, MAX_LENGTH, max_batch=4, cuda_graphs=False)
+    play_rounds(eager, graphed, ROUNDS)
+    assert graphed.graphs is not None and not graphed.graphs.disabled and graphed.forwards["eager"] == 0
+
+
+@pytest.mark.skipif(not _fp8_supported(), reason="needs FP8 (compute capability 8.9)")
+def test_bundled_fp8_weights_keep_exact_match_on_cuda() -> None:
+    from lopa.bench.weights import agreement, decode_all
+
+    examples = tasks.held_out(PROMPTS * 2)
+    params = model_defaults(bundled_model_dir()).with_overrides(branches=7)
+    decoded = {}
+    for weights in ("dtype", "fp8"):
+        engine = LocalEngine.from_dirs(bundled_model_dir(), dtype="bfloat16", device="cuda", max_batch=1,
+                                       weights=weights)
+        try:
+            decoded[weights] = decode_all(engine, examples, params)
+        finally:
+            engine.close()
+    plain, fp8 = decoded["dtype"], decoded["fp8"]
+    print(f"bundled k=7 bf16 -> fp8 on CUDA: exact match {plain.exact_match:.3f} -> {fp8.exact_match:.3f}, "
+          f"greedy agreement {agreement(plain, fp8):.3f}")
+    assert 100 * fp8.exact_match >= 100 * plain.exact_match - 1.0
+
+
+def test_a_fresh_engine_captures_its_likely_graphs_before_the_first_request() -> None:
+    """Graphs vs eager at start: the warm-up captured buckets before any request, and a batch of
+    requests at the defaults then captures few more (lopa.scheduling.warmup)."""
+    params = model_defaults(bundled_model_dir()).with_overrides(branches=3)
+    engine = LocalEngine.from_dirs(bundled_model_dir(), dtype="float32", device="cuda", max_batch=4,
+                                   warm=params)
+    try:
+        at_start = engine.window_model.graph_captures()[0]
+        assert at_start > 0
+        prompts = [example.prompt for example in tasks.held_out(8)]
+        with ThreadPoolExecutor(4) as pool:
+            list(pool.map(lambda prompt: engine.generate(prompt, params), prompts))
+        later = engine.window_model.graph_captures()[0] - at_start
+        print(f"captured {at_start} graphs at start, {later} while serving 8 requests 4 at a time")
+    finally:
+        engine.close()

@@ -79,3 +79,31 @@ def test_steps_that_cannot_compile_fail_at_once_naming_the_setting() -> None:
         assert model.steps is EAGER
     finally:
         torch._dynamo.reset()
+
+
+def test_a_kernel_that_computes_something_else_fails_the_start_naming_lopa_kernels() -> None:
+    from dataclasses import replace
+
+    from lopa.kernels.dispatch import KERNELS_ENV
+    from lopa.model.layer_steps import check_kernels
+    from lopa.model.layer_steps import swiglu as reference_swiglu
+
+    config = tiny_config()
+    wrong = replace(EAGER, swiglu=lambda gate, up: reference_swiglu(gate, up) * 1.01)
+    expected = (rf"^{KERNELS_ENV}: a layer kernel fails its check against the reference on cpu \(swiglu "
+                rf"differs from its reference \(greatest difference 0\.\d+\)\); {KERNELS_ENV}=torch runs the "
+                r"references$")
+    with pytest.raises(RuntimeError, match=expected):
+        check_kernels(wrong, config, torch.float32, torch.device("cpu"))
+    check_kernels(EAGER, config, torch.float32, torch.device("cpu"))  # the references pass their own check
+
+
+def test_lopa_kernels_is_checked_and_the_cpu_runs_the_references(monkeypatch: pytest.MonkeyPatch) -> None:
+    from lopa.kernels.dispatch import KERNELS_ENV, uses_triton
+    from lopa.model.layer_steps import kernels_wanted
+
+    cpu = torch.device("cpu")
+    assert not uses_triton(cpu) and not kernels_wanted(cpu)  # the default: Triton on a GPU only
+    monkeypatch.setenv(KERNELS_ENV, "cuda")
+    with pytest.raises(ValueError, match=f"{KERNELS_ENV} must be one of triton, torch, interpret, got 'cu"):
+        uses_triton(cpu)

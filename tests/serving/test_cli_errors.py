@@ -258,6 +258,50 @@ def test_serve_takes_the_worker_count_of_its_config_file(tmp_path: Path) -> None
     assert serve.serving_config(build_parser().parse_args(["serve"])).workers.count == 2
 
 
+def test_serve_passes_the_weights_flag_over_the_files_key(tmp_path: Path) -> None:
+    config = tmp_path / "lopa.yaml"
+    config.write_text(yaml.safe_dump({"model": {"weights": "fp8"}}))
+    args = build_parser().parse_args(["serve", "--config", str(config), "--listen", closed_address()])
+    assert serve.serving_config(args).model.weights == "fp8"  # the file's, reaching the workers' config
+    args = build_parser().parse_args(["serve", "--config", str(config), "--weights", "dtype"])
+    assert serve.serving_config(args).model.weights == "dtype"
+    assert serve.serving_config(build_parser().parse_args(["serve"])).model.weights == "dtype"
+
+
+def _a_gpu_without_fp8(monkeypatch: pytest.MonkeyPatch) -> None:
+    """This machine's torch sees a GPU of compute capability 8.0 (an A100) at cuda:0."""
+    from lopa.cli import preflight, worker
+
+    monkeypatch.setattr(preflight, "_index_problem", lambda *args: None)
+    monkeypatch.setattr(worker, "device_problem", lambda device: None)
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: (8, 0))
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda device=None: "NVIDIA A100-SXM4-80GB")
+
+
+NO_FP8 = "fp8 weights need a GPU of compute capability 8.9 or more; NVIDIA A100-SXM4-80GB has 8.0 (use dtype)"
+
+
+def test_a_worker_on_a_gpu_without_fp8_refuses_fp8_weights_naming_the_key(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch, tmp_path: Path, checkpoint: Path
+) -> None:
+    path = write_config(tmp_path, checkpoint, workers=1)
+    raw = yaml.safe_load(path.read_text())
+    raw["model"].update(device="cuda", weights="fp8")
+    raw["workers"]["backend"] = "nccl"
+    path.write_text(yaml.safe_dump(raw))
+    _a_gpu_without_fp8(monkeypatch)
+    code, err = run_cli(capsys, "worker", "--config", str(path), "--rank", "0")
+    assert code == 1 and one_line(err) == f"lopa worker: error: {path}: model.weights: {NO_FP8}"
+
+
+def test_generate_refuses_fp8_weights_on_a_gpu_without_fp8(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    _a_gpu_without_fp8(monkeypatch)
+    code, err = run_cli(capsys, "generate", "--prompt", "x", "--device", "cuda", "--weights", "fp8")
+    assert code == 2 and one_line(err) == f"lopa generate: error: --weights: {NO_FP8}"
+
+
 def test_generate_refuses_a_bad_max_length(capsys: pytest.CaptureFixture[str]) -> None:
     code, err = run_cli(capsys, "generate", "--prompt", "x", "--max-length", "-5")
     assert code == 2 and one_line(err) == "lopa generate: error: --max-length: must be >= 1, got -5"
@@ -412,6 +456,7 @@ def test_serve_with_logs_reports_why_a_child_failed_and_where(checkpoint: Path, 
     ("section", "values", "key"),
     [
         ("model", {"dtype": "float8"}, "model.dtype"),
+        ("model", {"weights": "int4"}, "model.weights: must be one of dtype, fp8, got 'int4'"),
         ("model", {"device": "tpu"}, "model.device"),
         ("model", {"device": "npu"}, "workers.backend: 'gloo' does not match model.device 'npu'"),
         ("master", {"listen": "not-an-address"}, "master.listen"),

@@ -39,6 +39,7 @@ def test_config_errors_name_the_key(raw: dict, field: str) -> None:
     ("raw", "message"),
     [
         ({"model": {"dtype": "float8"}}, r"model\.dtype: must be one of float32, bfloat16, float16, got 'fl"),
+        ({"model": {"weights": "int4"}}, r"model\.weights: must be one of dtype, fp8, got 'int4'"),
         ({"model": {"device": "tpu"}}, r"model\.device: must be cpu, cuda\[:N\] or npu\[:N\], got 'tpu'"),
         ({"model": {"device": "cuda:x"}}, r"model\.device: must be cpu"),
         ({"model": {"device": "cuda"}, "workers": {"backend": "hccl"}},

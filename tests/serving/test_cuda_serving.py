@@ -52,3 +52,24 @@ def test_greedy_on_cuda_matches_local(
         same = len(CASES) - len(mismatches)
         print(f"{backend} x {workers} worker(s) on CUDA: {same}/{len(CASES)} identical")
         assert not mismatches
+
+
+@pytest.mark.skipif(not torch.cuda.is_available() or torch.cuda.get_device_capability() < (8, 9),
+                    reason="needs FP8 (compute capability 8.9)")
+def test_fp8_weights_on_cuda_serve_as_the_local_fp8_engine(checkpoint: Path, tmp_logs: Path) -> None:
+    """model.weights: fp8 reaches the workers; a served group decodes as the local FP8 model, and
+    its worker captured its graphs before it joined (the log says so, before "ready")."""
+    loaded = load_model(checkpoint, dtype="bfloat16", device="cuda", weights="fp8")
+    max_length = 64 + 64
+    executor = LocalExecutor(loaded.window_model(max_length), device="cuda", pad_id=loaded.special.pad)
+    local = Decoder(executor, loaded.special.mask, loaded.special.eos, max_length)
+    config_path = write_config(tmp_logs, checkpoint, 1, backend="nccl",
+                               model={"device": "cuda", "dtype": "bfloat16", "weights": "fp8"})
+    cases = [(k, "full", i) for k in (0, 3) for i in range(len(PROMPTS))]
+    with distributed_decoder(config_path, checkpoint, tmp_logs, join_s=120, step_timeout_s=30) as decoder:
+        same = sum(decoder.generate(PROMPTS[i], params(k, mode)).generated_ids
+                   == local.generate(PROMPTS[i], params(k, mode)).generated_ids for k, mode, i in cases)
+    print(f"fp8 weights, nccl x 1 worker: {same}/{len(cases)} identical to the local fp8 engine")
+    assert same == len(cases)
+    log = (tmp_logs / "worker-0.log").read_text()
+    assert "CUDA graph buckets in" in log and log.index("CUDA graph buckets in") < log.index("ready (group")

@@ -23,6 +23,14 @@ def test_the_master_runs_the_budget_its_worker_measured(
     checkpoint: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:
     monkeypatch.setattr(worker_service, "measured_tokens", lambda window, device: 1024)
+    warmed: list[int | None] = []
+    warm_graphs = worker_service.warm_graphs
+
+    def recording(window: object, params: object, budget: int | None) -> tuple[int, float]:
+        warmed.append(budget)
+        return warm_graphs(window, params, budget)
+
+    monkeypatch.setattr(worker_service, "warm_graphs", recording)
     # Master and worker load the tokenizer on two threads of this process (in production they are
     # two processes): resolve transformers' lazily imported class first, which is not thread-safe.
     assert transformers.AutoTokenizer is not None
@@ -49,3 +57,8 @@ def test_the_master_runs_the_budget_its_worker_measured(
         worker.join(10)
     assert "branch budget: 1024 tokens per forward per worker (measured by the workers at start: 1024" \
         in caplog.text
+    # The graph warm-up ran with that budget before the worker joined (a CPU has no graphs: it says so).
+    assert warmed == [1024]
+    text = caplog.text
+    assert text.index("no CUDA graphs on cpu: no graph buckets to capture before serving") < text.index(
+        "rank 0 ready")

@@ -15,7 +15,7 @@ from lopa.bench.report import plot, table, write_json
 from lopa.bench.tpf import KS, MODES, run_sweep
 from lopa.bundled import tasks
 from lopa.bundled.defaults import model_defaults
-from lopa.cli import bench_checks, bench_clients, bench_concurrency, bench_step
+from lopa.cli import bench_checks, bench_clients, bench_concurrency, bench_products, bench_step, bench_weights
 from lopa.engine import LocalEngine, bundled_model_dir
 from lopa.params import MAX_BRANCHES, AttentionMode, InvalidParameter
 
@@ -25,8 +25,8 @@ DEFAULT_EXAMPLES = 300  # the published held-out set size
 def add_parser(subparsers: argparse._SubParsersAction) -> None:
     parser = subparsers.add_parser(
         "bench",
-        help="benchmarks: tpf, step, write-checkpoint, concurrency, serving, transport, clients, ablation, "
-        "orders, options, commit, edges",
+        help="benchmarks: tpf, step, write-checkpoint, products, weights, concurrency, serving, transport, "
+        "clients, ablation, orders, options, commit, edges",
     )
     kinds = parser.add_subparsers(dest="bench", required=True)
     tpf = kinds.add_parser(
@@ -47,6 +47,8 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     tpf.add_argument("--conf", default=None, choices=["prob", "neg_entropy", "margin"], help="Conf kind")
     tpf.set_defaults(handler=run)
     bench_step.add_parsers(kinds)
+    bench_products.add_parser(kinds)
+    bench_weights.add_parser(kinds)
     bench_concurrency.add_parser(kinds)
     serving_bench.add_parser(kinds)
     transport_bench.add_parser(kinds)

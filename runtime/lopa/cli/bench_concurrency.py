@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING
 
 from lopa.bench.concurrency import Answer, Send, captures_of, run_level, sweep, sweep_flags
 from lopa.bench.rows import check_json, finish, show_row
+from lopa.cli.generate import add_weights_flag, check_weights
 from lopa.cli.preflight import device_problem
 from lopa.params import MAX_BRANCHES, InvalidParameter
 from lopa.serving.shared.config import DTYPES
@@ -43,6 +44,7 @@ def add_parser(kinds: argparse._SubParsersAction) -> None:
     parser.add_argument("--device", default="cpu", help="cpu, cuda, cuda:1, npu, npu:1 (default cpu)")
     parser.add_argument("--dtype", default="float32", choices=DTYPES,
                         help="weights dtype (default float32 on any device; pass bfloat16 on a GPU)")
+    add_weights_flag(parser)
     parser.add_argument("--json", default=None, help="also write the rows to this file")
     parser.add_argument("--profile", default=None,
                         help="directory (cuda only): after the sweep, run its highest level once more "
@@ -63,6 +65,7 @@ def check(args: argparse.Namespace) -> list[int]:
     problem = device_problem(args.device)
     if problem:
         raise InvalidParameter("device", problem)
+    check_weights(args)
     if args.profile is not None:
         if not args.device.startswith("cuda"):
             # torch.profiler records CPU ops on its own thread only, and the engine runs on its
@@ -84,18 +87,24 @@ def run(args: argparse.Namespace) -> int:
     if args.threads:
         torch.set_num_threads(args.threads)
     model_dir = Path(args.model) if args.model else bundled_model_dir()
-    engine = LocalEngine.from_dirs(model_dir, dtype=args.dtype, device=args.device, max_batch=max(levels),
-                                   max_step_tokens=args.max_step_tokens)
     params = model_defaults(model_dir).with_overrides(branches=args.branches)
     if args.max_new_tokens is not None:
         params = params.with_overrides(max_new_tokens=args.max_new_tokens)
+    engine = LocalEngine.from_dirs(model_dir, dtype=args.dtype, device=args.device, max_batch=max(levels),
+                                   max_step_tokens=args.max_step_tokens, weights=args.weights, warm=params)
     prompts = [e.prompt for e in tasks.held_out(args.requests)]
     budget = engine.scheduler.budget.describe()
     graphs = getattr(engine.window_model, "graphs", None)
     graphs = f", {graphs.describe()}" if graphs is not None else ""
     if engine.loaded.model.steps.compiled:
         graphs += ", layer steps compiled"
-    print(f"local engine, {model_dir.name} on {args.device} ({args.dtype}), k={args.branches}, "
+    elif engine.loaded.model.steps.kernels:
+        graphs += ", layer steps as Triton kernels"
+    weights = f", {args.weights} weights" if args.weights != "dtype" else ""
+    captured, seconds = engine.window_model.graph_captures()  # by the warm-up (lopa.scheduling.warmup)
+    if getattr(engine.window_model, "graphs", None) is not None:
+        graphs += f", {captured} graphs captured at start in {seconds:.2f} s"
+    print(f"local engine, {model_dir.name} on {args.device} ({args.dtype}{weights}), k={args.branches}, "
           f"budget {budget}{graphs}, {torch.get_num_threads()} threads, "
           f"{args.requests} requests per level, {args.passes} pass(es)", flush=True)
 

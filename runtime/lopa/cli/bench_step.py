@@ -12,9 +12,12 @@ import torch
 
 from lopa.bench import step
 from lopa.bench.rows import check_json, markdown_table, show_row
+from lopa.cli.generate import add_weights_flag, check_weights
 from lopa.cli.preflight import device_problem
 from lopa.model.dream import DreamModel
+from lopa.model.layer_steps import compile_wanted, kernels_wanted
 from lopa.model.loader import load_model, parse_dtype
+from lopa.model.weight_formats import FP8, quantize_fp8
 from lopa.params import MAX_BRANCHES, InvalidParameter
 from lopa.scheduling.calibration import COST_FACTOR
 from lopa.serving.shared.config import DTYPES
@@ -43,6 +46,7 @@ def add_parsers(kinds: argparse._SubParsersAction) -> None:
     bench.add_argument("--adapter", default=None, help="PEFT LoRA adapter directory (merged at load)")
     bench.add_argument("--device", default="cuda", help="cuda, cuda:N or cpu (default cuda)")
     bench.add_argument("--dtype", default="bfloat16", choices=DTYPES, help="weights dtype (default bfloat16)")
+    add_weights_flag(bench)
     bench.add_argument("--rows", default="1,2,4,8,16", help="forward grid: rows (branches) per forward")
     bench.add_argument("--widths", default="32,64,128", help="forward grid: window tokens per row")
     bench.add_argument("--caches", default="512,2048", help="forward grid: cache lengths")
@@ -107,6 +111,9 @@ def run(args: argparse.Namespace) -> int:
         raise InvalidParameter("adapter", "needs --model: a --preset's random weights take no adapter")
     if args.gemm_autotune and not args.gemm:
         raise InvalidParameter("gemm_autotune", "needs --gemm (it tunes the products --gemm times)")
+    if args.gemm and args.weights != "dtype":
+        raise InvalidParameter("gemm", "times the dtype weights' products; `lopa bench products` times the "
+                               "FP8 kernels beside them")
     if args.step_cache < 0:
         raise InvalidParameter("step_cache", f"must be >= 0, got {args.step_cache}")
     if args.repeat < 2:
@@ -119,15 +126,18 @@ def run(args: argparse.Namespace) -> int:
     problem = device_problem(args.device)
     if problem:
         raise InvalidParameter("device", problem)
+    check_weights(args)
     device, dtype = torch.device(args.device), parse_dtype(args.dtype)
     if device.type == "cuda" and device.index is not None:
         torch.cuda.set_device(device)
     began = time.perf_counter()
     if args.preset:
         model = random_model(PRESETS[args.preset](), dtype, device)
+        if args.weights == FP8:
+            quantize_fp8(model)
         mask_id = model.config.mask_token_id or 0
     else:
-        loaded = load_model(args.model, args.adapter, dtype, device)
+        loaded = load_model(args.model, args.adapter, dtype, device, weights=args.weights)
         model, mask_id = loaded.model, loaded.special.mask
     step.synchronize(device)
     max_length = max([*caches, args.step_cache]) + max([*widths, *step_widths]) + 64
@@ -136,6 +146,8 @@ def run(args: argparse.Namespace) -> int:
         "device": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
         "torch": torch.__version__,
         "dtype": str(dtype).removeprefix("torch."),
+        "weights": args.weights,
+        "layer_steps": layer_steps(device),
         "model": args.model or f"preset {args.preset} (random weights)",
         "adapter": args.adapter,
         "load_s": round(time.perf_counter() - began, 1),
@@ -212,6 +224,13 @@ def run(args: argparse.Namespace) -> int:
     if args.json:
         Path(args.json).write_text(json.dumps({"setup": setup, "rows": out}, indent=2) + "\n")
     return 0
+
+
+def layer_steps(device: torch.device) -> str:
+    """How the window models of this run compute the layers' elementwise steps (lopa.model.layer_steps)."""
+    if compile_wanted(device):
+        return "compiled"
+    return "triton" if kernels_wanted(device) else "torch"
 
 
 def _check_positions(model: DreamModel, max_length: int, flag: str) -> None:

@@ -8,11 +8,11 @@ import sys
 
 from lopa.bundled.defaults import model_defaults
 from lopa.cli.decoding_flags import add_decoding_flags, params_from_args
-from lopa.cli.preflight import device_problem
+from lopa.cli.preflight import device_problem, weights_problem
 from lopa.decoding.decoder import StepEvent
 from lopa.engine import Completion, LocalEngine, bundled_model_dir
 from lopa.params import InvalidParameter
-from lopa.serving.shared.config import DTYPES
+from lopa.serving.shared.config import DTYPES, WEIGHTS
 
 
 def add_parser(subparsers: argparse._SubParsersAction) -> None:
@@ -40,7 +40,22 @@ def add_model_flags(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--dtype", default="float32", choices=DTYPES,
                        help="weights dtype (default: %(default)s)")
     group.add_argument("--device", default="cpu", help="cpu, cuda, cuda:1, npu, npu:1 (default: %(default)s)")
+    add_weights_flag(group)
     group.add_argument("--max-length", type=int, default=None, help="KV cache length (prompt + output)")
+
+
+def add_weights_flag(parser: argparse.ArgumentParser | argparse._ArgumentGroup) -> None:
+    parser.add_argument("--weights", default="dtype", choices=WEIGHTS,
+                        help="linear weights: dtype (as --dtype) or fp8 (e4m3 with per-channel scales; a "
+                        "GPU of compute capability >= 8.9, or the CPU through the reference) "
+                        "(default: %(default)s)")
+
+
+def check_weights(args: argparse.Namespace) -> None:
+    """--weights on --device, before the load: InvalidParameter naming the flag."""
+    problem = weights_problem(args.weights, args.device)
+    if problem:
+        raise InvalidParameter("weights", problem)
 
 
 def stats_of(completion: Completion) -> dict[str, float | int | str]:
@@ -64,11 +79,12 @@ def run(args: argparse.Namespace) -> int:
         raise InvalidParameter("device", problem)
     if args.max_length is not None and args.max_length < 1:
         raise InvalidParameter("max_length", f"must be >= 1, got {args.max_length}")
+    check_weights(args)
     # The decoding settings before the (slow) load: a bad flag or lopa_defaults.json fails at once.
     params = params_from_args(args, model_defaults(args.model or bundled_model_dir()))
     # One prompt: one KV cache (not DEFAULT_MAX_BATCH of them), and no branch budget to measure.
     engine = LocalEngine.from_dirs(
-        args.model, args.adapter, args.dtype, args.device, args.max_length, max_batch=1
+        args.model, args.adapter, args.dtype, args.device, args.max_length, max_batch=1, weights=args.weights
     )
 
     def show_step(event: StepEvent) -> None:

@@ -33,6 +33,16 @@ def device_problem(device: str) -> str | None:
     return None
 
 
+def weights_problem(weights: str, device: str) -> str | None:
+    """Why the weights format cannot run on `device` (None when it can): FP8 on a GPU without FP8
+    support (lopa.model.weight_formats)."""
+    if weights == "dtype":
+        return None  # no torch import for the default
+    from lopa.model.weight_formats import weights_problem as problem
+
+    return problem(weights, device)
+
+
 def _index_problem(device: str, index: int, count: int, what: str) -> str | None:
     if count == 0:
         return f"{device!r}: no {what} device is available on this machine"

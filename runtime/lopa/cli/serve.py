@@ -13,13 +13,14 @@ from pathlib import Path
 import grpc
 
 from lopa.cli.decoding_flags import add_decoding_flags, params_from_args
-from lopa.cli.preflight import device_problem, listen_problem
+from lopa.cli.preflight import device_problem, listen_problem, weights_problem
 from lopa.params import InvalidParameter
 from lopa.serving.shared.config import (
     DTYPES,
     MAX_BATCH,
     MAX_PORT,
     MAX_SECONDS,
+    WEIGHTS,
     ConfigError,
     ModelConfig,
     ServingConfig,
@@ -50,6 +51,10 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--adapter", default=None, help="PEFT LoRA adapter directory")
     parser.add_argument("--dtype", default=None, choices=DTYPES,
                         help="weights dtype (default: the config file's model.dtype, else float32)")
+    parser.add_argument("--weights", default=None, choices=WEIGHTS,
+                        help="linear weights: dtype (as --dtype) or fp8 (e4m3, per-channel scales; a GPU of "
+                        "compute capability >= 8.9, or the CPU) (default: the config file's model.weights, "
+                        "else dtype)")
     parser.add_argument("--listen", default="127.0.0.1:50051",
                         help="client API address, HOST:PORT; the HTTP API and the metrics listen on its host "
                         "too (default: %(default)s, loopback only)")
@@ -179,10 +184,14 @@ def serving_config(args: argparse.Namespace) -> ServingConfig:
 
     base = load_config(args.config) if args.config else parse_config({})
     model = ModelConfig(path=args.model or base.model.path, adapter=args.adapter or base.model.adapter,
-                        dtype=args.dtype or base.model.dtype, device=base.model.device)
+                        dtype=args.dtype or base.model.dtype, device=base.model.device,
+                        weights=args.weights or base.model.weights)
     problem = device_problem(model.device)
     if problem:
         raise ConfigError(f"model.device: {problem}")
+    problem = weights_problem(model.weights, model.device)
+    if problem:
+        raise ConfigError(f"model.weights: {problem}")
     base = with_model_defaults(dataclasses.replace(base, model=model), model_path(model.path))
     decoding = params_from_args(args, base.decoding)
     limits = base.limits

@@ -7,7 +7,7 @@ import logging
 import os
 import signal
 
-from lopa.cli.preflight import device_problem
+from lopa.cli.preflight import device_problem, weights_problem
 from lopa.params import InvalidParameter
 from lopa.serving.shared.config import ConfigError
 from lopa.serving.shared.parent_watch import watch_parent
@@ -35,6 +35,9 @@ def run(args: argparse.Namespace) -> int:
     problem = device_problem(config.model.device)
     if problem:
         raise ConfigError(f"{args.config}: model.device: {problem}")
+    problem = weights_problem(config.model.weights, config.model.device)
+    if problem:  # before the (long) load
+        raise ConfigError(f"{args.config}: model.weights: {problem}")
     from lopa.serving.worker.service import exit_now, serve_worker  # torch import only for this command
 
     logging.basicConfig(level=args.log_level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")

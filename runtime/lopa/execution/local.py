@@ -11,6 +11,7 @@ import torch
 from lopa.decoding.executor import BranchWindow, PartOutcome, VerifyPart, verify_alone
 from lopa.decoding.rules import PositionStat
 from lopa.execution.sampling import position_stats
+from lopa.execution.vocab_pass import reductions
 from lopa.model.protocol import WindowBatch, WindowModel
 from lopa.params import DecodingParams
 
@@ -84,6 +85,7 @@ class LocalExecutor:
         self._states: dict[int, SequenceState] = {}
 
     executors = 1  # one device: the branch budget applies to this one forward
+    vocab_pass = True  # a model's vocabulary pass may reduce a round's statistics (lopa.execution.vocab_pass)
 
     @property
     def max_batch(self) -> int:
@@ -128,18 +130,25 @@ class LocalExecutor:
         ]
         for part in parts:
             self.drop_staged(part.sequence)
+        reduced = reductions(self.model, self._states, parts, plans) if self.vocab_pass else None
         try:
-            logits = [self.forward(batches[0])] if len(batches) == 1 else self.forward_many(batches)
+            if reduced is not None:  # the masked positions' statistics from the model's vocabulary pass
+                fused = self.model.forward_many_stats(batches, reduced)  # type: ignore[attr-defined]
+                logits = [rest for _, rest in fused]  # the staged rows' only
+                greedy = {i: stats for i, (stats, _) in enumerate(fused) if plans[i].n_masked}
+            else:
+                logits = [self.forward(batches[0])] if len(batches) == 1 else self.forward_many(batches)
         except Exception:
             for part in parts:
                 self.drop_staged(part.sequence)  # a failed forward may have staged half the rows
             raise
-        greedy = self._greedy_stats(parts, plans, logits)
+        if reduced is None:
+            greedy = self._greedy_stats(parts, plans, logits)
         outcomes: list[PartOutcome] = []
         on_device: dict[int, DeviceStats] = {}
         for index, (part, plan, part_logits) in enumerate(zip(parts, plans, logits, strict=True)):
             try:
-                stats = self._part_stats(part, plan, part_logits, greedy.get(index))
+                stats = self._part_stats(part, plan, part_logits, greedy.get(index), reduced is None)
             except Exception as error:  # this request's sampling failed: the others are unaffected
                 self.drop_staged(part.sequence)
                 outcomes.append(error)
@@ -230,12 +239,14 @@ class LocalExecutor:
         plan: OutputPlan,
         logits: torch.Tensor,
         reduced: DeviceStats | None = None,
+        with_masked: bool = True,
     ) -> DeviceStats | None:
         """(x_hat, P, Conf) of the part's masked positions, still on the device (the caller copies
-        every part's to the host at once); None when it has none."""
+        every part's to the host at once); None when it has none. with_masked: `logits` holds the
+        masked positions' rows first (else only the staged rows': their statistics are `reduced`)."""
         state = self.state(part.sequence)
         state.staged_count = part.n_stage
-        state.staged_last = logits[plan.n_masked :] if part.n_stage > 0 else None
+        state.staged_last = logits[plan.n_masked if with_masked else 0 :] if part.n_stage > 0 else None
         if not plan.n_masked:
             return None
         if reduced is not None:
@@ -362,6 +373,8 @@ def _to_host(
 
 class RowByRowExecutor(LocalExecutor):
     """Verifies candidates one forward each: the reference the batched forward must match."""
+
+    vocab_pass = False  # its forwards are its own
 
     def forward_many(self, batches: list[WindowBatch]) -> list[torch.Tensor]:
         return [self.forward(batch) for batch in batches]

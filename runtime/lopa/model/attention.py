@@ -134,13 +134,22 @@ def _attend_segments_exact(
     return out.transpose(1, 2)
 
 
-def attend_uniform(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, s: LayerUniform) -> torch.Tensor:
+def attend_uniform(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, s: LayerUniform, staged: bool = False
+) -> torch.Tensor:
     """Attention of a folded batch-1 forward of equal-sized requests (see UniformSegments), one
-    batch element per request; [1, heads, N, D] for the N packed tokens."""
+    batch element per request; [1, heads, N, D] for the N packed tokens. `staged`: k and v are
+    already in s.staging at their slots, the rest of it zeros (lopa.kernels.rotary's kernel wrote
+    them there)."""
     # Scattered into the padded layout, where each request's block is its own.
     layout = s.requests * s.mask.shape[2]
     q = q.new_zeros((1, layout, *q.shape[2:])).index_copy_(1, s.slots, q)
-    k, v = (staged.zero_().index_copy_(0, s.slots, t[0]) for staged, t in zip(s.staging, (k, v), strict=True))
+    if staged:
+        k, v = s.staging
+    else:
+        keys, values = s.staging
+        k = keys.zero_().index_copy_(0, s.slots, k[0])
+        v = values.zero_().index_copy_(0, s.slots, v[0])
     q, k, v = (t.reshape(s.requests, -1, *t.shape[-2:]) for t in (q, k, v))  # [R, T / R, h, D]
     past_k, past_v = s.past
     if past_k.shape[1] > 0:

@@ -260,6 +260,21 @@ class WindowGraphs:
             self.graphs[bucket] = captured
         return captured
 
+    def warm(self, buckets: Sequence[Bucket], seconds: float) -> int:
+        """Capture the graphs of these rounds' buckets (each as `choose` maps it) that are not captured
+        yet, before any round needs them, for at most `seconds`; returns how many were captured."""
+        began, before = time.perf_counter(), self.captures
+        for number, exact in enumerate(buckets):
+            if time.perf_counter() - began > seconds:
+                log.info("graph warm-up stopped after %.0f s, %d of %d buckets done",
+                         seconds, number, len(buckets))
+                break
+            bucket = self.choose(exact)
+            wanted = self.enabled_for(bucket.requests) and bucket.requests <= len(self.caches)
+            if bucket not in self.graphs and wanted and self.captures_bucket(bucket):
+                self.get(bucket)
+        return self.captures - before
+
     def describe(self) -> str:
         """How rounds run, for logs and benchmark headers."""
         how = "captured" if self.capture else "uncaptured"

@@ -7,7 +7,9 @@ each layer's new (post-RoPE) keys/values to an optional callback, which is how t
 
 For inference, `fuse_projections()` concatenates q/k/v and gate/up into one weight each (the
 original parameters become views of it: no extra memory), so a layer runs 4 matrix products
-instead of 7; on an accelerator every kernel launch saved counts.
+instead of 7; on an accelerator every kernel launch saved counts. Every product goes through
+lopa.model.products (weights in the model dtype or FP8), the elementwise steps between them through
+one `LayerSteps` (lopa.model.layer_steps: the references, Triton kernels or torch.compile).
 """
 
 from __future__ import annotations
@@ -18,7 +20,11 @@ from collections.abc import Callable, Sequence
 import torch
 from torch import nn
 
-from lopa.model import invariant
+from lopa.kernels import vocab_stats
+from lopa.kernels.dispatch import uses_triton
+from lopa.kernels.rotary import Staging
+from lopa.kernels.vocab_stats import Stats
+from lopa.model import products
 from lopa.model.attention import (
     KVCallback,
     KVSource,
@@ -33,7 +39,18 @@ from lopa.model.attention import (
     bind_segments,
 )
 from lopa.model.config import DreamConfig
-from lopa.model.layer_steps import EAGER, LayerSteps, check_compiles, compiled_steps
+from lopa.model.layer_steps import (
+    EAGER,
+    LayerSteps,
+    check_compiles,
+    check_kernels,
+    compiled_steps,
+    kernel_steps,
+)
+from lopa.params import ConfKind
+
+# A fused projection: (weight, bias, FP8 scales), the linears' parameters views of it.
+Fused = tuple[torch.Tensor, "torch.Tensor | None", "torch.Tensor | None"]
 
 
 class RMSNorm(nn.Module):
@@ -81,7 +98,7 @@ def signed_sin(sin: torch.Tensor) -> torch.Tensor:
     return torch.cat((-sin[..., :half], sin[..., half:]), dim=-1)
 
 
-def fuse_linears(linears: list[nn.Linear]) -> tuple[torch.Tensor, torch.Tensor | None]:
+def fuse_linears(linears: list[nn.Linear]) -> Fused:
     """Concatenate the weights (and biases) of linears over one input into one; each linear's
     parameters become views of the result, so the memory is not doubled."""
     weight = torch.cat([linear.weight.detach() for linear in linears])
@@ -94,10 +111,10 @@ def fuse_linears(linears: list[nn.Linear]) -> tuple[torch.Tensor, torch.Tensor |
         if bias is not None:
             linear.bias = nn.Parameter(bias[offset:end], requires_grad=False)
         offset = end
-    return weight, bias
+    return weight, bias, None
 
 
-def still_fused(fused: tuple[torch.Tensor, torch.Tensor | None] | None, linears: list[nn.Module]) -> bool:
+def still_fused(fused: Fused | None, linears: list[nn.Module]) -> bool:
     """The fused weight still is what the (plain) linears compute: a later .to() or a replaced
     parameter breaks the sharing, and a wrapped module (a PEFT LoRA layer injected after fusing)
     computes more than its weight; then the separate projections are used."""
@@ -125,26 +142,30 @@ class DreamAttention(nn.Module):
         self.k_proj = nn.Linear(hidden, self.kv_heads * self.head_dim, bias=True)
         self.v_proj = nn.Linear(hidden, self.kv_heads * self.head_dim, bias=True)
         self.o_proj = nn.Linear(self.heads * self.head_dim, hidden, bias=False)
-        self.fused_qkv: tuple[torch.Tensor, torch.Tensor | None] | None = None
+        self.fused_qkv: Fused | None = None
 
     def fuse(self) -> None:
         self.fused_qkv = fuse_linears([self.q_proj, self.k_proj, self.v_proj])
 
     def _qkv(
-        self, x: torch.Tensor, cos: torch.Tensor, sin_signed: torch.Tensor, steps: LayerSteps
+        self, x: torch.Tensor, cos: torch.Tensor, sin_signed: torch.Tensor, steps: LayerSteps,
+        staging: Staging | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """Queries and keys after RoPE, values: [B, T, heads | kv_heads, head_dim]."""
+        """Queries and keys after RoPE, values: [B, T, heads | kv_heads, head_dim] (with `staging`,
+        the keys and values also written there: only the fused path with kernel steps is given one)."""
         batch, length, _ = x.shape
         modules = self._modules
         if still_fused(self.fused_qkv, [modules["q_proj"], modules["k_proj"], modules["v_proj"]]):
             assert self.fused_qkv is not None
-            qkv = invariant.linear(x, *self.fused_qkv).view(batch, length, self.heads + 2 * self.kv_heads, -1)
+            qkv = products.linear(x, *self.fused_qkv).view(batch, length, self.heads + 2 * self.kv_heads, -1)
+            if steps.rotary_qkv is not None:
+                return steps.rotary_qkv(qkv, cos, sin_signed, self.heads, self.kv_heads, staging)
             # q and k rotate together: one set of rotary kernels per layer.
             qk = steps.rotary(qkv[:, :, : self.heads + self.kv_heads], cos, sin_signed)
             return qk[:, :, : self.heads], qk[:, :, self.heads :], qkv[:, :, self.heads + self.kv_heads :]
-        q = invariant.apply(self.q_proj, x).view(batch, length, self.heads, self.head_dim)
-        k = invariant.apply(self.k_proj, x).view(batch, length, self.kv_heads, self.head_dim)
-        v = invariant.apply(self.v_proj, x).view(batch, length, self.kv_heads, self.head_dim)
+        q = products.apply(self.q_proj, x).view(batch, length, self.heads, self.head_dim)
+        k = products.apply(self.k_proj, x).view(batch, length, self.kv_heads, self.head_dim)
+        v = products.apply(self.v_proj, x).view(batch, length, self.kv_heads, self.head_dim)
         return steps.rotary(q, cos, sin_signed), steps.rotary(k, cos, sin_signed), v
 
     def forward(
@@ -159,6 +180,15 @@ class DreamAttention(nn.Module):
         steps: LayerSteps = EAGER,
     ) -> torch.Tensor:
         batch, length, _ = x.shape
+        if isinstance(segments, LayerUniform) and steps.kernels and still_fused(
+            self.fused_qkv, [self.q_proj, self.k_proj, self.v_proj]
+        ):
+            # The rotary kernel writes the window's K/V straight into the round's staging.
+            keys, values = (staged.zero_() for staged in segments.staging)
+            q, k, v = self._qkv(x, cos, sin_signed, steps, (keys, values, segments.slots))
+            out = attend_uniform(q, k, v, segments, staged=True)
+            out = out.transpose(1, 2).reshape(batch, length, self.heads * self.head_dim)
+            return products.apply(self.o_proj, out)
         q, k, v = self._qkv(x, cos, sin_signed, steps)
         if segments is None:
             out = attend_with_past(q, k, v, mask, past, on_kv)
@@ -167,7 +197,7 @@ class DreamAttention(nn.Module):
         else:  # a ragged forward: each request's tokens see only its own cache and tokens
             out = attend_segments(q, k, v, segments)
         out = out.transpose(1, 2).reshape(batch, length, self.heads * self.head_dim)
-        return invariant.apply(self.o_proj, out)
+        return products.apply(self.o_proj, out)
 
 
 class DreamMLP(nn.Module):
@@ -176,7 +206,7 @@ class DreamMLP(nn.Module):
         self.gate_proj = nn.Linear(config.hidden_size, config.intermediate_size, bias=False)
         self.up_proj = nn.Linear(config.hidden_size, config.intermediate_size, bias=False)
         self.down_proj = nn.Linear(config.intermediate_size, config.hidden_size, bias=False)
-        self.fused_gate_up: tuple[torch.Tensor, torch.Tensor | None] | None = None
+        self.fused_gate_up: Fused | None = None
 
     def fuse(self) -> None:
         self.fused_gate_up = fuse_linears([self.gate_proj, self.up_proj])
@@ -184,10 +214,10 @@ class DreamMLP(nn.Module):
     def forward(self, x: torch.Tensor, steps: LayerSteps = EAGER) -> torch.Tensor:
         if still_fused(self.fused_gate_up, [self._modules["gate_proj"], self._modules["up_proj"]]):
             assert self.fused_gate_up is not None
-            gate, up = invariant.linear(x, self.fused_gate_up[0]).chunk(2, dim=-1)
+            gate, up = products.linear(x, *self.fused_gate_up).chunk(2, dim=-1)
         else:
-            gate, up = invariant.apply(self.gate_proj, x), invariant.apply(self.up_proj, x)
-        return invariant.apply(self.down_proj, steps.swiglu(gate, up))
+            gate, up = products.apply(self.gate_proj, x), products.apply(self.up_proj, x)
+        return products.apply(self.down_proj, steps.swiglu(gate, up))
 
 
 class DreamDecoderLayer(nn.Module):
@@ -245,11 +275,12 @@ class DreamModel(nn.Module):
 
     @property
     def dtype(self) -> torch.dtype:
-        return self.lm_head.weight.dtype
+        """The activations' dtype (FP8 linear weights keep it: they are upcast to it)."""
+        return self.model.embed_tokens.weight.dtype
 
     @property
     def device(self) -> torch.device:
-        return self.lm_head.weight.device
+        return self.model.embed_tokens.weight.device
 
     def compile_steps(self, backend: str | Callable = "inductor") -> DreamModel:
         """Run the layers' elementwise steps through torch.compile (lopa.model.layer_steps); a
@@ -257,6 +288,16 @@ class DreamModel(nn.Module):
         if not self.steps.compiled:
             steps = compiled_steps(backend)
             check_compiles(steps, self.config, self.dtype, self.device)
+            self.steps = steps
+        return self
+
+    def use_kernels(self) -> DreamModel:
+        """Run the layers' elementwise steps through the Triton kernels of lopa.kernels (where each
+        serves the shape), each checked against its reference first: a RuntimeError naming
+        LOPA_KERNELS when one fails."""
+        if not self.steps.kernels:
+            steps = kernel_steps()
+            check_kernels(steps, self.config, self.dtype, self.device)
             self.steps = steps
         return self
 
@@ -276,9 +317,11 @@ class DreamModel(nn.Module):
         on_kv: KVCallback | None = None,
         output_index: torch.Tensor | None = None,
         segments: Sequence[Segment] | UniformSegments | None = None,
+        head: bool = True,
     ) -> torch.Tensor:
         """Raw logits [B, T, vocab] in the model dtype, or [N, vocab] for the N flat token indices
-        (into B * T) of `output_index` (the lm_head then runs on those tokens only).
+        (into B * T) of `output_index` (the lm_head then runs on those tokens only); without `head`,
+        the final norm's outputs of those tokens instead (for greedy_stats).
 
         input_ids [B, T]; position_ids [B, T] or [T] (absolute); attn_mask [B or 1, 1, T, C+T], bool
         (True = may attend) or additive in the model dtype, over the C cached keys of `past`
@@ -287,7 +330,21 @@ class DreamModel(nn.Module):
         hidden = self.hidden_states(input_ids, position_ids, attn_mask, past, on_kv, segments)
         if output_index is not None:
             hidden = hidden.reshape(-1, hidden.shape[-1]).index_select(0, output_index)
-        return invariant.apply(self.lm_head, hidden)
+        return self.logits(hidden) if head else hidden
+
+    def logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        """The lm_head's product: raw logits of final-norm outputs, in the model dtype."""
+        return products.apply(self.lm_head, hidden)
+
+    def greedy_stats(self, hidden: torch.Tensor, conf: ConfKind) -> Stats:
+        """The greedy statistics (token, P, Conf: lopa.execution.sampling's) of the logits of these
+        final-norm outputs [N, hidden]: on a GPU with Triton (lopa.kernels.dispatch), the lm_head and
+        the statistics in one pass over the vocabulary (lopa.kernels.vocab_stats), else from the
+        logits."""
+        weight, scale = self.lm_head.weight, products.scale_of(self.lm_head)
+        if uses_triton(hidden.device) and vocab_stats.serves(weight.shape[0]):
+            return vocab_stats.greedy_stats(hidden, weight, scale, conf)
+        return vocab_stats.greedy_stats_reference(hidden, weight, scale, conf)
 
     def hidden_states(
         self,

@@ -21,6 +21,9 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
+from lopa.model.protocol import WindowBatch
+from lopa.params import AttentionMode
+
 ROWS_GRANULE = 16  # a product's query rows (heads x queries) are a multiple of this
 KEY_GRANULE = 8  # and its keys (kept from the tile version, where a 1-key product changed with the batch)
 
@@ -180,3 +183,26 @@ def _keys_by_row(past: torch.Tensor, window: torch.Tensor, tail: int) -> torch.T
     if tail:
         parts.append(window.new_zeros(1, 1, 1, 1).expand(rows, kv_heads, tail, dim))
     return torch.cat(parts, dim=2)
+
+
+def closed_head(batch: WindowBatch) -> int:
+    """The TO_CACHE tokens that attend apart (lopa.model.exact_attention.row_spans): in
+    block_causal mode, when they end at a block boundary in every row, they see only the cache and
+    themselves, so computing them alone gives every row the same bits. Otherwise (full attention; a
+    head cutting a block, which a decoder never stages) 0: they attend with their row under its
+    mask. Decided for the whole batch, so a row's split would follow its neighbours only in that
+    never-staged case."""
+    n = batch.n_stage
+    if batch.mode is not AttentionMode.BLOCK_CAUSAL or n == 0:
+        return 0
+    for row, length in enumerate(batch.lengths):
+        if length > n and int(batch.block_ids[row, n]) == int(batch.block_ids[row, n - 1]):
+            return 0
+    return n
+
+
+def same_head(batch: WindowBatch, head: int) -> bool:
+    """Whether every row begins with the same `head` tokens in the same blocks (a decoder's
+    candidates share their TO_CACHE tokens): the head's attention is then computed once."""
+    tokens, blocks = batch.tokens[:, :head], batch.block_ids[:, :head]
+    return bool((tokens == tokens[:1]).all() and (blocks == blocks[:1]).all())

@@ -15,6 +15,7 @@ from lopa.model.dream import DreamModel
 from lopa.model.errors import CheckpointError
 from lopa.model.lora import ADAPTER_WEIGHTS, merge_adapter, read_adapter
 from lopa.model.tokenizer import load_tokenizer
+from lopa.model.weight_formats import DTYPE, FP8, quantize_fp8, weights_problem
 from lopa.model.weights import load_tensors
 from lopa.model.window import DreamWindowModel
 
@@ -82,27 +83,35 @@ def load_model(
     dtype: str | torch.dtype = "float32",
     device: str | torch.device = "cpu",
     tokenizer_dir: str | Path | None = None,
+    weights: str = DTYPE,
 ) -> LoadedModel:
-    """Load a Dream checkpoint directory, merging a PEFT LoRA adapter if given.
+    """Load a Dream checkpoint directory, merging a PEFT LoRA adapter if given; `weights` = "fp8"
+    then quantizes its linear weights (lopa.model.weight_formats).
 
-    Raises CheckpointError naming the missing or inconsistent file/field/tensor.
+    Raises CheckpointError naming the missing or inconsistent file/field/tensor, ValueError naming
+    `weights` when the device cannot run that format (before anything is read).
     """
     model_dir = Path(model_dir)
     torch_dtype, torch_device = parse_dtype(dtype), torch.device(device)
+    problem = weights_problem(weights, torch_device)
+    if problem:
+        raise ValueError(f"weights: {problem}")
     config = DreamConfig.from_dir(model_dir)
     with torch.device("meta"):  # no memory, no random init: every parameter comes from the files
         model = DreamModel(config)
     expected = {name: param.shape for name, param in model.state_dict().items()}
     optional = frozenset({_LM_HEAD}) if config.tie_word_embeddings else frozenset()
-    weights = load_tensors(model_dir, expected, torch_device, torch_dtype, optional)
+    tensors = load_tensors(model_dir, expected, torch_device, torch_dtype, optional)
     if adapter_dir is not None:
         # merge_adapter adds B @ A in fp32 and rounds once to the model dtype.
-        merge_adapter(weights, read_adapter(adapter_dir), Path(adapter_dir) / ADAPTER_WEIGHTS)
-    if _LM_HEAD not in weights:
-        weights[_LM_HEAD] = weights[_EMBED]  # tied embeddings
-    model.load_state_dict(weights, strict=True, assign=True)
-    del weights  # the fused projections below replace these storages: let them go
+        merge_adapter(tensors, read_adapter(adapter_dir), Path(adapter_dir) / ADAPTER_WEIGHTS)
+    if _LM_HEAD not in tensors:
+        tensors[_LM_HEAD] = tensors[_EMBED]  # tied embeddings
+    model.load_state_dict(tensors, strict=True, assign=True)
+    del tensors  # the fused projections below replace these storages: let them go
     model.eval().requires_grad_(False).fuse_projections()
+    if weights == FP8:
+        quantize_fp8(model)  # after the adapter's merge and the fusing: the merged weights are rounded
     tokenizer = load_tokenizer(tokenizer_dir or model_dir)
     return LoadedModel(model, tokenizer, config, resolve_special_ids(config, tokenizer, model_dir))
 

@@ -26,16 +26,18 @@ from collections.abc import Sequence
 import torch
 
 from lopa.host.heap import keep_freed_memory
+from lopa.kernels.dispatch import KERNELS_ENV
+from lopa.kernels.vocab_stats import Stats
 from lopa.model.attention import Segment
 from lopa.model.cuda_graphs import WindowGraphs
 from lopa.model.dream import DreamModel
-from lopa.model.exact_attention import row_spans
+from lopa.model.exact_attention import closed_head, row_spans, same_head
 from lopa.model.graph_layout import MAX_LAYOUT_TOKENS, bucket_for
 from lopa.model.kv_cache import KVCache, cache_shape
-from lopa.model.layer_steps import COMPILE_ENV, compile_wanted
+from lopa.model.layer_steps import COMPILE_ENV, compile_wanted, kernels_wanted
 from lopa.model.mask import additive_window_mask
 from lopa.model.protocol import WindowBatch
-from lopa.params import AttentionMode
+from lopa.params import ConfKind
 
 log = logging.getLogger("lopa.model")
 
@@ -138,9 +140,14 @@ class DreamWindowModel:
         ]
         self.caches = list(self._physical)  # by sequence: the physical cache that holds it
         self.forwards = {"graph": 0, "eager": 0}  # forward calls by path (a worker exports them)
+        self._vocab_pass = kernels_wanted(self.device)  # decided at start, as the steps are
         if compile_wanted(self.device):
             model.compile_steps()  # compiled now on a few tokens: a step that cannot, fails the start
             log.info("%s=1: the layers' elementwise steps run through torch.compile", COMPILE_ENV)
+        elif self._vocab_pass:
+            model.use_kernels()  # each checked against its reference now: one that fails, fails the start
+            log.info("the layers' elementwise steps run as Triton kernels (%s=torch: the torch references)",
+                     KERNELS_ENV)
         self.graphs: WindowGraphs | None = None
         if graphs_wanted(self.device, cuda_graphs):
             # Staging reserved up front: graphs hold its address, growing it means recapturing.
@@ -217,6 +224,42 @@ class DreamWindowModel:
         self.forwards["eager"] += 1
         return self._eager_many(batches)
 
+    @property
+    def vocab_pass(self) -> bool:
+        """Whether forward_many_stats reduces greedy statistics in the vocabulary kernel (a GPU with
+        Triton, unless LOPA_KERNELS=torch), rather than the executor from logits."""
+        return self._vocab_pass
+
+    @torch.no_grad()
+    def forward_many_stats(
+        self, batches: Sequence[WindowBatch], reduced: Sequence[tuple[int, ConfKind]]
+    ) -> list[tuple[Stats, torch.Tensor]]:
+        """forward_many, where each batch's first n outputs (reduced[i] = (n, its Conf kind)) come
+        back as their greedy statistics (token, P, Conf) from one pass over the vocabulary
+        (DreamModel.greedy_stats) rather than as logits; the other outputs' logits beside them."""
+        if len({b.sequence for b in batches}) != len(batches):
+            raise ValueError("forward_many_stats: two batches for one sequence")
+        for batch in batches:
+            self._check(batch)
+            if batch.outputs is None:
+                raise ValueError("forward_many_stats: every batch must name its outputs")
+        hidden = self._replay(batches, head=False) if self._replayable(batches) else None
+        self.forwards["graph" if hidden is not None else "eager"] += 1
+        if hidden is None:
+            many = len(batches) > 1
+            hidden = self._eager_many(batches, head=False) if many else [self._eager(batches[0], head=False)]
+        counts = [n for n, _ in reduced]
+        kinds = {conf for _, conf in reduced}
+        masked = [h[:n] for h, n in zip(hidden, counts, strict=True)]
+        if len(kinds) == 1:  # one pass for the round (the usual case: one Conf kind)
+            together = self.model.greedy_stats(torch.cat(masked), kinds.pop())
+            stats = list(zip(*(column.split(counts) for column in together), strict=True))
+        else:
+            stats = [self.model.greedy_stats(m, conf) for m, (_, conf) in zip(masked, reduced, strict=True)]
+        rest = [h[n:] for h, n in zip(hidden, counts, strict=True)]
+        logits = self.model.logits(torch.cat(rest)).float().split([r.shape[0] for r in rest])
+        return list(zip(stats, logits, strict=True))
+
     def commit(self, slot: int, n: int, sequence: int = 0) -> None:
         self._cache(sequence).commit(slot, n)
 
@@ -241,13 +284,13 @@ class DreamWindowModel:
         if device.type == "cpu":  # row-exact attention (attend_rows_exact)
             config = self.model.config
             repeat = config.num_attention_heads // config.num_key_value_heads
-            head = _closed_head(batch)
-            shared = head > 0 and _same_head(batch, head)
+            head = closed_head(batch)
+            shared = head > 0 and same_head(batch, head)
             spans = row_spans(mask, batch.lengths, head, kv.length, repeat, shared_head=shared)
         end = offset + rows * batch.width
         return Segment(offset, end, mask, kv, kv.stage, rows if by_row else 1, spans)
 
-    def _eager_many(self, batches: Sequence[WindowBatch]) -> list[torch.Tensor]:
+    def _eager_many(self, batches: Sequence[WindowBatch], head: bool = True) -> list[torch.Tensor]:
         device = self.device
         segments, tokens, positions, outputs, counts = [], [], [], [], []
         offset = 0
@@ -261,15 +304,16 @@ class DreamWindowModel:
             outputs.append(torch.tensor(batch.outputs, dtype=torch.long) + offset)
             counts.append(len(batch.outputs))
             offset = end
-        logits = self.model(
+        out = self.model(
             torch.cat(tokens).to(device).reshape(1, offset),
             torch.cat(positions).to(device),
             output_index=torch.cat(outputs).to(device),
             segments=segments,
+            head=head,
         )
-        return list(logits.float().split(counts))
+        return list((out.float() if head else out).split(counts))
 
-    def _eager(self, batch: WindowBatch) -> torch.Tensor:
+    def _eager(self, batch: WindowBatch, head: bool = True) -> torch.Tensor:
         device = self._device
         rows, width = batch.rows, batch.width
         positions = batch.start + torch.arange(width, device=device)
@@ -283,7 +327,10 @@ class DreamWindowModel:
             positions,
             output_index=outputs,
             segments=[self._segment(batch, 0)],
+            head=head,
         )
+        if not head:
+            return logits
         if outputs is None:
             logits = logits.view(rows, width, -1)
         return logits.float()
@@ -293,10 +340,11 @@ class DreamWindowModel:
             return False
         return all(b.outputs is not None and b.first_slot == 0 for b in batches)
 
-    def _replay(self, batches: Sequence[WindowBatch]) -> list[torch.Tensor] | None:
+    def _replay(self, batches: Sequence[WindowBatch], head: bool = True) -> list[torch.Tensor] | None:
         """The round from its bucket's graph (request i of the bucket is physical sequence i; a
         padded bucket's requests past the round's are one-token padding), or None when it has no
-        graph: too large, or its capture failed."""
+        graph: too large, or its capture failed. Each batch's logits, or without `head` its outputs'
+        final-norm states."""
         assert self.graphs is not None
         bucket = bucket_for(
             max(b.rows for b in batches),
@@ -328,7 +376,8 @@ class DreamWindowModel:
             self.graphs.stage_round(bucket, kvs, [(batch.rows, batch.n_stage) for batch in ordered])
         begin = captured.layout.outputs
         index = captured.inputs[begin : begin + sum(counts)]
-        logits = self.model.lm_head(hidden.index_select(0, index)).float().split(counts)
+        selected = hidden.index_select(0, index)
+        logits = (self.model.logits(selected).float() if head else selected).split(counts)
         out: list[torch.Tensor] = [logits[0]] * len(batches)
         for position, i in enumerate(order):
             out[i] = logits[position]
@@ -367,25 +416,3 @@ class DreamWindowModel:
         if batch.outputs is not None and any(not 0 <= i < rows * length for i in batch.outputs):
             raise ValueError(f"outputs must be flat indices in [0, {rows * length})")
 
-
-def _closed_head(batch: WindowBatch) -> int:
-    """The TO_CACHE tokens that attend apart (lopa.model.exact_attention.row_spans): in
-    block_causal mode, when they end at a block boundary in every row, they see only the cache and
-    themselves, so computing them alone gives every row the same bits. Otherwise (full attention; a
-    head cutting a block, which a decoder never stages) 0: they attend with their row under its
-    mask. Decided for the whole batch, so a row's split would follow its neighbours only in that
-    never-staged case."""
-    n = batch.n_stage
-    if batch.mode is not AttentionMode.BLOCK_CAUSAL or n == 0:
-        return 0
-    for row, length in enumerate(batch.lengths):
-        if length > n and int(batch.block_ids[row, n]) == int(batch.block_ids[row, n - 1]):
-            return 0
-    return n
-
-
-def _same_head(batch: WindowBatch, head: int) -> bool:
-    """Whether every row begins with the same `head` tokens in the same blocks (a decoder's
-    candidates share their TO_CACHE tokens): the head's attention is then computed once."""
-    tokens, blocks = batch.tokens[:, :head], batch.block_ids[:, :head]
-    return bool((tokens == tokens[:1]).all() and (blocks == blocks[:1]).all())

@@ -12,6 +12,9 @@ from lopa.bundled.defaults import model_defaults
 from lopa.params import MAX_BRANCHES, DecodingParams, InvalidParameter
 
 DTYPES = ("float32", "bfloat16", "float16")
+# How the linear weights are kept: in model.dtype, or FP8 e4m3 with per-channel scales
+# (lopa.model.weight_formats.WEIGHT_FORMATS: this module stays free of torch).
+WEIGHTS = ("dtype", "fp8")
 # The collective backends that work with each device kind, the usual one first: gloo also broadcasts
 # CUDA tensors (slower than nccl, but it lets several ranks share one GPU, which nccl refuses).
 BACKENDS_OF_DEVICE = {"cpu": ("gloo",), "cuda": ("nccl", "gloo"), "npu": ("hccl",)}
@@ -57,6 +60,7 @@ class ModelConfig:
     adapter: str = ""
     dtype: str = "float32"
     device: str = "cpu"
+    weights: str = "dtype"
 
 
 @dataclass(frozen=True)
@@ -237,6 +241,8 @@ def validate(config: ServingConfig) -> None:
 def _check_model(model: ModelConfig, backend: str) -> None:
     if model.dtype not in DTYPES:
         raise ConfigError(f"model.dtype: must be one of {', '.join(DTYPES)}, got {model.dtype!r}")
+    if model.weights not in WEIGHTS:
+        raise ConfigError(f"model.weights: must be one of {', '.join(WEIGHTS)}, got {model.weights!r}")
     try:
         kind = device_kind(model.device)
     except ValueError as error:

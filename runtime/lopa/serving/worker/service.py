@@ -25,6 +25,7 @@ from lopa.model.loader import load_model
 from lopa.params import DecodingParams
 from lopa.proto import worker_pb2, worker_pb2_grpc
 from lopa.scheduling.calibration import measured_tokens
+from lopa.scheduling.warmup import warm_graphs
 from lopa.serving.shared.config import ServingConfig
 from lopa.serving.shared.group_link import LinkSecurity
 from lopa.serving.shared.listen import NO_REUSEPORT, add_port
@@ -217,13 +218,16 @@ def serve_worker(config: ServingConfig, rank: int, stop: threading.Event | None 
         raise ValueError(f"--rank: {rank} outside [0, workers.count={workers.count})")
     path = model_path(model_cfg.path)
     max_length = usable_max_length(config, path)  # before the (long) load: a bad config fails at once
-    loaded = load_model(path, model_cfg.adapter or None, model_cfg.dtype, model_cfg.device)
-    element_size = loaded.model.lm_head.weight.element_size()
+    loaded = load_model(path, model_cfg.adapter or None, model_cfg.dtype, model_cfg.device,
+                        weights=model_cfg.weights)
+    element_size = loaded.model.model.embed_tokens.weight.element_size()  # the KV caches' (model) dtype
     check_kv_fits(config, loaded.config, max_length, loaded.model.device, element_size)
     window_model = loaded.window_model(max_length, max_batch=config.limits.max_batch)
     reserved = window_model.reserved_bytes()
     # limits.max_step_tokens = 0 on an accelerator: measured here, run by the master (the smallest)
     measured = None if config.limits.max_step_tokens else measured_tokens(window_model, model_cfg.device)
+    # The graphs of the likely rounds, before this worker joins (the master serves once all joined).
+    warm_graphs(window_model, config.decoding, config.limits.max_step_tokens or measured)
     metrics = WorkerMetrics.start(workers.metrics_port, rank)
     exit_code: list[int] = []
     stop = stop or threading.Event()
