@@ -8,7 +8,7 @@ from typing import Any
 
 import yaml
 
-from . import names
+from . import model_source, names
 from . import spec as specs
 
 # camelCase spec key -> snake_case config key, in the order of docs/lopa.yaml.
@@ -50,12 +50,11 @@ def _number(key: str, value: Any) -> Any:
 def render(name: str, namespace: str, spec: dict[str, Any], index: int) -> dict[str, Any]:
     """The config document of group `index` of deployment `name`; `spec` must have its defaults
     applied. Groups differ only in their workers' addresses."""
-    model = spec["model"]
     workers = spec["branchParallelism"]
     doc: dict[str, Any] = {
         "model": {
-            "path": model.get("path", ""),
-            "adapter": model.get("adapter", ""),
+            "path": model_source.model_path(spec),
+            "adapter": model_source.adapter_path(spec),
             "dtype": specs.dtype(spec),
             "device": specs.device(spec),
         },

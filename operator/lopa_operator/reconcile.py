@@ -16,7 +16,7 @@ from typing import Any
 
 import kopf
 
-from . import config, credentials, group, inference_pool, metrics, names, network, render, rollout
+from . import config, credentials, gang, group, inference_pool, metrics, names, network, render, rollout
 from . import spec as specs
 from . import status as statuses
 from .kube import Kube, KubeError, path
@@ -60,7 +60,10 @@ def _ensure(kube: Kube, children: list[dict[str, Any]], owner: dict[str, Any], m
         try:
             for child in children:
                 refuse_foreign(kube, child, owner)
-                kube.apply(child, dry_run=True)
+                try:
+                    kube.apply(child, dry_run=True)
+                except KubeError as error:
+                    raise gang.explain(error, child) from error
         except KubeError as error:
             if spec_error(error):
                 memo["refused"] = (rendered, time.monotonic(), error)
@@ -187,6 +190,7 @@ def _reconcile(
     children = [c for i in plan.update for c in render.group_children(name, namespace, raw, i, secrets[i])]
     rejected: dict[str, Any] | None = None  # the Reconciled=False condition of a refused spec
     try:
+        gang.check_queue(kube, namespace, spec)
         _ensure(kube, children + render.shared_children(name, namespace, raw), obj, memo)
     except KubeError as e:
         if not spec_error(e):
@@ -213,6 +217,7 @@ def _reconcile(
     removed = {names.group_of(c) for objs in doomed.values() for c in objs} - {None}
     for index in sorted(i for i in removed if i is not None):
         kube.delete("Secret", namespace, names.group_secret(name, index))
+
     for kind, objs in doomed.items():
         for child in objs:
             kube.delete(kind, namespace, child["metadata"]["name"], uid=child["metadata"]["uid"])
@@ -220,6 +225,12 @@ def _reconcile(
     if not rejected:
         fence = names.network_policy(name)
         _remove_unless(network.enabled(spec), kube, memo, "NetworkPolicy", namespace, fence)
+        _remove_workload_unless(gang.mode(spec) == gang.WORKLOAD, kube, memo, namespace, name)
+        if gang.mode(spec) == gang.WORKLOAD:
+            wanted = {c["metadata"]["name"] for c in children if c["kind"] == "PodGroup"}
+            wanted |= {gang.pod_group_name(name, i, spec) for i in plan.hold}
+            for stale in gang.stale_pod_groups(kube.list("PodGroup", namespace, ours), wanted, pods):
+                kube.delete("PodGroup", namespace, stale)
     extra = _pool_condition(kube, obj, spec, memo, post, before, rejected)
 
     now = dt.datetime.now(dt.timezone.utc)
@@ -240,7 +251,10 @@ def _reconcile(
         decision = group.decide(workers, wanted, config_hash, memory, spec["failurePolicy"], now, secret_hash)
         _act(kube, namespace, name, index, decision, logger)
         refused = rejected is not None and index not in plan.hold
-        rounds.append(statuses.GroupRound(index, mine, config_hash, wanted, decision, refused))
+        held = None
+        if any(map(gang.gated, mine)):
+            held = gang.kueue_problem(kube, namespace, gang.pod_group_name(name, index, spec))
+        rounds.append(statuses.GroupRound(index, mine, config_hash, wanted, decision, refused, held))
 
     after = statuses.derive(obj, spec, rounds, in_force, now, rejected, extra)
     if any(before.get(k) != v for k, v in after.items()):
@@ -262,6 +276,18 @@ def _remove_unless(wanted: bool, kube: Kube, memo: Memo, kind: str, namespace: s
     elif not memo.get(f"absent:{kind}"):
         kube.delete(kind, namespace, name)
         memo[f"absent:{kind}"] = True
+
+
+def _remove_workload_unless(wanted: bool, kube: Kube, memo: Memo, namespace: str, name: str) -> None:
+    """Gang Workload turned off: its Workload and the groups' PodGroups go, looked for once."""
+    if wanted:
+        memo.pop("absent:Workload", None)
+    elif not memo.get("absent:Workload"):
+        if kube.get(path("Workload", namespace, name)) is not None:
+            for pod_group in kube.list("PodGroup", namespace, names.selector(name)):
+                kube.delete("PodGroup", namespace, pod_group["metadata"]["name"])
+            kube.delete("Workload", namespace, name)
+        memo["absent:Workload"] = True
 
 
 def _pool_condition(

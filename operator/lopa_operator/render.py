@@ -12,7 +12,7 @@ from __future__ import annotations
 import copy
 from typing import Any
 
-from . import config, credentials, names, network, pods
+from . import config, credentials, gang, names, network, pods
 from . import spec as specs
 
 
@@ -165,7 +165,8 @@ def group_hash(name: str, namespace: str, spec: dict[str, Any]) -> str:
 
 
 def shared_children(name: str, namespace: str, raw_spec: dict[str, Any]) -> list[dict[str, Any]]:
-    """The Services every group shares, and the NetworkPolicy (spec.networkPolicy.enabled)."""
+    """The Services every group shares, the NetworkPolicy (spec.networkPolicy.enabled) and the Workload
+    (spec.scheduling.gang: Workload)."""
     spec = specs.with_defaults(raw_spec)
     objs = [
         worker_service(name, namespace),
@@ -174,14 +175,16 @@ def shared_children(name: str, namespace: str, raw_spec: dict[str, Any]) -> list
     ]
     if network.enabled(spec):
         objs.append(network.policy(name, namespace, spec))
+    if gang.mode(spec) == gang.WORKLOAD:
+        objs.append(gang.workload(name, namespace, spec))
     return [copy.deepcopy(obj) for obj in objs]
 
 
 def group_children(
     name: str, namespace: str, raw_spec: dict[str, Any], index: int, secret: credentials.Data | None = None
 ) -> list[dict[str, Any]]:
-    """Group `index`'s Secret (`secret`: its data; None: fresh), ConfigMap, worker StatefulSet and
-    master Deployment (what the pods mount before the pods)."""
+    """Group `index`'s Secret (`secret`: its data; None: fresh), ConfigMap, PodGroup (gang Workload),
+    worker StatefulSet and master Deployment (what the pods mount or name before the pods)."""
     spec = specs.with_defaults(raw_spec)
     if secret is None:
         secret = credentials.fresh(name, namespace, index, bool(spec.get("tls")))
@@ -191,6 +194,7 @@ def group_children(
     objs = [
         credentials.secret(name, namespace, index, secret, spec),
         config_map(name, namespace, index, text),
+        *([gang.pod_group(name, namespace, spec, index)] if gang.mode(spec) == gang.WORKLOAD else []),
         worker_statefulset(name, namespace, spec, digest, index, secret_hash),
         master_deployment(name, namespace, spec, digest, index, secret_hash),
     ]
