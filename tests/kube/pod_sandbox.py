@@ -37,7 +37,7 @@ import shutil
 import sys
 from pathlib import Path
 
-from .pod_plan import Mount, PodPlan, Unsupported
+from .pod_plan import InitPlan, Mount, PodPlan, Unsupported
 
 CLUSTER_DOMAIN = "cluster.local"
 HOSTS_HEADER = """# Kubernetes-managed hosts file.
@@ -98,14 +98,19 @@ def write_volumes(plan: PodPlan, pod_dir: Path) -> dict[str, Path]:
 
 
 def prepare(
-    plan: PodPlan, pod_dir: Path, netns_path: Path, pod_ip: str, dns_ip: str, read_only: set[str]
+    plan: PodPlan, pod_dir: Path, netns_path: Path, pod_ip: str, dns_ip: str, read_only: set[str],
+    init: InitPlan | None = None,
 ) -> list[str]:
-    """Writes the pod's files and returns the argv that starts its container process.
+    """Writes the pod's files and returns the argv that starts its container process, or that of
+    its init container `init`: the same network, volumes and files, that container's mounts.
 
-    `read_only`: the volumes a kubelet always mounts read-only (see READ_ONLY_KINDS).
+    `read_only`: the volumes a kubelet always mounts read-only (see READ_ONLY_KINDS), and claims
+    mounted readOnly.
     """
     pod_dir.mkdir(parents=True, exist_ok=True)
-    volumes = write_volumes(plan, pod_dir)
+    volumes = {**write_volumes(plan, pod_dir), **plan.host_dirs}
+    mounts, argv = (init.mounts, init.argv) if init else (plan.mounts, plan.argv)
+    working_dir, share_pid = (init.working_dir, False) if init else (plan.working_dir, plan.share_pid)
     etc = pod_dir / "etc"
     etc.mkdir(exist_ok=True)
     (etc / "hosts").write_text(hosts_file(plan, pod_ip))
@@ -114,7 +119,7 @@ def prepare(
 
     script = ["set -e"]
     binds: list[tuple[Path, str, bool]] = []
-    for mount in sorted(plan.mounts, key=lambda m: len(Path(m.path).parts)):
+    for mount in sorted(mounts, key=lambda m: len(Path(m.path).parts)):
         if mount.volume not in volumes:
             raise Unsupported(f"volumeMount {mount.path}: no volume named {mount.volume!r}")
         source = volumes[mount.volume] / mount.sub_path if mount.sub_path else volumes[mount.volume]
@@ -144,16 +149,17 @@ def prepare(
     script.append(f"exec 9< {shlex.quote(str(pod_dir))}")
     script += _bind_lines(binds, pod_dir)
     script.append(f"hostname {shlex.quote(plan.hostname)}")
-    script.append(f"cd {shlex.quote(plan.working_dir)}")
-    if plan.share_pid:  # PID 1 is the "pause" shell; it reaps the container and passes on its status
+    script.append(f"cd {shlex.quote(working_dir)}")
+    if share_pid:  # PID 1 is the "pause" shell; it reaps the container and passes on its status
         # `echo` is a builtin (no child process): once the file exists, the only child is the container.
         script += ['"$@" 9<&- &', f"echo $! > /proc/self/fd/9/{LAUNCHED}", "wait $!", "exit $?"]
     else:
         script.append('exec "$@" 9<&-')
-    (pod_dir / "start.sh").write_text("\n".join(script) + "\n")
+    start = pod_dir / (f"init-{init.name}.sh" if init else "start.sh")
+    start.write_text("\n".join(script) + "\n")
     return [
         _tool("nsenter"), f"--net={netns_path}", "--",
-        sys.executable, "-I", "-S", str(LAUNCHER), str(pod_dir / "start.sh"), *plan.argv,
+        sys.executable, "-I", "-S", str(LAUNCHER), str(start), *argv,
     ]
 
 
@@ -227,7 +233,8 @@ def _overlay_dirs(pod_dir: Path, index: int) -> Path:
 def read_only_volumes(pod: dict[str, object]) -> set[str]:
     spec = pod["spec"]
     assert isinstance(spec, dict)
-    return {v["name"] for v in spec.get("volumes") or [] if any(k in v for k in READ_ONLY_KINDS)}
+    return {v["name"] for v in spec.get("volumes") or []
+            if any(k in v for k in READ_ONLY_KINDS) or (v.get("persistentVolumeClaim") or {}).get("readOnly")}
 
 
 __all__ = ["Mount", "fqdn", "hosts_file", "prepare", "read_only_volumes", "resolv_conf"]
