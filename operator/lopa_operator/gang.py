@@ -6,10 +6,13 @@ none of them, so that a group never holds accelerators it cannot use.
             gang template, one PodGroup per group (gang minCount = its pods: workers + master) and
             every pod naming its PodGroup in spec.schedulingGroup. kube-scheduler's GangScheduling
             plugin then binds the group's pods only once all of them fit.
-  Kueue     a Kueue pod group per group (labels kueue.x-k8s.io/queue-name and pod-group-name, the
-            total count and serving annotations): Kueue holds every pod behind its scheduling gate
-            until the whole group fits the ClusterQueue's quota, then releases them together. A
-            serving group is never "finished": its replaced pods join the admitted workload.
+  Kueue     Kueue's StatefulSet integration: the worker StatefulSet carries the queue label, so
+            Kueue admits the group's workers as one workload (a serving pod group: replaced pods
+            join it) only when the ClusterQueue's quota holds them all, and holds every worker
+            behind its scheduling gate until then. The master (no accelerator) is not queued: the
+            operator keeps its Deployment at 0 replicas until Kueue first admits the workers, so
+            that no pod of a waiting group is bound. Kueue refuses changes of the workers' shape
+            (their count, resources, placement) while it manages them.
   None      the default scheduler places pod by pod (a group may be half placed).
 
 spec.scheduling.priorityClassName goes on every pod (and on each PodGroup: the scheduler orders and
@@ -31,10 +34,7 @@ NONE, WORKLOAD, KUEUE = "None", "Workload", "Kueue"
 WORKLOAD_API = "scheduling.k8s.io/v1beta1"
 TEMPLATE = "group"  # the Workload's one pod group template: every group has the same shape
 KUEUE_QUEUE_LABEL = "kueue.x-k8s.io/queue-name"
-KUEUE_GROUP_LABEL = "kueue.x-k8s.io/pod-group-name"
-KUEUE_COUNT_ANNOTATION = "kueue.x-k8s.io/pod-group-total-count"
-# A serving pod group is never done: Kueue keeps it admitted while its pods are replaced.
-KUEUE_SERVING_ANNOTATION = "kueue.x-k8s.io/pod-group-serving"
+KUEUE_GROUP_LABEL = "kueue.x-k8s.io/pod-group-name"  # set on the pods by Kueue: its Workload's name
 KUEUE_GATE = "kueue.x-k8s.io/admission"
 
 
@@ -52,9 +52,9 @@ def _priority(spec: dict[str, Any]) -> str:
 
 
 def pod_group_name(name: str, index: int, spec: dict[str, Any]) -> str:
-    """Group `index`'s PodGroup (Workload mode) or Kueue pod group (Kueue mode). A PodGroup's priority
-    class cannot change: one named for it is made anew when it does, beside the old one (which its
-    pods may still name until they roll; stale_pod_groups removes it afterwards)."""
+    """Group `index`'s PodGroup (Workload mode). Its priority class cannot change: one named for it is
+    made anew when it does, beside the old one (which its pods may still name until they roll;
+    stale_pod_groups removes it afterwards)."""
     priority = _priority(spec)
     if mode(spec) != WORKLOAD or not priority:
         return names.group(name, index)
@@ -71,16 +71,24 @@ def pod_fields(spec: dict[str, Any], name: str, index: int) -> dict[str, Any]:
     return out
 
 
-def pod_metadata(spec: dict[str, Any], name: str, index: int) -> tuple[dict[str, str], dict[str, str]]:
-    """(labels, annotations) a group's pods carry for Kueue; none in the other modes."""
+def owner_labels(spec: dict[str, Any]) -> dict[str, str]:
+    """The labels a group's worker StatefulSet carries for its mode: Kueue's queue."""
     if mode(spec) != KUEUE:
-        return {}, {}
-    labels = {
-        KUEUE_QUEUE_LABEL: spec["scheduling"]["queueName"],
-        KUEUE_GROUP_LABEL: pod_group_name(name, index, spec),
-    }
-    annotations = {KUEUE_COUNT_ANNOTATION: str(group_size(spec)), KUEUE_SERVING_ANNOTATION: "true"}
-    return labels, annotations
+        return {}
+    return {KUEUE_QUEUE_LABEL: spec["scheduling"]["queueName"]}
+
+
+def hold_master(
+    spec: dict[str, Any], master: dict[str, Any] | None, workers: list[dict[str, Any]]
+) -> bool:
+    """Kueue mode: the group's master stays at 0 replicas until Kueue first admitted all of its
+    workers (none gated); once released, it stays (a group restart gates the new workers again)."""
+    if mode(spec) != KUEUE:
+        return False
+    if master is not None and int(master["spec"].get("replicas") or 0) > 0:
+        return False
+    live = [p for p in workers if not p["metadata"].get("deletionTimestamp")]
+    return len(live) < spec["branchParallelism"] or any(map(gated, live))
 
 
 def workload(name: str, namespace: str, spec: dict[str, Any]) -> dict[str, Any]:
@@ -118,7 +126,9 @@ def pod_group(name: str, namespace: str, spec: dict[str, Any], index: int) -> di
     }
 
 
-def stale_pod_groups(listed: list[dict[str, Any]], wanted: set[str], pods: list[dict[str, Any]]) -> list[str]:
+def stale_pod_groups(
+    listed: list[dict[str, Any]], wanted: set[str], pods: list[dict[str, Any]]
+) -> list[str]:
     """PodGroups of the deployment that no group renders any more and no live pod names."""
     named = {((p.get("spec") or {}).get("schedulingGroup") or {}).get("podGroupName") for p in pods}
     return sorted(g["metadata"]["name"] for g in listed
@@ -154,10 +164,14 @@ def check_queue(kube: Kube, namespace: str, spec: dict[str, Any]) -> None:
         )
 
 
-def kueue_problem(kube: Kube, namespace: str, group: str) -> str | None:
-    """Why Kueue holds pod group `group` (its Workload's QuotaReserved=False message), if it says."""
+def kueue_problem(kube: Kube, namespace: str, pods: list[dict[str, Any]]) -> str | None:
+    """Why Kueue holds the group of `pods` (its Workload's QuotaReserved=False message), if it says."""
+    workload = next((p["metadata"]["labels"][KUEUE_GROUP_LABEL] for p in pods
+                     if KUEUE_GROUP_LABEL in (p["metadata"].get("labels") or {})), None)
+    if workload is None:
+        return None
     try:
-        found = kube.get(path("KueueWorkload", namespace, group))
+        found = kube.get(path("KueueWorkload", namespace, workload))
     except KubeError:
         return None  # no permission or no API: the pods' gate is all there is to report
     for c in ((found or {}).get("status") or {}).get("conditions") or []:

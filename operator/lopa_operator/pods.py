@@ -124,11 +124,10 @@ def _template(
     name: str, role: str, index: int, config_hash: str, secret_hash: str, pod: dict[str, Any],
     spec: dict[str, Any],
 ) -> dict[str, Any]:
-    kueue_labels, kueue_annotations = gang.pod_metadata(spec, name, index)
-    annotations = {names.CONFIG_HASH_ANNOTATION: config_hash, **_SCRAPE, **kueue_annotations}
+    annotations = {names.CONFIG_HASH_ANNOTATION: config_hash, **_SCRAPE}
     if secret_hash:  # (group_hash renders the templates without it: one hash per spec)
         annotations[names.SECRET_HASH_ANNOTATION] = secret_hash
-    labels = {**names.labels(name, role, index), **names.serving_labels(name, role), **kueue_labels}
+    labels = {**names.labels(name, role, index), **names.serving_labels(name, role)}
     return {"metadata": {"labels": labels, "annotations": annotations}, "spec": pod}
 
 

@@ -187,7 +187,9 @@ def _reconcile(
                                name, namespace, i, spec)
         for i in plan.update
     }
-    children = [c for i in plan.update for c in render.group_children(name, namespace, raw, i, secrets[i])]
+    held = _held_masters(spec, plan.update, masters, pods)
+    children = [c for i in plan.update
+                for c in render.group_children(name, namespace, raw, i, secrets[i], i in held)]
     rejected: dict[str, Any] | None = None  # the Reconciled=False condition of a refused spec
     try:
         gang.check_queue(kube, namespace, spec)
@@ -251,10 +253,8 @@ def _reconcile(
         decision = group.decide(workers, wanted, config_hash, memory, spec["failurePolicy"], now, secret_hash)
         _act(kube, namespace, name, index, decision, logger)
         refused = rejected is not None and index not in plan.hold
-        held = None
-        if any(map(gang.gated, mine)):
-            held = gang.kueue_problem(kube, namespace, gang.pod_group_name(name, index, spec))
-        rounds.append(statuses.GroupRound(index, mine, config_hash, wanted, decision, refused, held))
+        waits = gang.kueue_problem(kube, namespace, mine) if any(map(gang.gated, mine)) else None
+        rounds.append(statuses.GroupRound(index, mine, config_hash, wanted, decision, refused, waits))
 
     after = statuses.derive(obj, spec, rounds, in_force, now, rejected, extra)
     if any(before.get(k) != v for k, v in after.items()):
@@ -276,6 +276,16 @@ def _remove_unless(wanted: bool, kube: Kube, memo: Memo, kind: str, namespace: s
     elif not memo.get(f"absent:{kind}"):
         kube.delete(kind, namespace, name)
         memo[f"absent:{kind}"] = True
+
+
+def _held_masters(
+    spec: dict[str, Any], groups: tuple[int, ...], masters: list[dict[str, Any]], pods: list[dict[str, Any]]
+) -> set[int]:
+    """The groups whose master waits for Kueue to admit their workers (gang.hold_master)."""
+    by_index = {names.group_of(m): m for m in masters}
+    workers = [p for p in pods if p["metadata"]["labels"].get(_ROLE) == names.ROLE_WORKER]
+    return {i for i in groups
+            if gang.hold_master(spec, by_index.get(i), [p for p in workers if names.group_of(p) == i])}
 
 
 def _remove_workload_unless(wanted: bool, kube: Kube, memo: Memo, namespace: str, name: str) -> None:

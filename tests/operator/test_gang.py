@@ -70,20 +70,30 @@ def test_a_priority_class_goes_on_pods_and_names_a_new_podgroup() -> None:
     assert pod_spec(plain, "Deployment", "d-0-master")["spec"]["priorityClassName"] == "batch"
 
 
-def test_kueue_labels_every_pod_of_a_group_as_one_serving_pod_group() -> None:
+def test_kueue_queues_the_worker_statefulsets_and_holds_the_master_until_admitted() -> None:
     spec = {"branchParallelism": 2, "replicas": 2, "scheduling": {"gang": "Kueue", "queueName": "gpus"}}
     objs = by_kind(spec)
     assert not [k for k in objs if k.startswith(("Workload/", "PodGroup/"))]
     for index in range(2):
-        for kind, owner in (("StatefulSet", f"d-{index}-worker"), ("Deployment", f"d-{index}-master")):
-            meta = pod_spec(objs, kind, owner)["metadata"]
-            assert meta["labels"]["kueue.x-k8s.io/queue-name"] == "gpus"
-            assert meta["labels"]["kueue.x-k8s.io/pod-group-name"] == f"d-{index}"
-            assert meta["annotations"]["kueue.x-k8s.io/pod-group-total-count"] == "3"
-            assert meta["annotations"]["kueue.x-k8s.io/pod-group-serving"] == "true"
-        # The owners carry no queue label: Kueue's StatefulSet and Deployment integrations leave them
-        # alone and the pods are managed as one plain pod group, master and workers together.
-        assert "kueue.x-k8s.io/queue-name" not in objs[f"StatefulSet/d-{index}-worker"]["metadata"]["labels"]
+        # Kueue's StatefulSet integration makes the workers one serving pod group of the queue.
+        queued = objs[f"StatefulSet/d-{index}-worker"]["metadata"]["labels"]
+        assert queued["kueue.x-k8s.io/queue-name"] == "gpus"
+        master = objs[f"Deployment/d-{index}-master"]
+        assert "kueue.x-k8s.io/queue-name" not in master["metadata"]["labels"]  # the master is not queued
+    full = specs.with_defaults(spec)
+    worker = {"metadata": {"name": "w", "labels": {}}, "spec": {}}
+    waiting = {"metadata": {"name": "w", "labels": {}},
+               "spec": {"schedulingGates": [{"name": gang.KUEUE_GATE}]}}
+    released = {"spec": {"replicas": 1}}
+    assert gang.hold_master(full, None, [])  # no worker yet
+    assert gang.hold_master(full, None, [worker, waiting])  # one still behind the gate
+    assert not gang.hold_master(full, None, [worker, worker])  # admitted: the master is made
+    # Once released it stays, though a group restart gates new workers again.
+    assert not gang.hold_master(full, released, [waiting, waiting])
+    assert not gang.hold_master(specs.with_defaults({}), None, [])
+    held = {f"{o['kind']}/{o['metadata']['name']}": o
+            for o in render.group_children("d", "ns", spec, 0, hold_master=True)}
+    assert held["Deployment/d-0-master"]["spec"]["replicas"] == 0
 
 
 def test_stale_podgroups_go_once_no_pod_names_them() -> None:
@@ -110,7 +120,7 @@ def unschedulable(name: str, message: str, group: str = "") -> dict[str, Any]:
 def test_a_group_kueue_holds_is_reported_with_kueues_reason() -> None:
     quota = ("couldn't assign flavors to pod set worker: insufficient unused quota for test.lopa.dev/gpu "
              "in flavor gpus, 2 more needed")
-    reason, message = status.scheduling_problem([gated("d-0-worker-0"), gated("d-0-master-x")], quota)
+    reason, message = status.scheduling_problem([gated("d-0-worker-0"), gated("d-0-worker-1")], quota)
     assert reason == "WaitingForQuota"
     assert message.startswith("Kueue admits the group's 2 waiting pod(s) only together") and quota in message
     # Without Kueue's Workload to read (no permission, not yet made) the gate itself is reported.
