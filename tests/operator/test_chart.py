@@ -20,6 +20,7 @@ from lopa_op_helpers import (
     SERVICE_ACCOUNT,
     ensure_chart,
     inference_extension,
+    keda_crds,
 )
 
 from kube.cluster import KubeCluster
@@ -86,6 +87,12 @@ def test_helm_install(kube: KubeCluster) -> None:
         ("delete", "secrets", True),  # with its group
         ("patch", "networkpolicies.networking.k8s.io", True),
         ("create", "inferencepools.inference.networking.k8s.io", True),
+        ("create", "podgroups.scheduling.k8s.io", True),  # spec.scheduling.gang: Workload
+        ("delete", "workloads.scheduling.k8s.io", True),
+        ("get", "localqueues.kueue.x-k8s.io", True),  # gang: Kueue, read only
+        ("get", "workloads.kueue.x-k8s.io", True),
+        ("delete", "workloads.kueue.x-k8s.io", False),
+        ("create", "localqueues.kueue.x-k8s.io", False),
         # Not needed, so not granted: least privilege.
         ("delete", "services", False),
         ("update", "statefulsets.apps", False),
@@ -180,6 +187,7 @@ def test_install_bundle_matches_helm_template(kube: KubeCluster, tmp_path: Path)
 def test_install_bundle_and_samples_pass_server_validation(kube: KubeCluster, namespace: str) -> None:
     ensure_chart(kube)
     inference_extension(kube)  # inferencepool.yaml's InferencePool
+    keda_crds(kube)  # keda.yaml's ScaledObject
     kube.kubectl("apply", "--dry-run=server", "-f", str(REPO / "manifests" / "install.yaml"))
     for sample in sorted(SAMPLES.glob("*.yaml")):
         kube.kubectl("apply", "--dry-run=server", "-n", namespace, "-f", str(sample))
