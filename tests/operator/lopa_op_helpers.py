@@ -54,6 +54,18 @@ def inference_extension(kube: KubeCluster) -> Path:
 INFERENCE_POOL_CRD = "inferencepools.inference.networking.k8s.io"
 
 
+def keda_crds(kube: KubeCluster) -> Path:
+    """Installs KEDA's ScaledObject CRD (fetched once per machine by tools/k8s-testenv/keda-crds.sh)
+    and returns the directory of the fetched files."""
+    script = REPO / "tools" / "k8s-testenv" / "keda-crds.sh"
+    found = subprocess.run([str(script)], check=True, capture_output=True, text=True, timeout=600)
+    directory = Path(found.stdout.strip().splitlines()[-1])
+    crd = directory / "keda.sh_scaledobjects.yaml"
+    kube.kubectl("apply", "--server-side", "--force-conflicts", "-f", str(crd))
+    kube.kubectl("wait", "--for=condition=Established", "crd/scaledobjects.keda.sh", "--timeout=60s")
+    return directory
+
+
 class OperatorProcess:
     """`python -m lopa_operator` (all namespaces, or `namespaces`) with a ServiceAccount's token."""
 

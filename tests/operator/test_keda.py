@@ -8,31 +8,22 @@ it would scale is the LoPADeployment's scale subresource, which test_replicas.py
 from __future__ import annotations
 
 import re
-import subprocess
 from pathlib import Path
 from typing import Any
 
 import pytest
 import yaml
-from lopa_op_helpers import REPO, SAMPLES, ensure_chart, load_sample
+from lopa_op_helpers import SAMPLES, ensure_chart, keda_crds, load_sample
 
 from kube.cluster import CommandError, KubeCluster
 from lopa_operator import names
-
-CRD = "scaledobjects.keda.sh"
 
 
 @pytest.fixture(scope="module")
 def keda(kube: KubeCluster) -> Path:
     """The fetched files' directory, with the ScaledObject CRD installed (and the LoPADeployment's)."""
     ensure_chart(kube)
-    script = REPO / "tools" / "k8s-testenv" / "keda-crds.sh"
-    found = subprocess.run([str(script)], check=True, capture_output=True, text=True, timeout=600)
-    directory = Path(found.stdout.strip().splitlines()[-1])
-    crd = directory / "keda.sh_scaledobjects.yaml"
-    kube.kubectl("apply", "--server-side", "--force-conflicts", "-f", str(crd))
-    kube.kubectl("wait", "--for=condition=Established", f"crd/{CRD}", "--timeout=60s")
-    return directory
+    return keda_crds(kube)
 
 
 def scaled_object() -> dict[str, Any]:

@@ -24,18 +24,20 @@ def pods_of(spec: dict[str, Any], name: str = "d") -> dict[str, dict[str, Any]]:
 @pytest.mark.parametrize("file", ["cpu.yaml", "nvidia.yaml", "ascend.yaml"])
 def test_every_sample_renders_restricted_pods(file: str) -> None:
     cr = sample(file)
+    # The samples that fetch their model into a cache claim give the pods' group write access to it.
+    cache = {"fsGroup": 65532, "fsGroupChangePolicy": "OnRootMismatch"} if file != "cpu.yaml" else {}
     for role, pod in pods_of(cr["spec"], cr["metadata"]["name"]).items():
         assert pod["securityContext"] == {
             "runAsNonRoot": True, "runAsUser": 65532, "runAsGroup": 65532,
-            "seccompProfile": {"type": "RuntimeDefault"},
+            "seccompProfile": {"type": "RuntimeDefault"}, **cache,
         }, role
         assert pod["automountServiceAccountToken"] is False
         assert not any(k in pod for k in ("hostNetwork", "hostPID", "hostIPC"))
-        (container,) = pod["containers"]
-        assert container["securityContext"] == {
-            "allowPrivilegeEscalation": False, "readOnlyRootFilesystem": True,
-            "capabilities": {"drop": ["ALL"]},
-        }, role
+        for container in [*pod.get("initContainers", []), *pod["containers"]]:
+            assert container["securityContext"] == {
+                "allowPrivilegeEscalation": False, "readOnlyRootFilesystem": True,
+                "capabilities": {"drop": ["ALL"]},
+            }, (role, container["name"])
         kinds = {k for v in pod["volumes"] for k in v if k != "name"}
         assert kinds <= {"configMap", "secret", "emptyDir", "persistentVolumeClaim"}, role  # restricted's
 
