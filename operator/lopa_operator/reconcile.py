@@ -289,11 +289,19 @@ def _held_masters(
 
 
 def _remove_workload_unless(wanted: bool, kube: Kube, memo: Memo, namespace: str, name: str) -> None:
-    """Gang Workload turned off: its Workload and the groups' PodGroups go, looked for once."""
+    """Gang Workload turned off: its Workload and the groups' PodGroups go, looked for once. A
+    cluster without the Workload API (404), or an operator not granted it (403, an install from
+    before gang scheduling), made none."""
     if wanted:
         memo.pop("absent:Workload", None)
     elif not memo.get("absent:Workload"):
-        if kube.get(path("Workload", namespace, name)) is not None:
+        try:
+            found = kube.get(path("Workload", namespace, name))
+        except KubeError as error:
+            if error.status not in (403, 404):
+                raise
+            found = None
+        if found is not None:
             for pod_group in kube.list("PodGroup", namespace, names.selector(name)):
                 kube.delete("PodGroup", namespace, pod_group["metadata"]["name"])
             kube.delete("Workload", namespace, name)

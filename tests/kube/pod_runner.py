@@ -44,11 +44,14 @@ from typing import IO, Any
 
 from . import cluster_dns, netns, pod_plan, pod_sandbox, pod_status, process_node, services
 from .cluster import KubeCluster
+from .container_process import container_pid, launch, log_name
 from .errors import KubeClusterError
 from .kube_api import Api, ApiError
 from .prober import Prober
-from .processes import die_with_parent, tail
+from .processes import tail
 from .service_proxy import ServiceProxy
+
+__all__ = ["NODE_NAME", "PodRunner", "container_pid"]
 
 TICK_SECONDS = 0.3
 NODE_NAME = "lopa-processes"
@@ -253,7 +256,7 @@ class PodRunner:
             return
         self._waiting.pop(uid, None)
         first = plan.init_containers[0] if plan.init_containers else None
-        launched = _launch(argv, first.env if first else plan.env, pod_dir / _log_name(first),
+        launched = launch(argv, first.env if first else plan.env, pod_dir / log_name(first),
                            plan.share_pid and first is None)
         pod = _Pod(meta["namespace"], meta["name"], uid, name, address, plan, pod_dir,
                    pod_sandbox.read_only_volumes(obj), *launched, init=[])
@@ -311,8 +314,8 @@ class PodRunner:
             return
         env = nxt.env if nxt else pod.plan.env
         share_pid = pod.plan.share_pid and nxt is None
-        log_path = pod.pod_dir / _log_name(nxt)
-        pod.process, pod.log, pod.log_path, pod.pid = _launch(argv, env, log_path, share_pid)
+        log_path = pod.pod_dir / log_name(nxt)
+        pod.process, pod.log, pod.log_path, pod.pid = launch(argv, env, log_path, share_pid)
         self._started(obj, pod)
 
     def _probe_event(self, where: str) -> Callable[[str, bool, str], None]:
@@ -414,43 +417,3 @@ class PodRunner:
             pod.log.close()
         self.network.remove(pod.netns, pod.ip)
         self._pods.pop(pod.uid, None)
-
-
-def _log_name(init: pod_plan.InitPlan | None) -> str:
-    return f"init-{init.name}.log" if init else "container.log"
-
-
-def _launch(
-    argv: list[str], env: dict[str, str], log_path: Path, share_pid: bool
-) -> tuple[subprocess.Popen[bytes], IO[bytes], Path, int]:
-    """Starts one container's process (argv from pod_sandbox.prepare): (process, log, log path, pid)."""
-    log = log_path.open("ab")
-    process = subprocess.Popen(
-        argv, env=env, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT, cwd="/",
-        start_new_session=True,  # its own process group, like a container's processes
-        preexec_fn=die_with_parent,  # dies with the test process, however it dies
-    )
-    pid = container_pid(process, log_path.parent / pod_sandbox.LAUNCHED if share_pid else None)
-    return process, log, log_path, pid
-
-
-def container_pid(process: subprocess.Popen[bytes], launched: Path | None, timeout: float = 10.0) -> int:
-    """The container's pid: the child of `process` (pod_launcher), PID 1 of the pod's PID namespace;
-    beside a "pause" (`launched`: the file it writes once the container runs) that one's child.
-    `process` itself if it exited first."""
-    deadline = time.monotonic() + timeout
-    pid, depth = process.pid, 1
-    while time.monotonic() < deadline and process.poll() is None:
-        try:
-            children = Path(f"/proc/{pid}/task/{pid}/children").read_text().split()
-        except OSError:
-            children = []
-        # The "pause" shell's only child is the container once it wrote `launched` (before,
-        # it may be one of the mount commands).
-        if children and (depth == 1 or (launched is not None and launched.exists())):
-            pid, depth = int(children[0]), depth + 1
-            if depth > (2 if launched else 1):
-                return pid
-        else:
-            time.sleep(0.01)
-    return pid
