@@ -21,9 +21,10 @@ $(STAMP): runtime/pyproject.toml operator/pyproject.toml
 run: install
 	$(VENV)/bin/lopa serve --workers 2 --branches 3 --prompt "$${PROMPT:-tail:gcecjki.ZVvrtus.WVbuklw=}"
 
-# Builds (once per machine, cached) the Kubernetes test control plane from the Go module proxy.
+# Builds (once per machine, cached) the Kubernetes test control plane and Kueue from the Go module proxy.
 testenv:
 	@if [ -x tools/k8s-testenv/build.sh ]; then tools/k8s-testenv/build.sh; fi
+	@if [ -x tools/k8s-testenv/kueue.sh ]; then tools/k8s-testenv/kueue.sh; fi
 
 # The documentation site: regenerate the reference pages from the code, then build site/ (strict).
 docs: install

@@ -8,7 +8,7 @@ from typing import Any
 
 import yaml
 
-from . import names
+from . import model_source, names
 from . import spec as specs
 
 # camelCase spec key -> snake_case config key, in the order of docs/lopa.yaml.
@@ -50,17 +50,16 @@ def _number(key: str, value: Any) -> Any:
 def render(name: str, namespace: str, spec: dict[str, Any], index: int) -> dict[str, Any]:
     """The config document of group `index` of deployment `name`; `spec` must have its defaults
     applied. Groups differ only in their workers' addresses."""
-    model = spec["model"]
     workers = spec["branchParallelism"]
     doc: dict[str, Any] = {
         "model": {
-            "path": model.get("path", ""),
-            "adapter": model.get("adapter", ""),
+            "path": model_source.model_path(spec),
+            "adapter": model_source.adapter_path(spec),
             "dtype": specs.dtype(spec),
             "device": specs.device(spec),
             # Only when the spec sets it (as decoding keys): a group's config, hence its pods, do not
             # change for a spec that leaves it out.
-            **({"weights": model["weights"]} if model.get("weights") else {}),
+            **({"weights": spec["model"]["weights"]} if spec["model"].get("weights") else {}),
         },
         # Only the keys the spec sets: the runtime fills the others from the model's lopa_defaults.json.
         "decoding": {

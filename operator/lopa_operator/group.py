@@ -120,11 +120,16 @@ def exit_reason(pod: Pod) -> str:
         for state in (c.get("state") or {}, c.get("lastState") or {}):
             ended = state.get("terminated")
             if ended:
-                reason = ended.get("reason") or "Terminated"
-                lines = [line.strip() for line in (ended.get("message") or "").splitlines() if line.strip()]
-                said = f": {_clip(lines[-1])}" if lines else ""
-                return f" ({reason}, exit code {ended.get('exitCode', '?')}{said})"
+                return exit_reason_of(ended)
     return ""
+
+
+def exit_reason_of(ended: dict[str, Any]) -> str:
+    """' (Error, exit code 1: <the last line of its termination message>)' of one terminated state."""
+    reason = ended.get("reason") or "Terminated"
+    lines = [line.strip() for line in (ended.get("message") or "").splitlines() if line.strip()]
+    said = f": {_clip(lines[-1])}" if lines else ""
+    return f" ({reason}, exit code {ended.get('exitCode', '?')}{said})"
 
 
 def _clip(text: str, limit: int = 300) -> str:

@@ -28,6 +28,11 @@ RESOURCES = {
     "Deployment": ("apps/v1", "deployments"),
     "NetworkPolicy": ("networking.k8s.io/v1", "networkpolicies"),
     "InferencePool": ("inference.networking.k8s.io/v1", "inferencepools"),  # Gateway API Inference Extension
+    # spec.scheduling.gang: the Workload API (Workload mode); Kueue's queue and workload, read only (Kueue).
+    "Workload": ("scheduling.k8s.io/v1beta1", "workloads"),
+    "PodGroup": ("scheduling.k8s.io/v1beta1", "podgroups"),
+    "LocalQueue": ("kueue.x-k8s.io/v1beta2", "localqueues"),
+    "KueueWorkload": ("kueue.x-k8s.io/v1beta2", "workloads"),
     names.KIND: (names.API_VERSION, names.PLURAL),
 }
 TIMEOUT = (5.0, 30.0)  # connect, read: a stalled API call must not wedge a handler thread

@@ -118,6 +118,21 @@ def labels(name: str, role: str | None = None, index: int | None = None) -> dict
     return out
 
 
+# What llm-d's and the inference gateway's tooling select model-server pods on: the masters serve the
+# whole request (prefill and decode: role "both") under the model name clients ask for (the
+# LoPADeployment's, as the OpenAI API names it); the workers carry the model only.
+LLMD_SERVING_LABEL = "llm-d.ai/inferenceServing"
+LLMD_MODEL_LABEL = "llm-d.ai/model"
+LLMD_ROLE_LABEL = "llm-d.ai/role"
+
+
+def serving_labels(name: str, role: str) -> dict[str, str]:
+    """The llm-d labels of a pod of `role` (README: Kubernetes labels)."""
+    if role == ROLE_MASTER:
+        return {LLMD_SERVING_LABEL: "true", LLMD_MODEL_LABEL: name, LLMD_ROLE_LABEL: "both"}
+    return {LLMD_MODEL_LABEL: name}
+
+
 def selector(name: str, role: str | None = None, index: int | None = None) -> str:
     return ",".join(f"{k}={v}" for k, v in labels(name, role, index).items())
 

@@ -12,7 +12,10 @@ Deployment), ingress and egress:
   operator's default (LOPA_OPERATOR_METRICS_FROM, the chart's networkPolicy.metricsFrom: Prometheus
   pods in any namespace); an empty list admits anyone;
 - every pod may resolve names (port 53, UDP and TCP, to any address: the cluster DNS runs where
-  the cluster puts it) and reach what spec.networkPolicy.egress adds (say a model store).
+  the cluster puts it) and reach what spec.networkPolicy.egress adds (say a model store);
+- a deployment whose model or adapter is an hf:// URI may also reach the Hub's port (that of
+  spec.model.huggingFace.endpoint, else 443) at any address: its init containers download there,
+  and a NetworkPolicy cannot tell one container, or one host name, from another.
 No other group's pods, of this deployment or another, reach a group's worker or rendezvous ports.
 """
 
@@ -22,8 +25,9 @@ import copy
 import json
 import os
 from typing import Any
+from urllib.parse import urlsplit
 
-from . import names
+from . import model_source, names
 
 Obj = dict[str, Any]
 
@@ -34,6 +38,7 @@ DEFAULT_METRICS_FROM: list[Obj] = [
     {"namespaceSelector": {}, "podSelector": {"matchLabels": {"app.kubernetes.io/name": "prometheus"}}}
 ]
 DNS_PORT = 53
+DEFAULT_HUB = "https://huggingface.co"  # huggingface_hub's endpoint when HF_ENDPOINT is unset
 ROLES = (names.ROLE_WORKER, names.ROLE_MASTER)
 
 
@@ -102,11 +107,21 @@ def _ingress(name: str, role: str, index: int, spec: Obj) -> list[Obj]:
     ]
 
 
+def hub_port(spec: Obj) -> int | None:
+    """The port the init containers download hf:// URIs from, None when nothing is fetched."""
+    if not any(source.hub for source in model_source.sources(spec).values()):
+        return None
+    endpoint = urlsplit(((spec.get("model") or {}).get("huggingFace") or {}).get("endpoint") or DEFAULT_HUB)
+    return endpoint.port or (80 if endpoint.scheme == "http" else 443)
+
+
 def _egress(name: str, role: str, index: int, spec: Obj) -> list[Obj]:
     extra = copy.deepcopy((spec.get("networkPolicy") or {}).get("egress") or [])
     workers = [_group(name, names.ROLE_WORKER, index)]
     ports = [_tcp(names.WORKER_PORT)] if role == names.ROLE_MASTER else None
-    return [_rule("to", ports, workers), _dns(), *extra]
+    hub = hub_port(spec)
+    fetch = [_rule("to", [_tcp(hub)], None)] if hub is not None else []
+    return [_rule("to", ports, workers), _dns(), *fetch, *extra]
 
 
 def policy(name: str, namespace: str, spec: Obj, index: int, role: str) -> Obj:

@@ -27,8 +27,16 @@ class ForeignObject(KubeError):
         super().__init__(409, message)
 
 
+class NotServed(KubeError):
+    """What the spec asks of the cluster is not there (an API, a Kueue LocalQueue): the message says
+    what and how to get it; retrying soon does not help."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__(404, message)
+
+
 def spec_error(error: KubeError) -> bool:
-    if isinstance(error, ForeignObject):
+    if isinstance(error, ForeignObject | NotServed):
         return True
     spec_500 = error.status == 500 and any(marker in error.message for marker in _SPEC_500S)
     return error.status in _SPEC_ERRORS or spec_500

@@ -5,10 +5,9 @@ from __future__ import annotations
 import copy
 from typing import Any
 
-from . import accelerators, names, placement, security
+from . import accelerators, gang, model_source, names, placement, security
 from . import spec as specs
 
-MODEL_VOLUME = "model"
 CONFIG_VOLUME = "config"
 TLS_VOLUME = "tls"
 GROUP_VOLUME = "group"
@@ -43,24 +42,6 @@ def _group_volumes(name: str, index: int) -> tuple[list[dict[str, Any]], list[di
         security.mount(),
     ]
     return [_config_volume(name, index), *volumes], mounts
-
-
-def _model_volumes(spec: dict[str, Any]) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
-    pvc = spec["model"].get("pvc")
-    if not pvc:
-        return [], []
-    volume = {
-        "name": MODEL_VOLUME,
-        "persistentVolumeClaim": {"claimName": pvc["claimName"], "readOnly": True},
-    }
-    mount: dict[str, Any] = {
-        "name": MODEL_VOLUME,
-        "mountPath": pvc.get("mountPath", "/models"),
-        "readOnly": True,
-    }
-    if pvc.get("subPath"):
-        mount["subPath"] = pvc["subPath"]
-    return [volume], [mount]
 
 
 def _merge_env(ours: list[dict[str, Any]], user: list[dict[str, Any]] | None) -> list[dict[str, Any]]:
@@ -99,7 +80,9 @@ DRAIN_MARGIN_S = 15  # beyond the longest request: the workers' quiet period, pr
 PRE_STOP_SLEEP_S = 5
 
 
-def _common_pod_spec(spec: dict[str, Any], tolerations: list[dict[str, Any]]) -> dict[str, Any]:
+def _common_pod_spec(
+    spec: dict[str, Any], tolerations: list[dict[str, Any]], name: str, index: int
+) -> dict[str, Any]:
     # On SIGTERM the master drains (no new request; queued and running ones finish, at most
     # limits.requestTimeoutSeconds) and the workers serve its steps until it goes quiet: the grace
     # period covers that, so a rollout or scale-down loses no request in flight.
@@ -116,8 +99,13 @@ def _common_pod_spec(spec: dict[str, Any], tolerations: list[dict[str, Any]]) ->
         "shareProcessNamespace": True,
         # lopa never calls the API server: no token in the pods.
         "automountServiceAccountToken": False,
-        "securityContext": security.pod_context(spec),
+        "securityContext": {**model_source.pod_security(spec), **security.pod_context(spec)},
+        **gang.pod_fields(spec, name, index),
     }
+    # hf:// sources: fetched into the model cache before the container starts (model_source.py).
+    fetch = model_source.init_containers(spec, specs.image(spec), _merge_env(security.env(), spec.get("env")))
+    if fetch:
+        pod["initContainers"] = fetch
     if spec.get("serviceAccountName"):
         pod["serviceAccountName"] = spec["serviceAccountName"]
     if spec.get("imagePullSecrets"):
@@ -137,19 +125,21 @@ _SCRAPE = {"prometheus.io/scrape": "true", "prometheus.io/port": str(names.METRI
 
 
 def _template(
-    name: str, role: str, index: int, config_hash: str, secret_hash: str, pod: dict[str, Any]
+    name: str, role: str, index: int, config_hash: str, secret_hash: str, pod: dict[str, Any],
+    spec: dict[str, Any],
 ) -> dict[str, Any]:
     annotations = {names.CONFIG_HASH_ANNOTATION: config_hash, **_SCRAPE}
     if secret_hash:  # (group_hash renders the templates without it: one hash per spec)
         annotations[names.SECRET_HASH_ANNOTATION] = secret_hash
-    return {"metadata": {"labels": names.labels(name, role, index), "annotations": annotations}, "spec": pod}
+    labels = {**names.labels(name, role, index), **names.serving_labels(name, role)}
+    return {"metadata": {"labels": labels, "annotations": annotations}, "spec": pod}
 
 
 def worker_template(
     name: str, spec: dict[str, Any], config_hash: str, index: int, secret_hash: str = ""
 ) -> dict[str, Any]:
     wiring = accelerators.wiring(spec)
-    model_volumes, model_mounts = _model_volumes(spec)
+    model_volumes, model_mounts = model_source.volumes(spec)
     group_volumes, group_mounts = _group_volumes(name, index)
     env = _merge_env(
         [
@@ -190,11 +180,11 @@ def worker_template(
         "terminationMessagePolicy": TERMINATION_MESSAGE,
         "securityContext": security.container_context(spec),
     }
-    pod = _common_pod_spec(spec, wiring.tolerations)
+    pod = _common_pod_spec(spec, wiring.tolerations, name, index)
     pod["containers"] = [container]
     pod["volumes"] = [*group_volumes, *model_volumes, *wiring.volumes]
     _place(pod, spec, name, index, names.ROLE_WORKER)
-    return _template(name, names.ROLE_WORKER, index, config_hash, secret_hash, pod)
+    return _template(name, names.ROLE_WORKER, index, config_hash, secret_hash, pod, spec)
 
 
 def _master_probe(tls: dict[str, Any] | None, http: bool) -> dict[str, Any]:
@@ -214,7 +204,7 @@ def _master_probe(tls: dict[str, Any] | None, http: bool) -> dict[str, Any]:
 def master_template(
     name: str, spec: dict[str, Any], config_hash: str, index: int, secret_hash: str = ""
 ) -> dict[str, Any]:
-    model_volumes, model_mounts = _model_volumes(spec)  # the master needs the tokenizer files
+    model_volumes, model_mounts = model_source.volumes(spec)  # the master needs the tokenizer files
     group_volumes, group_mounts = _group_volumes(name, index)
     mounts = [*group_mounts, *model_mounts]
     volumes = [*group_volumes, *model_volumes]
@@ -254,11 +244,11 @@ def master_template(
     # The workers' tolerations (the automatic device one included) but not their device requests:
     # with spec.nodeSelector picking tainted accelerator nodes the master must tolerate the taint
     # too, and sharing the workers' nodes keeps the per-step round trips short.
-    pod = _common_pod_spec(spec, accelerators.wiring(spec).tolerations)
+    pod = _common_pod_spec(spec, accelerators.wiring(spec).tolerations, name, index)
     pod["containers"] = [container]
     pod["volumes"] = volumes
     _place(pod, spec, name, index, names.ROLE_MASTER)
-    return _template(name, names.ROLE_MASTER, index, config_hash, secret_hash, pod)
+    return _template(name, names.ROLE_MASTER, index, config_hash, secret_hash, pod, spec)
 
 
 def _place(pod: dict[str, Any], spec: dict[str, Any], name: str, index: int, role: str) -> None:

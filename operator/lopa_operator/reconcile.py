@@ -16,7 +16,7 @@ from typing import Any
 
 import kopf
 
-from . import config, credentials, group, inference_pool, metrics, names, network, render, rollout
+from . import config, credentials, gang, group, inference_pool, metrics, names, network, render, rollout
 from . import spec as specs
 from . import status as statuses
 from .kube import Kube, KubeError, path
@@ -60,7 +60,10 @@ def _ensure(kube: Kube, children: list[dict[str, Any]], owner: dict[str, Any], m
         try:
             for child in children:
                 refuse_foreign(kube, child, owner)
-                kube.apply(child, dry_run=True)
+                try:
+                    kube.apply(child, dry_run=True)
+                except KubeError as error:
+                    raise gang.explain(error, child) from error
         except KubeError as error:
             if spec_error(error):
                 memo["refused"] = (rendered, time.monotonic(), error)
@@ -184,9 +187,12 @@ def _reconcile(
                                name, namespace, i, spec)
         for i in plan.update
     }
-    children = [c for i in plan.update for c in render.group_children(name, namespace, raw, i, secrets[i])]
+    held = _held_masters(spec, plan.update, masters, pods)
+    children = [c for i in plan.update
+                for c in render.group_children(name, namespace, raw, i, secrets[i], i in held)]
     rejected: dict[str, Any] | None = None  # the Reconciled=False condition of a refused spec
     try:
+        gang.check_queue(kube, namespace, spec)
         _ensure(kube, children + render.shared_children(name, namespace, raw), obj, memo)
     except KubeError as e:
         if not spec_error(e):
@@ -221,6 +227,12 @@ def _reconcile(
             logger.info("deleted %s %s: no group of spec.replicas owns it", kind, child["metadata"]["name"])
     if not rejected:
         _unfence(kube, obj, spec, memo)
+        _remove_workload_unless(gang.mode(spec) == gang.WORKLOAD, kube, memo, namespace, name)
+        if gang.mode(spec) == gang.WORKLOAD:
+            wanted = {c["metadata"]["name"] for c in children if c["kind"] == "PodGroup"}
+            wanted |= {gang.pod_group_name(name, i, spec) for i in plan.hold}
+            for stale in gang.stale_pod_groups(kube.list("PodGroup", namespace, ours), wanted, pods):
+                kube.delete("PodGroup", namespace, stale)
     extra = _pool_condition(kube, obj, spec, memo, post, before, rejected)
 
     now = dt.datetime.now(dt.timezone.utc)
@@ -241,7 +253,8 @@ def _reconcile(
         decision = group.decide(workers, wanted, config_hash, memory, spec["failurePolicy"], now, secret_hash)
         _act(kube, namespace, name, index, decision, logger)
         refused = rejected is not None and index not in plan.hold
-        rounds.append(statuses.GroupRound(index, mine, config_hash, wanted, decision, refused))
+        waits = gang.kueue_problem(kube, namespace, mine) if any(map(gang.gated, mine)) else None
+        rounds.append(statuses.GroupRound(index, mine, config_hash, wanted, decision, refused, waits))
 
     after = statuses.derive(obj, spec, rounds, in_force, now, rejected, extra)
     if any(before.get(k) != v for k, v in after.items()):
@@ -276,6 +289,36 @@ def _unfence(kube: Kube, obj: dict[str, Any], spec: dict[str, Any], memo: Memo) 
     if any(r.get("controller") and r.get("uid") == meta["uid"] for r in refs):
         kube.delete("NetworkPolicy", namespace, wide["metadata"]["name"], uid=wide["metadata"]["uid"])
     memo["deployment_policy_checked"] = True
+
+
+def _held_masters(
+    spec: dict[str, Any], groups: tuple[int, ...], masters: list[dict[str, Any]], pods: list[dict[str, Any]]
+) -> set[int]:
+    """The groups whose master waits for Kueue to admit their workers (gang.hold_master)."""
+    by_index = {names.group_of(m): m for m in masters}
+    workers = [p for p in pods if p["metadata"]["labels"].get(_ROLE) == names.ROLE_WORKER]
+    return {i for i in groups
+            if gang.hold_master(spec, by_index.get(i), [p for p in workers if names.group_of(p) == i])}
+
+
+def _remove_workload_unless(wanted: bool, kube: Kube, memo: Memo, namespace: str, name: str) -> None:
+    """Gang Workload turned off: its Workload and the groups' PodGroups go, looked for once. A
+    cluster without the Workload API (404), or an operator not granted it (403, an install from
+    before gang scheduling), made none."""
+    if wanted:
+        memo.pop("absent:Workload", None)
+    elif not memo.get("absent:Workload"):
+        try:
+            found = kube.get(path("Workload", namespace, name))
+        except KubeError as error:
+            if error.status not in (403, 404):
+                raise
+            found = None
+        if found is not None:
+            for pod_group in kube.list("PodGroup", namespace, names.selector(name)):
+                kube.delete("PodGroup", namespace, pod_group["metadata"]["name"])
+            kube.delete("Workload", namespace, name)
+        memo["absent:Workload"] = True
 
 
 def _pool_condition(

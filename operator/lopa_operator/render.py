@@ -12,7 +12,7 @@ from __future__ import annotations
 import copy
 from typing import Any
 
-from . import config, credentials, names, network, pods
+from . import config, credentials, gang, names, network, pods
 from . import spec as specs
 
 
@@ -116,7 +116,7 @@ def worker_statefulset(
         "metadata": {
             "name": names.worker_set(name, index),
             "namespace": namespace,
-            "labels": names.labels(name, names.ROLE_WORKER, index),
+            "labels": {**names.labels(name, names.ROLE_WORKER, index), **gang.owner_labels(spec)},
         },
         "spec": {
             "serviceName": names.worker_service(name),
@@ -132,8 +132,10 @@ def worker_statefulset(
 
 
 def master_deployment(
-    name: str, namespace: str, spec: dict[str, Any], config_hash: str, index: int, secret_hash: str = ""
+    name: str, namespace: str, spec: dict[str, Any], config_hash: str, index: int, secret_hash: str = "",
+    held: bool = False,
 ) -> dict[str, Any]:
+    """`held`: at 0 replicas, until Kueue admits the group's workers (gang.hold_master)."""
     return {
         "apiVersion": "apps/v1",
         "kind": "Deployment",
@@ -143,7 +145,7 @@ def master_deployment(
             "labels": names.labels(name, names.ROLE_MASTER, index),
         },
         "spec": {
-            "replicas": 1,
+            "replicas": 0 if held else 1,
             # Never two masters for one worker group.
             "strategy": {"type": "Recreate"},
             "selector": {"matchLabels": names.labels(name, names.ROLE_MASTER, index)},
@@ -165,8 +167,9 @@ def group_hash(name: str, namespace: str, spec: dict[str, Any]) -> str:
 
 
 def shared_children(name: str, namespace: str, raw_spec: dict[str, Any]) -> list[dict[str, Any]]:
-    """The Services every group shares, and each group's NetworkPolicies (spec.networkPolicy.enabled):
-    they depend on the group's index alone, so they are applied whatever the group's turn in a roll."""
+    """The Services every group shares, each group's NetworkPolicies (spec.networkPolicy.enabled) and
+    the Workload (spec.scheduling.gang: Workload): they depend on the group's index alone, so they are
+    applied whatever the group's turn in a roll."""
     spec = specs.with_defaults(raw_spec)
     objs = [
         worker_service(name, namespace),
@@ -176,14 +179,18 @@ def shared_children(name: str, namespace: str, raw_spec: dict[str, Any]) -> list
     if network.enabled(spec):
         for index in range(spec["replicas"]):
             objs += network.policies(name, namespace, spec, index)
+    if gang.mode(spec) == gang.WORKLOAD:
+        objs.append(gang.workload(name, namespace, spec))
     return [copy.deepcopy(obj) for obj in objs]
 
 
 def group_children(
-    name: str, namespace: str, raw_spec: dict[str, Any], index: int, secret: credentials.Data | None = None
+    name: str, namespace: str, raw_spec: dict[str, Any], index: int, secret: credentials.Data | None = None,
+    hold_master: bool = False,
 ) -> list[dict[str, Any]]:
-    """Group `index`'s Secret (`secret`: its data; None: fresh), ConfigMap, worker StatefulSet and
-    master Deployment (what the pods mount before the pods)."""
+    """Group `index`'s Secret (`secret`: its data; None: fresh), ConfigMap, PodGroup (gang Workload),
+    worker StatefulSet and master Deployment (what the pods mount or name before the pods);
+    `hold_master`: the master at 0 replicas (gang.hold_master)."""
     spec = specs.with_defaults(raw_spec)
     if secret is None:
         secret = credentials.fresh(name, namespace, index, bool(spec.get("tls")))
@@ -193,8 +200,9 @@ def group_children(
     objs = [
         credentials.secret(name, namespace, index, secret, spec),
         config_map(name, namespace, index, text),
+        *([gang.pod_group(name, namespace, spec, index)] if gang.mode(spec) == gang.WORKLOAD else []),
         worker_statefulset(name, namespace, spec, digest, index, secret_hash),
-        master_deployment(name, namespace, spec, digest, index, secret_hash),
+        master_deployment(name, namespace, spec, digest, index, secret_hash, hold_master),
     ]
     return [copy.deepcopy(obj) for obj in objs]
 

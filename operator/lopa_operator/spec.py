@@ -17,6 +17,7 @@ DEFAULTS: dict[str, Any] = {
     "branchParallelism": 1,
     "rollout": {"maxUnavailable": 1},
     "placement": {"sameNode": "Preferred"},
+    "scheduling": {"gang": "None"},
     "model": {},
     "accelerator": {"type": "cpu", "devicesPerWorker": 1, "shmSize": "8Gi"},
     # No decoding defaults: the keys a spec leaves out stay out of lopa.yaml, so the runtime takes them

@@ -8,13 +8,13 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
-from . import group, names, placement
+from . import gang, group, names, placement
 
 Pod = dict[str, Any]
 CONDITION_TYPES = ("Available", "Progressing", "Degraded", "Schedulable", "CollectiveReady", "Reconciled")
 OPTIONAL_CONDITION_TYPES = ("InferencePool",)  # only while spec.inferencePool.enabled
 MESSAGE_LIMIT = 1000  # characters of an API error kept in a condition message
-_INSUFFICIENT = re.compile(r"Insufficient ([\w./-]+)")
+_INSUFFICIENT = re.compile(r"Insufficient ([\w./-]*\w)")
 
 
 def pod_ready(pod: Pod) -> bool:
@@ -42,24 +42,53 @@ def unschedulable(pod: Pod) -> str | None:
 _SAME_NODE = "didn't match pod affinity rules"
 
 
-def scheduling_problem(pods: list[Pod]) -> tuple[str, str] | None:
-    """(reason, message) naming what unschedulable pods lack, e.g. Insufficient nvidia.com/gpu."""
+def scheduling_problem(pods: list[Pod], held: str | None = None) -> tuple[str, str] | None:
+    """(reason, message) naming what unschedulable pods lack, e.g. Insufficient nvidia.com/gpu.
+
+    `held`: why Kueue holds the group behind its admission gate (gang.kueue_problem), when it does."""
+    waiting = [p for p in pods if gang.gated(p)]
+    if waiting:
+        why = held or "its pods wait behind Kueue's admission gate"
+        return "WaitingForQuota", (f"Kueue admits the group's {len(waiting)} waiting pod(s) only together, "
+                                   f"once its ClusterQueue has room for all: {why}")
     stuck_pods = [(p, msg) for p in pods if (msg := unschedulable(p))]
     if not stuck_pods:
         return None
     stuck = [(p["metadata"]["name"], msg) for p, msg in stuck_pods]
-    anchored = [(p["metadata"]["name"], msg) for p, msg in stuck_pods
-                if _SAME_NODE in msg and placement.requires_same_node(p)]
+    anchored = [(p["metadata"]["name"], msg, key) for p, msg in stuck_pods
+                if _SAME_NODE in msg and (key := placement.required_domain(p))]
     if anchored:  # the cluster may have room, but not beside the group's first worker
-        name, msg = anchored[0]
-        head = ("the group's workers must share one node (spec.placement.sameNode: Required) and the "
-                "node of its first lacks room")
-        return "GroupDoesNotFitOneNode", f"{head}: {len(stuck)} pod(s) cannot be scheduled; {name}: {msg}"
+        name, msg, key = anchored[0]
+        if key == placement.HOSTNAME:
+            reason = "GroupDoesNotFitOneNode"
+            head = ("the group's workers must share one node (spec.placement.sameNode: Required) and the "
+                    "node of its first lacks room")
+        else:
+            reason = "GroupDoesNotFitOneDomain"
+            head = (f"the group's workers must share one {key} domain (spec.placement.topology: Required) "
+                    "and the domain of its first lacks room")
+        return reason, f"{head}: {len(stuck)} pod(s) cannot be scheduled; {name}: {msg}"
     missing = sorted({m for _, msg in stuck for m in _INSUFFICIENT.findall(msg)})
     reason = "InsufficientResources" if missing else "Unschedulable"
     head = f"Insufficient {', '.join(missing)}: " if missing else ""
-    name, msg = stuck[0]
+    # The pod whose message names the shortfall (a gang's other pods only say the gang cannot form).
+    name, msg = next(((n, m) for n, m in stuck if _INSUFFICIENT.search(m)), stuck[0])
+    if any((p.get("spec") or {}).get("schedulingGroup") for p, _ in stuck_pods):
+        head += "the group's pods are bound together or not at all (spec.scheduling.gang: Workload); "
     return reason, f"{head}{len(stuck)} pod(s) cannot be scheduled; {name}: {msg}"
+
+
+def fetch_failure(pods: list[Pod]) -> str | None:
+    """An init container (lopa fetch-model) that failed, as its pod tells it: the message the
+    container's last log line left (FallbackToLogsOnError)."""
+    for pod in pods:
+        for c in (pod.get("status") or {}).get("initContainerStatuses") or []:
+            for state in (c.get("state") or {}, c.get("lastState") or {}):
+                ended = state.get("terminated")
+                if ended and ended.get("exitCode", 0) != 0:
+                    why = group.exit_reason_of(ended)
+                    return f"pod {pod['metadata']['name']}: init container {c['name']} failed{why}"
+    return None
 
 
 def _condition(kind: str, ok: bool, reason: str, message: str, generation: int) -> dict[str, Any]:
@@ -90,6 +119,7 @@ class GroupRound:
     wanted: int  # its worker count
     decision: group.Decision
     refused: bool = False  # never created: the API server refused its objects (Reconciled=False)
+    held: str | None = None  # why Kueue holds its pods (gang.kueue_problem), while it does
 
 
 @dataclass(frozen=True)
@@ -120,7 +150,8 @@ def _seen(g: GroupRound, old: dict[str, Any], now: dt.datetime) -> _Seen:
     degraded = decision.state == group.GroupState.EXHAUSTED
     collective = formed and ready_workers == g.wanted and master_ready
     available = collective and not degraded
-    sched = scheduling_problem(alive)
+    sched = scheduling_problem(alive, g.held)
+    fetch = fetch_failure(alive)
     master = f"master ready: {master_ready}"
 
     if available:
@@ -129,6 +160,8 @@ def _seen(g: GroupRound, old: dict[str, Any], now: dt.datetime) -> _Seen:
         progress = ("GroupRestartsExhausted", decision.message)
     elif decision.state in _ACTING:
         progress = (_ACTING[decision.state], decision.message)
+    elif fetch:
+        progress = ("ModelFetchFailed", fetch)
     elif sched:
         progress = ("WaitingForScheduling", sched[1])
     elif g.refused and not g.pods:

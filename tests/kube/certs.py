@@ -77,6 +77,17 @@ def _signed_cert(
     return KeyPair(cert=cert, key=key)
 
 
+def serving_cert(directory: Path, name: str, ca: KeyPair, ips: list[str]) -> KeyPair:
+    """A server certificate for `ips`, signed by `ca` (an admission webhook's, say)."""
+    directory.mkdir(parents=True, exist_ok=True)
+    alt_names = ",".join(f"IP:{ip}" for ip in ips)
+    return _signed_cert(
+        directory, name, f"/CN={name}", ca,
+        "basicConstraints=CA:FALSE\nkeyUsage=critical,digitalSignature,keyEncipherment\n"
+        f"extendedKeyUsage=serverAuth\nsubjectAltName={alt_names}\n",
+    )
+
+
 # Client identities the components authenticate as: Kubernetes maps the certificate's
 # CN to the user and each O to a group, and the API server's bootstrap RBAC policy
 # already grants these users what their component needs.

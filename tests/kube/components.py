@@ -13,6 +13,11 @@ SERVICE_CIDR = "10.96.0.0/16"
 SERVICE_IP = "10.96.0.1"  # first address of SERVICE_CIDR: the `kubernetes` Service
 POD_CIDR = "10.244.0.0/16"
 SERVICE_ACCOUNT_ISSUER = "https://kubernetes.default.svc.cluster.local"
+# The Workload API (scheduling.k8s.io/v1beta1 Workload and PodGroup: gang scheduling), beta and off by
+# default in 1.37: the gate on every component (the scheduler's GangScheduling plugin, the
+# controller-manager's PodGroup protection) and the beta API served.
+FEATURE_GATES = "--feature-gates=GenericWorkload=true"
+WORKLOAD_API = "scheduling.k8s.io/v1beta1"
 
 
 def etcd_args(work_dir: Path, ports: dict[str, int]) -> list[str]:
@@ -50,6 +55,8 @@ def apiserver_args(work_dir: Path, ports: dict[str, int], pki: ClusterPKI) -> li
         f"--api-audiences={SERVICE_ACCOUNT_ISSUER}",
         f"--service-cluster-ip-range={SERVICE_CIDR}",
         "--allow-privileged=true",
+        FEATURE_GATES,
+        f"--runtime-config={WORKLOAD_API}=true",
         # The endpoint reconciler would publish 127.0.0.1 as the `kubernetes` Service
         # endpoint, which EndpointSlice validation rejects: nothing in-cluster dials it.
         "--endpoint-reconciler-type=none",
@@ -75,6 +82,7 @@ def controller_manager_args(work_dir: Path, ports: dict[str, int], pki: ClusterP
         f"--cluster-signing-key-file={pki.ca.key}",
         f"--service-cluster-ip-range={SERVICE_CIDR}",
         "--allocate-node-cidrs=false",
+        FEATURE_GATES,
         # One controller-manager per cluster: skip the leader-election lease wait.
         "--leader-elect=false",
         "--v=1",
@@ -91,6 +99,7 @@ def scheduler_args(work_dir: Path, ports: dict[str, int]) -> list[str]:
         f"--secure-port={ports['scheduler']}",
         f"--cert-dir={work_dir / 'scheduler-certs'}",
         "--leader-elect=false",
+        FEATURE_GATES,
         "--v=1",
     ]
 

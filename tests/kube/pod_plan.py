@@ -1,6 +1,7 @@
 """What a kubelet would run for a pod, built from the Pod object the API server holds.
 
-`plan(pod, ...)` resolves the pod's single container as a kubelet does before starting it:
+`plan(pod, ...)` resolves the pod's container, and its init containers, as a kubelet does before
+starting them:
 - env: `envFrom` (ConfigMaps, Secrets) then `env` in order, later entries winning; plain values
   expand `$(VAR)` references to variables defined before them; `valueFrom.fieldRef` is read from the
   pod (metadata.name/namespace/uid, labels['k'], annotations['k'], spec.nodeName,
@@ -9,18 +10,22 @@
 - argv: `command` + `args`, each with `$(VAR)` expanded from that env (`$$` escapes, unknown
   references stay verbatim);
 - volumes: configMap, secret, downwardAPI, projected (serviceAccountToken from the TokenRequest
-  API bound to the pod, configMap, secret, downwardAPI) and emptyDir, as files with their modes,
-  plus the mounts (mountPath, subPath, readOnly) that `pod_sandbox` makes visible in the pod.
+  API bound to the pod, configMap, secret, downwardAPI) and emptyDir, as files with their modes;
+  persistentVolumeClaim as the directory of its bound PersistentVolume (hostPath or local: a
+  directory of this machine, kept when the pod goes), waiting while the claim is unbound; plus the
+  mounts (mountPath, subPath, readOnly) that `pod_sandbox` makes visible in each container.
 
 Where it differs from a kubelet: there is no image. The "image" is this test run's Python
 environment (`IMAGE_ENV`: the venv's bin first on PATH, this run's PYTHONPATH, and the ENV lines of
 docker/runtime-cpu.Dockerfile); a container must name its `command` (there is no ENTRYPOINT to fall
-back on). One container per pod, no init containers. `resourceFieldRef` env, volumes other than the
+back on). One container per pod, after its init containers in order (sidecars, restartPolicy Always,
+are not supported). `resourceFieldRef` env, volumes other than the
 kinds above, `hostAliases` and service links (KUBERNETES_SERVICE_* included) are not supported (they
 raise `Unsupported`, or are ignored where the pod would run the same). Of the security contexts,
-the users and groups apply (`user`): runAsUser and runAsGroup (the container's over the pod's) and,
-as supplementary groups, fsGroup and supplementalGroups; the volumes get fsGroup's ownership as
-the kubelet gives it (`pod_sandbox.write_volumes`). Without runAsUser the process runs as root (there
+the users and groups apply (`user`), to init containers too: runAsUser and runAsGroup (the
+container's over the pod's) and, as supplementary groups, fsGroup and supplementalGroups; the
+volumes get fsGroup's ownership as the kubelet gives it (`pod_sandbox.write_volumes`; a claim's
+directory as a driver that supports fsGroup would). Without runAsUser the process runs as root (there
 is no image USER); the rest (readOnlyRootFilesystem, capabilities, seccomp) is ignored: the root
 filesystem is writable. Volume files are written once at start: plain
 files, not the kubelet's `..data` symlinks, and not refreshed when their ConfigMap or Secret
@@ -34,7 +39,7 @@ import os
 import re
 import sys
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -90,6 +95,20 @@ def user(pod_spec: dict[str, Any], container: dict[str, Any]) -> User | None:
 
 
 @dataclass
+class InitPlan:
+    """An init container: run to completion, in order, before the pod's container."""
+
+    name: str
+    argv: list[str]
+    env: dict[str, str]
+    mounts: list[Mount]
+    working_dir: str
+    # terminationMessagePolicy FallbackToLogsOnError: a failure's message is its log's tail.
+    fallback_to_logs: bool = False
+    user: User | None = None  # None: root, as an image without USER
+
+
+@dataclass
 class PodPlan:
     uid: str
     name: str
@@ -111,6 +130,9 @@ class PodPlan:
     pre_stop_sleep_s: float = 0.0  # lifecycle.preStop.sleep: waited out before SIGTERM
     user: User | None = None  # None: root, as an image without USER
     fs_group: int | None = None  # the volumes' group (securityContext.fsGroup)
+    init_containers: list[InitPlan] = field(default_factory=list)
+    # persistentVolumeClaim volumes: name -> the bound PersistentVolume's directory on this machine
+    host_dirs: dict[str, Path] = field(default_factory=dict)
 
     def port(self, value: int | str) -> int:
         """A probe's port: a number, or the name of one of the container's ports."""
@@ -125,20 +147,20 @@ def plan(pod: dict[str, Any], api: Api, pod_ip: str, host_ip: str) -> PodPlan:
     """The plan of `pod` once it runs at `pod_ip` on a node at `host_ip`."""
     meta, spec = pod["metadata"], pod["spec"]
     where = f"pod {meta['namespace']}/{meta['name']}"
-    if len(spec.get("containers") or []) != 1 or spec.get("initContainers"):
-        raise Unsupported(f"{where}: exactly one container and no init containers are supported")
+    if len(spec.get("containers") or []) != 1:
+        raise Unsupported(f"{where}: exactly one container is supported")
+    for c in [*spec.get("initContainers", []), *spec["containers"]]:
+        if not c.get("command"):
+            raise Unsupported(f"{where}: container {c['name']} has no command (no image entrypoint here)")
+        if c.get("restartPolicy"):
+            raise Unsupported(f"{where}: sidecar init container {c['name']} is not supported")
     container = spec["containers"][0]
-    if not container.get("command"):
-        raise Unsupported(f"{where}: container {container['name']} has no command (no image entrypoint here)")
     fields = _field_resolver(pod, pod_ip, host_ip)
     sources = _Sources(api, meta["namespace"])
-    env = dict(IMAGE_ENV)
-    if os.environ.get("PYTHONPATH"):
-        env["PYTHONPATH"] = os.environ["PYTHONPATH"]  # the "image" runs this checkout's code
     hostname = spec.get("hostname") or meta["name"]
-    env["HOSTNAME"] = hostname  # what the container runtime sets
-    env.update(container_env(container, fields, sources))
-    argv = [expand(part, env) for part in [*container["command"], *(container.get("args") or [])]]
+    env = _environment(container, fields, sources, hostname)
+    argv = _argv(container, env)
+    volumes = spec.get("volumes") or []
     return PodPlan(
         uid=meta["uid"],
         name=meta["name"],
@@ -147,11 +169,9 @@ def plan(pod: dict[str, Any], api: Api, pod_ip: str, host_ip: str) -> PodPlan:
         argv=argv,
         env=env,
         ports={p["name"]: int(p["containerPort"]) for p in container.get("ports") or [] if p.get("name")},
-        mounts=[
-            Mount(m["name"], m["mountPath"], m.get("subPath", ""), bool(m.get("readOnly")))
-            for m in container.get("volumeMounts") or []
-        ],
-        volumes={v["name"]: volume_files(v, pod, fields, sources) for v in spec.get("volumes") or []},
+        mounts=_mounts(container),
+        volumes={v["name"]: volume_files(v, pod, fields, sources)
+                 for v in volumes if "persistentVolumeClaim" not in v},
         readiness=container.get("readinessProbe"),
         liveness=container.get("livenessProbe"),
         hostname=hostname,
@@ -162,7 +182,42 @@ def plan(pod: dict[str, Any], api: Api, pod_ip: str, host_ip: str) -> PodPlan:
         pre_stop_sleep_s=_pre_stop_sleep(container, where),
         user=user(spec, container),
         fs_group=(spec.get("securityContext") or {}).get("fsGroup"),
+        init_containers=[
+            replace(_init_plan(c, fields, sources, hostname), user=user(spec, c))
+            for c in spec.get("initContainers") or []
+        ],
+        host_dirs={v["name"]: sources.claim_dir(v["persistentVolumeClaim"]["claimName"])
+                   for v in volumes if "persistentVolumeClaim" in v},
     )
+
+
+def _init_plan(
+    container: dict[str, Any], fields: Callable[[str], str], sources: _Sources, hostname: str
+) -> InitPlan:
+    env = _environment(container, fields, sources, hostname)
+    return InitPlan(container["name"], _argv(container, env), env, _mounts(container),
+                    container.get("workingDir") or "/",
+                    container.get("terminationMessagePolicy") == "FallbackToLogsOnError")
+
+
+def _environment(
+    container: dict[str, Any], fields: Callable[[str], str], sources: _Sources, hostname: str
+) -> dict[str, str]:
+    env = dict(IMAGE_ENV)
+    if os.environ.get("PYTHONPATH"):
+        env["PYTHONPATH"] = os.environ["PYTHONPATH"]  # the "image" runs this checkout's code
+    env["HOSTNAME"] = hostname  # what the container runtime sets
+    env.update(container_env(container, fields, sources))
+    return env
+
+
+def _argv(container: dict[str, Any], env: Mapping[str, str]) -> list[str]:
+    return [expand(part, env) for part in [*container["command"], *(container.get("args") or [])]]
+
+
+def _mounts(container: dict[str, Any]) -> list[Mount]:
+    return [Mount(m["name"], m["mountPath"], m.get("subPath", ""), bool(m.get("readOnly")))
+            for m in container.get("volumeMounts") or []]
 
 
 def _pre_stop_sleep(container: dict[str, Any], where: str) -> float:
@@ -347,6 +402,20 @@ class _Sources:
                 return {}
             raise NotYet(f"Secret {self.namespace}/{name} not found")
         return {k: base64.b64decode(v) for k, v in (obj.get("data") or {}).items()}
+
+    def claim_dir(self, claim: str) -> Path:
+        """The directory behind a bound claim: its PersistentVolume's hostPath (or local) path."""
+        pvc = self.api.get(f"/api/v1/namespaces/{self.namespace}/persistentvolumeclaims/{claim}")
+        if pvc is None:
+            raise NotYet(f"PersistentVolumeClaim {self.namespace}/{claim} not found")
+        volume = (pvc.get("spec") or {}).get("volumeName")
+        if (pvc.get("status") or {}).get("phase") != "Bound" or not volume:
+            raise NotYet(f"PersistentVolumeClaim {self.namespace}/{claim} is not bound")
+        pv = self.api.get(f"/api/v1/persistentvolumes/{volume}") or {}
+        source = (pv.get("spec") or {}).get("hostPath") or (pv.get("spec") or {}).get("local")
+        if not source:
+            raise Unsupported(f"PersistentVolume {volume}: only hostPath and local volumes are supported")
+        return Path(source["path"])
 
     def token(self, pod: dict[str, Any], source: dict[str, Any]) -> bytes:
         """A token bound to the pod (TokenRequest API), as the kubelet requests for projected volumes."""

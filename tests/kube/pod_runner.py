@@ -3,10 +3,11 @@
 `PodRunner(kube).start()` registers a Node that kwok does not manage (`process_node`), a pod network
 (`netns`), a cluster DNS (`cluster_dns`) and a Service proxy (`service_proxy`), then a loop plays
 the kubelet of that node, every `TICK_SECONDS`:
-- a new pod bound to the node gets its own network namespace and address, its container is
-  planned from the Pod object (`pod_plan`: argv, env, volumes) and started as a process in its
-  sandbox (`pod_sandbox`: the namespaces, mounts, /etc/hosts and resolv.conf), then probed
-  (`prober`); a pod whose ConfigMap or Secret is missing waits, as with a kubelet;
+- a new pod bound to the node gets its own network namespace and address, its containers are
+  planned from the Pod object (`pod_plan`: argv, env, volumes) and started as processes in its
+  sandbox (`pod_sandbox`: the namespaces, mounts, /etc/hosts and resolv.conf): its init containers
+  one after the other, each to completion, then its container, which is probed (`prober`); a pod
+  whose ConfigMap, Secret or claim is missing (or unbound) waits, as with a kubelet;
 - its status is patched through the API server as a kubelet reports it (`pod_status`): Running with
   its podIP, Ready from the readiness probe, Succeeded/Failed with the exit code once the process
   exits;
@@ -22,9 +23,9 @@ process even when it is SIGKILLed; namespaces and bridges carry its pid and the 
 such leftovers (`netns.remove_stale`).
 
 Where it differs from a kubelet (besides what the helper modules say): the pod list is polled, not
-watched; exited containers are not restarted (`pod_status`); images, resources, startupProbe, init
-containers, several containers per pod and preStop hooks other than sleep are not supported; it
-runs as the cluster admin.
+watched; exited containers are not restarted, a failed init container neither (`pod_status`);
+images, resources, startupProbe, sidecar containers, several containers per pod and preStop hooks
+other than sleep are not supported; it runs as the cluster admin.
 """
 
 from __future__ import annotations
@@ -43,11 +44,14 @@ from typing import IO, Any
 
 from . import cluster_dns, netns, pod_plan, pod_sandbox, pod_status, process_node, services
 from .cluster import KubeCluster
+from .container_process import container_pid, launch, log_name
 from .errors import KubeClusterError
 from .kube_api import Api, ApiError
 from .prober import Prober
-from .processes import die_with_parent, tail
+from .processes import tail
 from .service_proxy import ServiceProxy
+
+__all__ = ["NODE_NAME", "PodRunner", "container_pid"]
 
 TICK_SECONDS = 0.3
 NODE_NAME = "lopa-processes"
@@ -63,12 +67,17 @@ class _Pod:
     netns: str
     ip: str
     plan: pod_plan.PodPlan
+    pod_dir: Path
+    read_only: set[str]
+    # What runs now: an init container's process, then the container's.
     process: subprocess.Popen[bytes]
     log: IO[bytes]
     log_path: Path
-    container: pod_status.ContainerState
-    prober: Prober
     pid: int  # the container's process (PID 1 of its PID namespace, or a child of a "pause")
+    init: list[pod_status.ContainerState]  # the init containers started so far, in order
+    container: pod_status.ContainerState | None = None  # once every init container completed
+    prober: Prober | None = None
+    init_failed: bool = False
     reported: dict[str, Any] | None = None
     term_deadline: float | None = None  # set once SIGTERM was sent
     stop_asked: float | None = None  # when its deletion was seen (its preStop hook runs from then)
@@ -146,7 +155,8 @@ class PodRunner:
     def pid(self, namespace: str, name: str) -> int | None:
         """The pid of the running container process of pod `name`, if any."""
         for pod in list(self._pods.values()):
-            if (pod.namespace, pod.name) == (namespace, name) and pod.process.poll() is None:
+            running = pod.container is not None and pod.process.poll() is None
+            if (pod.namespace, pod.name) == (namespace, name) and running:
                 return pod.pid
         return None
 
@@ -158,10 +168,10 @@ class PodRunner:
         os.kill(pid, sig)
         return pid
 
-    def log(self, namespace: str, name: str, lines: int = 60) -> str:
-        """The last lines of the output of pod `name`'s latest container."""
-        path = self._logs.get((namespace, name))
-        return tail(path, lines) if path else f"(pod {namespace}/{name} never ran here)"
+    def log(self, namespace: str, name: str, lines: int = 60, init: str = "") -> str:
+        """The last lines of the output of pod `name`'s latest container (or init container `init`)."""
+        path = self._logs.get((namespace, f"{name}:{init}" if init else name))
+        return tail(path, lines) if path else f"(pod {namespace}/{name} {init} never ran here)"
 
     def report(self) -> str:
         """What the runner did and runs now, and every pod log's tail: for a failed test's message."""
@@ -206,7 +216,10 @@ class PodRunner:
                 if (obj.get("status") or {}).get("phase") not in ("Succeeded", "Failed"):
                     self._start(obj)
             else:
-                self._poll(pod)
+                if pod.container is None:
+                    self._poll_init(obj, pod)
+                else:
+                    self._poll(pod)
                 self._report(obj, pod)
         for uid in set(self._pods) - seen:  # deleted with grace 0 by someone else
             self._event(f"{self._pods[uid].name}: gone from the API server; killing")
@@ -229,7 +242,7 @@ class PodRunner:
             plan = pod_plan.plan(obj, self.api, address, self.network.gateway)
             argv = pod_sandbox.prepare(
                 plan, pod_dir, self.network.netns_path(name), address, self.network.gateway,
-                pod_sandbox.read_only_volumes(obj),
+                pod_sandbox.read_only_volumes(obj), plan.init_containers[0] if plan.init_containers else None,
             )
         except (pod_plan.NotYet, ApiError) as error:  # e.g. the ConfigMap is not there yet: retry
             self.network.remove(name, address)
@@ -242,22 +255,68 @@ class PodRunner:
             self._refuse(obj, str(error))
             return
         self._waiting.pop(uid, None)
-        log_path = pod_dir / "container.log"
-        log = log_path.open("ab")
-        process = subprocess.Popen(
-            argv, env=plan.env, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT, cwd="/",
-            start_new_session=True,  # its own process group, like a container's processes
-            preexec_fn=die_with_parent,  # dies with the test process, however it dies
-        )
-        pid = container_pid(process, pod_dir / pod_sandbox.LAUNCHED if plan.share_pid else None)
-        image = obj["spec"]["containers"][0].get("image", "")
-        container = pod_status.ContainerState(plan.container, f"process://{pid}", image, pod_status.now())
-        pod = _Pod(meta["namespace"], meta["name"], uid, name, address, plan, process, log, log_path,
-                   container, Prober(plan, address, pid, self._probe_event(where)), pid)
+        first = plan.init_containers[0] if plan.init_containers else None
+        launched = launch(argv, first.env if first else plan.env, pod_dir / log_name(first),
+                           plan.share_pid and first is None)
+        pod = _Pod(meta["namespace"], meta["name"], uid, name, address, plan, pod_dir,
+                   pod_sandbox.read_only_volumes(obj), *launched, init=[])
         self._pods[uid] = pod
-        self._logs[(pod.namespace, pod.name)] = log_path
-        self._event(f"{where}: started pid {pid} at {address}: {' '.join(plan.argv)}")
+        self._started(obj, pod)
         self._report(obj, pod)
+
+    def _started(self, obj: dict[str, Any], pod: _Pod) -> None:
+        """Records what _launch started for `pod`: its next init container, else its container."""
+        where = f"{pod.namespace}/{pod.name}"
+        step = len(pod.init)
+        if step < len(pod.plan.init_containers):
+            spec = pod.plan.init_containers[step]
+            image = obj["spec"]["initContainers"][step].get("image", "")
+            state = pod_status.ContainerState(spec.name, f"process://{pod.pid}", image, pod_status.now())
+            pod.init.append(state)
+            self._logs[(pod.namespace, f"{pod.name}:{spec.name}")] = pod.log_path
+            self._event(f"{where}: init container {spec.name} started pid {pod.pid} at {pod.ip}: "
+                        f"{' '.join(spec.argv)}")
+            return
+        image = obj["spec"]["containers"][0].get("image", "")
+        pod.container = pod_status.ContainerState(pod.plan.container, f"process://{pod.pid}", image,
+                                                  pod_status.now())
+        pod.prober = Prober(pod.plan, pod.ip, pod.pid, self._probe_event(where))
+        self._logs[(pod.namespace, pod.name)] = pod.log_path
+        self._event(f"{where}: started pid {pod.pid} at {pod.ip}: {' '.join(pod.plan.argv)}")
+
+    def _poll_init(self, obj: dict[str, Any], pod: _Pod) -> None:
+        """An init container that exited: the next one (or the container) starts after a success; a
+        failure leaves the pod Pending, the init container's status saying why."""
+        code = pod.process.poll()
+        if pod.init_failed or code is None:
+            return
+        state, spec = pod.init[-1], pod.plan.init_containers[len(pod.init) - 1]
+        state.exit_code = code if code >= 0 else 128 - code
+        state.finished_at = pod_status.now()
+        pod.log.close()
+        where = f"{pod.namespace}/{pod.name}"
+        if state.exit_code != 0:
+            pod.init_failed = True
+            if spec.fallback_to_logs:  # the kubelet's rule: the log's last 80 lines, at most 2048 bytes
+                state.message = tail(pod.log_path, 80)[-2048:]
+            self._event(f"{where}: init container {spec.name} exited {state.exit_code}; the pod stays "
+                        "Pending")
+            return
+        self._event(f"{where}: init container {spec.name} completed")
+        rest = pod.plan.init_containers[len(pod.init):]
+        nxt = rest[0] if rest else None
+        try:
+            argv = pod_sandbox.prepare(pod.plan, pod.pod_dir, self.network.netns_path(pod.netns), pod.ip,
+                                       self.network.gateway, pod.read_only, nxt)
+        except pod_plan.Unsupported as error:
+            pod.init_failed = True
+            self._refuse(obj, str(error))
+            return
+        env = nxt.env if nxt else pod.plan.env
+        share_pid = pod.plan.share_pid and nxt is None
+        log_path = pod.pod_dir / log_name(nxt)
+        pod.process, pod.log, pod.log_path, pod.pid = launch(argv, env, log_path, share_pid)
+        self._started(obj, pod)
 
     def _probe_event(self, where: str) -> Callable[[str, bool, str], None]:
         def note(kind: str, ok: bool, why: str) -> None:
@@ -281,6 +340,7 @@ class PodRunner:
                            {"status": patch})
 
     def _poll(self, pod: _Pod) -> None:
+        assert pod.prober is not None and pod.container is not None
         code = pod.process.poll()
         if code is not None and pod.container.exit_code is None:
             pod.container.exit_code = code if code >= 0 else 128 - code  # killed by a signal: 128 + n
@@ -302,7 +362,10 @@ class PodRunner:
         pod.container.ready = pod.prober.state.ready
 
     def _report(self, obj: dict[str, Any], pod: _Pod) -> None:
-        patch = pod_status.status(obj, pod.container, pod.ip, self.network.gateway)
+        if pod.container is None:
+            patch = pod_status.initializing(obj, pod.ip, self.network.gateway, pod.init)
+        else:
+            patch = pod_status.status(obj, pod.container, pod.ip, self.network.gateway, pod.init)
         if pod_status.differs(patch, pod.reported):
             self.api.patch(f"/api/v1/namespaces/{pod.namespace}/pods/{pod.name}/status", {"status": patch})
             pod.reported = patch
@@ -317,12 +380,16 @@ class PodRunner:
     def _terminate(self, obj: dict[str, Any], pod: _Pod | None) -> None:
         meta = obj["metadata"]
         if pod is not None:
-            self._poll(pod)
+            if pod.container is None:
+                self._poll_init(obj, pod)
+            else:
+                self._poll(pod)
             if pod.process.poll() is None:
                 if pod.term_deadline is None:
                     # As the kubelet: the preStop hook first, then SIGTERM; both within the grace period.
+                    # (An init container has no preStop hook.)
                     grace = float(meta.get("deletionGracePeriodSeconds", pod.plan.grace_seconds))
-                    hook = min(pod.plan.pre_stop_sleep_s, grace)
+                    hook = min(pod.plan.pre_stop_sleep_s if pod.container else 0.0, grace)
                     if pod.stop_asked is None:
                         pod.stop_asked = time.monotonic()
                         self._event(f"{pod.namespace}/{pod.name}: deleted; preStop sleep {hook:.0f}s, "
@@ -339,7 +406,8 @@ class PodRunner:
         )
 
     def _cleanup(self, pod: _Pod) -> None:
-        pod.prober.stop()
+        if pod.prober is not None:
+            pod.prober.stop()
         if pod.process.poll() is None:
             with contextlib.suppress(ProcessLookupError):
                 os.killpg(pod.process.pid, signal.SIGKILL)
@@ -349,25 +417,3 @@ class PodRunner:
             pod.log.close()
         self.network.remove(pod.netns, pod.ip)
         self._pods.pop(pod.uid, None)
-
-
-def container_pid(process: subprocess.Popen[bytes], launched: Path | None, timeout: float = 10.0) -> int:
-    """The container's pid: the child of `process` (pod_launcher), PID 1 of the pod's PID namespace;
-    beside a "pause" (`launched`: the file it writes once the container runs) that one's child.
-    `process` itself if it exited first."""
-    deadline = time.monotonic() + timeout
-    pid, depth = process.pid, 1
-    while time.monotonic() < deadline and process.poll() is None:
-        try:
-            children = Path(f"/proc/{pid}/task/{pid}/children").read_text().split()
-        except OSError:
-            children = []
-        # The "pause" shell's only child is the container once it wrote `launched` (before,
-        # it may be one of the mount commands).
-        if children and (depth == 1 or (launched is not None and launched.exists())):
-            pid, depth = int(children[0]), depth + 1
-            if depth > (2 if launched else 1):
-                return pid
-        else:
-            time.sleep(0.01)
-    return pid

@@ -39,7 +39,7 @@ import sys
 from collections.abc import Collection
 from pathlib import Path
 
-from .pod_plan import Mount, PodPlan, Unsupported
+from .pod_plan import InitPlan, Mount, PodPlan, Unsupported, User
 
 CLUSTER_DOMAIN = "cluster.local"
 HOSTS_HEADER = """# Kubernetes-managed hosts file.
@@ -107,6 +107,15 @@ def write_volumes(plan: PodPlan, pod_dir: Path, read_only: Collection[str] = ())
     return dirs
 
 
+def claim_dirs(plan: PodPlan) -> dict[str, Path]:
+    """The claims' directories (plan.host_dirs), owned by the pod's fsGroup as a volume driver that
+    supports fsGroup makes them: group read and write, setgid directories."""
+    if plan.fs_group is not None:
+        for root in plan.host_dirs.values():
+            _own(root, plan.fs_group, 0o660)
+    return dict(plan.host_dirs)
+
+
 def _own(root: Path, group: int, file_bits: int) -> None:
     """The kubelet's fsGroup ownership (SetVolumeOwnership) of one volume's tree."""
     for path in [root, *root.rglob("*")]:
@@ -119,14 +128,19 @@ def _own(root: Path, group: int, file_bits: int) -> None:
 
 
 def prepare(
-    plan: PodPlan, pod_dir: Path, netns_path: Path, pod_ip: str, dns_ip: str, read_only: set[str]
+    plan: PodPlan, pod_dir: Path, netns_path: Path, pod_ip: str, dns_ip: str, read_only: set[str],
+    init: InitPlan | None = None,
 ) -> list[str]:
-    """Writes the pod's files and returns the argv that starts its container process.
+    """Writes the pod's files and returns the argv that starts its container process, or that of
+    its init container `init`: the same network, volumes and files, that container's mounts.
 
-    `read_only`: the volumes a kubelet always mounts read-only (see READ_ONLY_KINDS).
+    `read_only`: the volumes a kubelet always mounts read-only (see READ_ONLY_KINDS), and claims
+    mounted readOnly.
     """
     pod_dir.mkdir(parents=True, exist_ok=True)
-    volumes = write_volumes(plan, pod_dir, read_only)
+    volumes = {**write_volumes(plan, pod_dir, read_only), **claim_dirs(plan)}
+    mounts, argv = (init.mounts, init.argv) if init else (plan.mounts, plan.argv)
+    working_dir, share_pid = (init.working_dir, False) if init else (plan.working_dir, plan.share_pid)
     etc = pod_dir / "etc"
     etc.mkdir(exist_ok=True)
     (etc / "hosts").write_text(hosts_file(plan, pod_ip))
@@ -135,7 +149,7 @@ def prepare(
 
     script = ["set -e"]
     binds: list[tuple[Path, str, bool]] = []
-    for mount in sorted(plan.mounts, key=lambda m: len(Path(m.path).parts)):
+    for mount in sorted(mounts, key=lambda m: len(Path(m.path).parts)):
         if mount.volume not in volumes:
             raise Unsupported(f"volumeMount {mount.path}: no volume named {mount.volume!r}")
         source = volumes[mount.volume] / mount.sub_path if mount.sub_path else volumes[mount.volume]
@@ -165,28 +179,29 @@ def prepare(
     script.append(f"exec 9< {shlex.quote(str(pod_dir))}")
     script += _bind_lines(binds, pod_dir)
     script.append(f"hostname {shlex.quote(plan.hostname)}")
-    script.append(f"cd {shlex.quote(plan.working_dir)}")
-    run = _as_user(plan)
-    if plan.share_pid:  # PID 1 is the "pause" shell; it reaps the container and passes on its status
+    script.append(f"cd {shlex.quote(working_dir)}")
+    run = _as_user(init.user if init else plan.user)
+    if share_pid:  # PID 1 is the "pause" shell; it reaps the container and passes on its status
         # `echo` is a builtin (no child process): once the file exists, the only child is the container.
         script += [f'{run}"$@" 9<&- &', f"echo $! > /proc/self/fd/9/{LAUNCHED}", "wait $!", "exit $?"]
     else:
         script.append(f'exec {run}"$@" 9<&-')
-    (pod_dir / "start.sh").write_text("\n".join(script) + "\n")
+    start = pod_dir / (f"init-{init.name}.sh" if init else "start.sh")
+    start.write_text("\n".join(script) + "\n")
     return [
         _tool("nsenter"), f"--net={netns_path}", "--",
-        sys.executable, "-I", "-S", str(LAUNCHER), str(pod_dir / "start.sh"), *plan.argv,
+        sys.executable, "-I", "-S", str(LAUNCHER), str(start), *argv,
     ]
 
 
-def _as_user(plan: PodPlan) -> str:
-    """The command prefix that runs the container as its user and groups ('' for root). setpriv
+def _as_user(user: User | None) -> str:
+    """The command prefix that runs a container as its user and groups ('' for root). setpriv
     execs the container in place, so it keeps the process's PID."""
-    if plan.user is None:
+    if user is None:
         return ""
-    groups = f"--groups={','.join(map(str, plan.user.groups))}" if plan.user.groups else "--clear-groups"
+    groups = f"--groups={','.join(map(str, user.groups))}" if user.groups else "--clear-groups"
     setpriv = _tool("setpriv")
-    return f"{setpriv} --reuid={plan.user.uid} --regid={plan.user.gid} {groups} -- "
+    return f"{setpriv} --reuid={user.uid} --regid={user.gid} {groups} -- "
 
 
 def _bind_lines(binds: list[tuple[Path, str, bool]], pod_dir: Path) -> list[str]:
@@ -259,7 +274,8 @@ def _overlay_dirs(pod_dir: Path, index: int) -> Path:
 def read_only_volumes(pod: dict[str, object]) -> set[str]:
     spec = pod["spec"]
     assert isinstance(spec, dict)
-    return {v["name"] for v in spec.get("volumes") or [] if any(k in v for k in READ_ONLY_KINDS)}
+    return {v["name"] for v in spec.get("volumes") or []
+            if any(k in v for k in READ_ONLY_KINDS) or (v.get("persistentVolumeClaim") or {}).get("readOnly")}
 
 
 __all__ = ["Mount", "fqdn", "hosts_file", "prepare", "read_only_volumes", "resolv_conf"]

@@ -10,8 +10,9 @@
 - `ns` (function): `namespace` served by `operator`; after the test, the operator log's tail
   (shown when the test failed) and every LoPADeployment deleted.
 
-The binaries come from tools/k8s-testenv/build.sh; when they are missing they are built
-right after collection (outside any test's timeout), printing the build's progress.
+The binaries come from tools/k8s-testenv/build.sh (Kueue's from kueue.sh, for the tests that
+use it); when they are missing they are built right after collection (outside any test's
+timeout), printing the build's progress.
 """
 
 from __future__ import annotations
@@ -32,6 +33,7 @@ if _TESTS_DIR not in sys.path:
     sys.path.insert(0, _TESTS_DIR)
 
 from kube.cluster import KubeCluster, KubeClusterError, ensure_binaries  # noqa: E402
+from kube.kueue import ensure_kueue  # noqa: E402
 
 _build_error: str | None = None
 
@@ -53,6 +55,8 @@ def pytest_collection_finish(session: pytest.Session) -> None:
     with _uncaptured(session.config):
         try:
             ensure_binaries()
+            if any("kueue" in getattr(item, "fixturenames", ()) for item in session.items):
+                ensure_kueue()  # Kueue's controller, built the same way (minutes when cold)
         except KubeClusterError as exc:
             _build_error = str(exc)
 

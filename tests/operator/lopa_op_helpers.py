@@ -56,6 +56,18 @@ def inference_extension(kube: KubeCluster) -> Path:
 INFERENCE_POOL_CRD = "inferencepools.inference.networking.k8s.io"
 
 
+def keda_crds(kube: KubeCluster) -> Path:
+    """Installs KEDA's ScaledObject CRD (fetched once per machine by tools/k8s-testenv/keda-crds.sh)
+    and returns the directory of the fetched files."""
+    script = REPO / "tools" / "k8s-testenv" / "keda-crds.sh"
+    found = subprocess.run([str(script)], check=True, capture_output=True, text=True, timeout=600)
+    directory = Path(found.stdout.strip().splitlines()[-1])
+    crd = directory / "keda.sh_scaledobjects.yaml"
+    kube.kubectl("apply", "--server-side", "--force-conflicts", "-f", str(crd))
+    kube.kubectl("wait", "--for=condition=Established", "crd/scaledobjects.keda.sh", "--timeout=60s")
+    return directory
+
+
 class OperatorProcess:
     """`python -m lopa_operator` (all namespaces, `namespaces`, or the `scope` flags given) with a
     ServiceAccount's token."""
@@ -143,6 +155,34 @@ def running_operator(kube: KubeCluster, log_path: Path) -> Iterator[OperatorProc
         op.stop()
 
 
+@contextlib.contextmanager
+def process_node(kube: KubeCluster) -> Iterator[Any]:
+    """A PodRunner (kube.pod_runner: pods run as local processes) with the kwok nodes cordoned, so
+    that every pod scheduled meanwhile runs on it; skips the test where it cannot run."""
+    import pytest
+
+    from kube import netns
+    from kube.nodes import DEFAULT_NODES
+    from kube.pod_runner import PodRunner
+
+    why = netns.available()
+    if why:
+        pytest.skip(f"running pods as processes {why}")
+    ensure_chart(kube)  # its operator pod (unused: the tests run the operator) stays on a kwok node
+    chart_pods = lambda: kube.get_json("pods", "-n", RELEASE_NAMESPACE)["items"]  # noqa: E731
+    kube.wait_for(
+        lambda: all(p["spec"].get("nodeName") for p in chart_pods()), timeout=30,
+        description="the chart's pods scheduled",
+    )
+    nodes = [node.name for node in DEFAULT_NODES]
+    kube.kubectl("cordon", *nodes)
+    try:
+        with PodRunner(kube) as pod_runner:
+            yield pod_runner
+    finally:
+        kube.kubectl("uncordon", *nodes, check=False)
+
+
 def load_sample(file: str) -> list[dict[str, Any]]:
     return [d for d in yaml.safe_load_all((SAMPLES / file).read_text()) if d]
 
@@ -193,6 +233,56 @@ def is_available(obj: dict[str, Any]) -> bool:
         and condition(obj, "Available").get("status") == "True"
         and st.get("observedGeneration") == obj["metadata"]["generation"]
     )
+
+
+def ask_client_pod(
+    kube: KubeCluster, runner: Any, ns: str, deployment: str, prompt: str, tag: str, attempts: int = 4
+) -> dict[str, Any]:
+    """One request (`prompt`) from a client pod to LoPADeployment `deployment` through its client
+    Service's name, as a client in the cluster sends it; its JSON answer.
+
+    UNAVAILABLE is retried a few times, as a gRPC client should: right after a group restart the
+    master's readiness may still drop (its probe fails 3 times 5 s apart while the group re-forms,
+    and the third failure can land once the new group already serves), taking the master out of
+    the Service's endpoints for one probe period."""
+    for attempt in range(attempts):
+        phase, log = _client_pod(kube, runner, ns, deployment, prompt, f"client-{tag}-{attempt}")
+        if phase == "Succeeded":
+            line = next(line for line in reversed(log.splitlines()) if line.startswith("{"))
+            return dict(json.loads(line))
+        if "UNAVAILABLE" not in log or attempt == attempts - 1:
+            break
+        time.sleep(3)
+    raise AssertionError(f"client pod failed:\n{log}\n{runner.report()}")
+
+
+def _client_pod(
+    kube: KubeCluster, runner: Any, ns: str, deployment: str, prompt: str, name: str
+) -> tuple[str, str]:
+    """Runs `lopa client generate` against status.endpoint in pod `name`: (its phase, its output)."""
+    endpoint = lopa(kube, ns, deployment)["status"]["endpoint"]
+    image = pods(kube, ns, deployment, "master")[0]["spec"]["containers"][0]["image"]
+    command = ["lopa", "client", "generate", "--address", endpoint, "--prompt", prompt, "--json",
+               "--timeout", "120"]
+    runner.api.post(f"/api/v1/namespaces/{ns}/pods", {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": name},
+        "spec": {
+            "restartPolicy": "Never",
+            "securityContext": {"runAsNonRoot": True, "runAsUser": 65532,
+                                "seccompProfile": {"type": "RuntimeDefault"}},
+            "containers": [{"name": "client", "image": image, "command": command, "securityContext": {
+                "allowPrivilegeEscalation": False, "capabilities": {"drop": ["ALL"]}}}],
+        },
+    })
+
+    def finished() -> dict[str, Any] | None:
+        pod = runner.api.get(f"/api/v1/namespaces/{ns}/pods/{name}")
+        return pod if pod and pod["status"].get("phase") in ("Succeeded", "Failed") else None
+
+    done = kube.wait_for(finished, timeout=180, description=f"client pod {name} to finish")
+    return done["status"]["phase"], runner.log(ns, name)
 
 
 def bind_model_volume(kube: KubeCluster, namespace: str, claim: str = "d2f-models") -> str:

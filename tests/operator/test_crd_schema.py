@@ -52,7 +52,8 @@ def test_crd_identity_and_columns() -> None:
 def test_crd_defaults_equal_operator_defaults() -> None:
     spec_schema = crd()["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]["spec"]
     defaults = schema_defaults(spec_schema)
-    for section in ("limits", "collective", "failurePolicy", "service", "rollout", "networkPolicy"):
+    sections = ("limits", "collective", "failurePolicy", "service", "rollout", "networkPolicy", "scheduling")
+    for section in sections:
         assert defaults[section] == specs.DEFAULTS[section], section
     assert defaults["accelerator"] == specs.DEFAULTS["accelerator"]
     assert defaults["branchParallelism"] == specs.DEFAULTS["branchParallelism"]

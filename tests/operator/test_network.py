@@ -143,6 +143,24 @@ def test_client_and_metrics_peers_and_extra_egress_are_the_users() -> None:
     ], pod_map, cluster)
 
 
+@pytest.mark.parametrize(
+    ("hub", "port", "other"), [(None, 443, 80), ("http://mirror.internal:8080", 8080, 443)]
+)
+def test_a_deployment_that_fetches_from_the_hub_may_reach_the_hubs_port(
+    hub: str | None, port: int, other: int
+) -> None:
+    model: dict[str, Any] = {"uri": "hf://org/model@main"}
+    if hub:
+        model["huggingFace"] = {"endpoint": hub}
+    pod_map, cluster = world({"model": model})
+    judge([
+        ("a-0-worker-0", "elsewhere", port, "TCP", True),  # the init containers' download
+        ("a-0-master", "stranger", port, "TCP", True),
+        ("a-0-worker-0", "elsewhere", other, "TCP", False),
+        ("a-1-worker-0", "a-0-worker-0", names.RENDEZVOUS_PORT, "TCP", False),  # ingress unchanged
+    ], pod_map, cluster)
+
+
 def test_an_empty_scraper_list_admits_anyone_and_the_operator_default_is_configurable(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:

@@ -239,3 +239,40 @@ def test_only_the_groups_own_required_term_counts_as_same_node() -> None:
     users, _ = pod_specs("d", {"placement": {"sameNode": "None"}, "affinity": theirs})
     assert placement.requires_same_node({"spec": required})
     assert not placement.requires_same_node({"spec": users})
+
+
+def test_a_topology_key_groups_the_workers_in_one_domain_beside_same_node() -> None:
+    from lopa_operator import placement
+
+    zone = "topology.kubernetes.io/zone"
+    worker, master = pod_specs("d", {"placement": {"topology": {"key": zone}}})
+    (required,) = worker["affinity"]["podAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]
+    assert required == {"labelSelector": {"matchLabels": names.labels("d", names.ROLE_WORKER, 0)},
+                        "topologyKey": zone}
+    # sameNode keeps its default (Preferred) beside the zone; the master prefers both
+    preferred = worker["affinity"]["podAffinity"]["preferredDuringSchedulingIgnoredDuringExecution"]
+    assert [p["podAffinityTerm"]["topologyKey"] for p in preferred] == ["kubernetes.io/hostname"]
+    master_terms = master["affinity"]["podAffinity"]["preferredDuringSchedulingIgnoredDuringExecution"]
+    assert [p["podAffinityTerm"]["topologyKey"] for p in master_terms] == ["kubernetes.io/hostname", zone]
+    assert "requiredDuringSchedulingIgnoredDuringExecution" not in master["affinity"]["podAffinity"]
+    assert placement.required_domain({"spec": worker}) == zone
+    assert not placement.requires_same_node({"spec": worker})
+
+    loose = {"sameNode": "None", "topology": {"key": "rack", "mode": "Preferred"}}
+    rack, _ = pod_specs("d", {"placement": loose})
+    assert "requiredDuringSchedulingIgnoredDuringExecution" not in rack["affinity"]["podAffinity"]
+    (only,) = rack["affinity"]["podAffinity"]["preferredDuringSchedulingIgnoredDuringExecution"]
+    assert only["podAffinityTerm"]["topologyKey"] == "rack"
+    same, _ = pod_specs("d", {"placement": {"sameNode": "Required",
+                                            "topology": {"key": "kubernetes.io/hostname"}}})
+    assert len(same["affinity"]["podAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]) == 1
+
+
+def test_pods_carry_the_labels_llm_d_and_the_gateway_select_on() -> None:
+    objs = by_kind(render.children("chat", "ns", {}))
+    master = objs["Deployment/chat-0-master"]["spec"]["template"]["metadata"]["labels"]
+    worker = objs["StatefulSet/chat-0-worker"]["spec"]["template"]["metadata"]["labels"]
+    assert master["llm-d.ai/inferenceServing"] == "true" and master["llm-d.ai/role"] == "both"
+    assert master["llm-d.ai/model"] == worker["llm-d.ai/model"] == "chat"  # the name the OpenAI API serves
+    # workers serve no client: nothing that selects model servers picks them
+    assert "llm-d.ai/inferenceServing" not in worker and "llm-d.ai/role" not in worker

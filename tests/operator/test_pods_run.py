@@ -25,20 +25,18 @@ from typing import Any
 import pytest
 import yaml
 from lopa_op_helpers import (
-    RELEASE_NAMESPACE,
     OperatorProcess,
+    ask_client_pod,
     delete_all,
-    ensure_chart,
     is_available,
     load_sample,
-    lopa,
     pods,
+    process_node,
     wait_status,
 )
 
 from kube import netns
 from kube.cluster import KubeCluster
-from kube.nodes import DEFAULT_NODES
 from kube.pod_runner import PodRunner
 
 pytestmark = pytest.mark.slow
@@ -50,22 +48,8 @@ GROUP_TIMEOUT = 240.0  # CPU workers loading torch and the model on a 2-core CI 
 
 @pytest.fixture(scope="module")
 def runner(kube: KubeCluster) -> Iterator[PodRunner]:
-    why = netns.available()
-    if why:
-        pytest.skip(f"running pods as processes {why}")
-    ensure_chart(kube)  # its operator pod (unused here: the test runs the operator) stays on a kwok node
-    chart_pods = lambda: kube.get_json("pods", "-n", RELEASE_NAMESPACE)["items"]  # noqa: E731
-    kube.wait_for(
-        lambda: all(p["spec"].get("nodeName") for p in chart_pods()), timeout=30,
-        description="the chart's pods scheduled",
-    )
-    nodes = [node.name for node in DEFAULT_NODES]
-    kube.kubectl("cordon", *nodes)  # every pod of this module goes to the process node
-    try:
-        with PodRunner(kube) as pod_runner:
-            yield pod_runner
-    finally:
-        kube.kubectl("uncordon", *nodes, check=False)
+    with process_node(kube) as pod_runner:
+        yield pod_runner
 
 
 @pytest.fixture(scope="module")
@@ -119,49 +103,8 @@ def wait_group(
         raise TimeoutError(f"{error}\n{runner.report()}") from None
 
 
-def ask(kube: KubeCluster, runner: PodRunner, ns: str, tag: str, attempts: int = 4) -> dict[str, Any]:
-    """One request from a client pod through the client Service's name; its JSON answer.
-
-    UNAVAILABLE is retried a few times, as a gRPC client should: right after a group restart the
-    master's readiness may still drop (its probe fails 3 times 5 s apart while the group re-forms,
-    and the third failure can land once the new group already serves), taking the master out of
-    the Service's endpoints for one probe period."""
-    for attempt in range(attempts):
-        phase, log = _client_pod(kube, runner, ns, f"client-{tag}-{attempt}")
-        if phase == "Succeeded":
-            line = next(line for line in reversed(log.splitlines()) if line.startswith("{"))
-            return dict(json.loads(line))
-        if "UNAVAILABLE" not in log or attempt == attempts - 1:
-            break
-        time.sleep(3)
-    raise AssertionError(f"client pod failed:\n{log}\n{runner.report()}")
-
-
-def _client_pod(kube: KubeCluster, runner: PodRunner, ns: str, name: str) -> tuple[str, str]:
-    """Runs `lopa client generate` against status.endpoint in pod `name`: (its phase, its output)."""
-    endpoint = lopa(kube, ns, NAME)["status"]["endpoint"]
-    image = pods(kube, ns, NAME, "master")[0]["spec"]["containers"][0]["image"]
-    command = ["lopa", "client", "generate", "--address", endpoint, "--prompt", PROMPT, "--json",
-               "--timeout", "120"]
-    runner.api.post(f"/api/v1/namespaces/{ns}/pods", {
-        "apiVersion": "v1",
-        "kind": "Pod",
-        "metadata": {"name": name},
-        "spec": {
-            "restartPolicy": "Never",
-            "securityContext": {"runAsNonRoot": True, "runAsUser": 65532,
-                                "seccompProfile": {"type": "RuntimeDefault"}},
-            "containers": [{"name": "client", "image": image, "command": command, "securityContext": {
-                "allowPrivilegeEscalation": False, "capabilities": {"drop": ["ALL"]}}}],
-        },
-    })
-
-    def finished() -> dict[str, Any] | None:
-        pod = runner.api.get(f"/api/v1/namespaces/{ns}/pods/{name}")
-        return pod if pod and pod["status"].get("phase") in ("Succeeded", "Failed") else None
-
-    done = kube.wait_for(finished, timeout=180, description=f"client pod {name} to finish")
-    return done["status"]["phase"], runner.log(ns, name)
+def ask(kube: KubeCluster, runner: PodRunner, ns: str, tag: str) -> dict[str, Any]:
+    return ask_client_pod(kube, runner, ns, NAME, PROMPT, tag)
 
 
 def workers(kube: KubeCluster, ns: str) -> dict[str, dict[str, Any]]:

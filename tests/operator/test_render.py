@@ -125,12 +125,14 @@ def test_nvidia_sample_wiring() -> None:
     shm = next(v for v in pod["volumes"] if v["name"] == "dshm")
     assert shm["emptyDir"] == {"medium": "Memory", "sizeLimit": "16Gi"}
     assert {"name": "dshm", "mountPath": "/dev/shm"} in worker["volumeMounts"]
-    model = next(v for v in pod["volumes"] if v["name"] == "model")
-    assert model["persistentVolumeClaim"] == {"claimName": "d2f-models", "readOnly": True}
+    cache = next(v for v in pod["volumes"] if v["name"] == "model-cache")
+    assert cache["persistentVolumeClaim"] == {"claimName": "d2f-models"}  # written by the init containers
+    assert [c["name"] for c in pod["initContainers"]] == ["fetch-model", "fetch-adapter"]
     text = by_kind(objs)["ConfigMap/d2f-dream-0-config"]["data"]["lopa.yaml"]
     doc = yaml.safe_load(text)
     assert doc["workers"]["backend"] == "nccl" and doc["model"]["device"] == "cuda"
-    assert doc["model"]["adapter"] == "/models/D2F_Dream_Base_7B_Lora"
+    assert doc["model"]["path"] == "/mnt/models/hf/Dream-org/Dream-v0-Base-7B/main"
+    assert doc["model"]["adapter"] == "/mnt/models/hf/SJTU-Deng-Lab/D2F_Dream_Base_7B_Lora/main"
     assert doc["workers"]["addresses"][3] == "d2f-dream-0-worker-3.d2f-dream-workers.ns.svc:50052"
 
 

@@ -32,11 +32,11 @@ def test_every_sample_renders_restricted_pods(file: str) -> None:
         }, role
         assert pod["automountServiceAccountToken"] is False
         assert not any(k in pod for k in ("hostNetwork", "hostPID", "hostIPC"))
-        (container,) = pod["containers"]
-        assert container["securityContext"] == {
-            "allowPrivilegeEscalation": False, "readOnlyRootFilesystem": True,
-            "capabilities": {"drop": ["ALL"]},
-        }, role
+        for container in [*pod.get("initContainers", []), *pod["containers"]]:
+            assert container["securityContext"] == {
+                "allowPrivilegeEscalation": False, "readOnlyRootFilesystem": True,
+                "capabilities": {"drop": ["ALL"]},
+            }, (role, container["name"])
         kinds = {k for v in pod["volumes"] for k in v if k != "name"}
         assert kinds <= {"configMap", "secret", "emptyDir", "persistentVolumeClaim"}, role  # restricted's
 

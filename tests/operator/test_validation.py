@@ -150,6 +150,35 @@ CASES = [
      "spec.inferencePool.endpointPicker is required"),
     ("pool-without-http", {"inferencePool": {"enabled": True, "endpointPicker": {"name": "epp"}}},
      "spec.inferencePool needs spec.service.httpPort"),
+    # Model URIs: a shape the init container could not fetch is refused before any pod exists.
+    ("hf-without-org", {"model": {"uri": "hf://Dream-v0-Base-7B"}}, "spec.model.uri"),
+    ("s3-uri", {"model": {"uri": "s3://bucket/model"}}, "must be hf://org/name[@revision], pvc://claim/path"),
+    ("relative-uri", {"model": {"uri": "models/dream"}}, "spec.model.uri"),
+    ("hf-revision-dot-dot", {"model": {"uri": "hf://org/m@../../etc"}}, "must hold no . or .. segment"),
+    ("pvc-empty-segment", {"model": {"uri": "pvc://models//dream"}}, "spec.model.uri"),
+    ("bad-adapter-uri", {"model": {"uri": "hf://org/m", "adapterUri": "ftp://x/y"}}, "spec.model.adapterUri"),
+    ("uri-beside-path", {"model": {"uri": "hf://org/m", "path": "/models/m"}},
+     "spec.model.uri and spec.model.adapterUri replace spec.model.path, adapter and pvc"),
+    ("adapter-uri-without-uri", {"model": {"adapterUri": "hf://org/lora"}},
+     "spec.model.adapterUri needs spec.model.uri"),
+    ("hub-endpoint-not-http", {"model": {"uri": "hf://org/m", "huggingFace": {"endpoint": "hub.local"}}},
+     "spec.model.huggingFace.endpoint"),
+    ("token-secret-without-name", {"model": {"uri": "hf://org/m", "huggingFace": {"tokenSecret": {}}}},
+     "spec.model.huggingFace.tokenSecret.name"),
+    ("cache-size-not-a-quantity", {"model": {"uri": "hf://org/m", "cache": {"sizeLimit": "big"}}},
+     "spec.model.cache.sizeLimit must be a quantity"),
+    # Scheduling and topology.
+    ("unknown-gang", {"scheduling": {"gang": "Volcano"}}, "spec.scheduling.gang"),
+    ("kueue-without-queue", {"scheduling": {"gang": "Kueue"}},
+     "spec.scheduling.queueName (a Kueue LocalQueue"),
+    ("queue-without-kueue", {"scheduling": {"queueName": "gpus"}},
+     "spec.scheduling.queueName applies only to gang: Kueue"),
+    ("topology-without-key", {"placement": {"topology": {"mode": "Required"}}},
+     "spec.placement.topology.key"),
+    ("topology-key-not-a-label", {"placement": {"topology": {"key": "rack name"}}},
+     "spec.placement.topology.key"),
+    ("topology-unknown-mode", {"placement": {"topology": {"key": "rack", "mode": "Always"}}},
+     "spec.placement.topology.mode"),
 ]
 
 
@@ -270,10 +299,31 @@ def test_fp8_weights_are_accepted_on_nvidia_and_cpu(
         assert yaml.safe_load(result.stdout)["spec"]["model"]["weights"] == "fp8"
 
 
+def test_model_uris_scheduling_and_topology_are_accepted(
+    kube: KubeCluster, crd_installed: None, shared_namespace: str
+) -> None:
+    for name, spec in (
+        ("hf-pinned", {"model": {"uri": "hf://Dream-org/Dream-v0-Base-7B@" + "0" * 40,
+                                 "adapterUri": "hf://SJTU-Deng-Lab/D2F_Dream_Base_7B_Lora@refs/pr/1",
+                                 "cache": {"claimName": "models"},
+                                 "huggingFace": {"endpoint": "https://hf-mirror.com",
+                                                 "tokenSecret": {"name": "hf-token"}}}}),
+        ("pvc-uri", {"model": {"uri": "pvc://models/Dream-v0-Base-7B", "adapterUri": "/opt/lora"}}),
+        ("path-uri", {"model": {"uri": "/models/dream"}}),
+        ("workload-gang", {"scheduling": {"gang": "Workload", "priorityClassName": "inference"},
+                           "placement": {"topology": {"key": "topology.kubernetes.io/zone"}}}),
+        ("kueue-gang", {"scheduling": {"gang": "Kueue", "queueName": "gpus"},
+                        "placement": {"sameNode": "None", "topology": {"key": "rack", "mode": "Preferred"}}}),
+    ):
+        kube.kubectl("create", "--dry-run=server", "-n", shared_namespace, "-f", "-",
+                     input=manifest(spec, name))
+
+
 def test_minimal_spec_gets_defaults(kube: KubeCluster, crd_installed: None, namespace: str) -> None:
     kube.kubectl("create", "-n", namespace, "-f", "-", input=manifest({}, "minimal"))
     spec = kube.get_json("lopa", "minimal", "-n", namespace)["spec"]
     assert spec["branchParallelism"] == 1 and spec["accelerator"]["type"] == "cpu"
     assert spec["decoding"] == {}  # no decoding defaults: the runtime takes the model's own
     assert spec["failurePolicy"]["maxGroupRestarts"] == 5 and spec["service"]["port"] == 50051
+    assert spec["scheduling"] == {"gang": "None"}
     kube.kubectl("delete", "lopa", "minimal", "-n", namespace, "--wait=false")

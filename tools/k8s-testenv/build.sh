@@ -37,9 +37,12 @@ for v in K8S_VERSION ETCD_VERSION KWOK_VERSION HELM_VERSION; do
 done
 
 # Any edit to the pinned module graph changes the key; bump RECIPE when the build flags
-# below change in a way that must rebuild the cached binaries.
+# below change in a way that must rebuild the cached binaries. Only this script's modules count
+# (kueue/ is kueue.sh's, cached on its own).
 RECIPE=1
-CONTENT_HASH="$( (echo "recipe $RECIPE"; cat "$HERE"/*/go.mod "$HERE"/*/go.sum) | sha256sum | cut -c1-10)"
+MODULES=(etcd helm kubernetes kwok)
+CONTENT_HASH="$( (echo "recipe $RECIPE"; for m in "${MODULES[@]}"; do cat "$HERE/$m/go.mod"; done
+  for m in "${MODULES[@]}"; do cat "$HERE/$m/go.sum"; done) | sha256sum | cut -c1-10)"
 KEY="k8s-${K8S_VERSION}_etcd-${ETCD_VERSION}_kwok-${KWOK_VERSION}_helm-${HELM_VERSION}_${CONTENT_HASH}"
 CACHE_ROOT="${LOPA_TESTENV_CACHE:-$HOME/.cache/lopa-testenv}"
 BIN_DIR="$CACHE_ROOT/$KEY/bin"

@@ -78,6 +78,19 @@ empty, so a namespaced install has no ClusterRole of the operator's at all. */}}
 - apiGroups: [inference.networking.k8s.io]
   resources: [inferencepools]
   verbs: [get, create, patch, delete]
+# spec.scheduling.gang: Workload: the deployment's Workload and each group's PodGroup, applied like the
+# children above; PodGroups are listed to delete those no group and no pod names any more.
+- apiGroups: [scheduling.k8s.io]
+  resources: [workloads]
+  verbs: [get, create, patch, delete]
+- apiGroups: [scheduling.k8s.io]
+  resources: [podgroups]
+  verbs: [get, create, patch, list, delete]
+# spec.scheduling.gang: Kueue: the LocalQueue named must exist, and a waiting group's Kueue Workload
+# says why it waits (read only).
+- apiGroups: [kueue.x-k8s.io]
+  resources: [localqueues, workloads]
+  verbs: [get]
 # Worker pods are observed for group health and deleted to recreate or roll the group.
 - apiGroups: [""]
   resources: [pods]

@@ -8,7 +8,7 @@ import sys
 from collections.abc import Sequence
 
 from lopa import __version__
-from lopa.cli import bench, client, generate, master, serve, train, worker
+from lopa.cli import bench, client, fetch, generate, master, serve, train, worker
 from lopa.cli.decoding_flags import flag_name
 from lopa.model.errors import CheckpointError
 from lopa.params import InvalidParameter
@@ -30,6 +30,7 @@ def build_parser() -> argparse.ArgumentParser:
     master.add_parser(subparsers)
     client.add_parser(subparsers)
     worker.add_parser(subparsers)
+    fetch.add_parser(subparsers)
     return parser
 
 
