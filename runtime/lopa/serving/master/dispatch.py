@@ -30,18 +30,14 @@ from lopa.scheduling.request import (
 )
 from lopa.scheduling.scheduler import Scheduler
 from lopa.serving.master.admission import Admission, Admitted, Ask
+from lopa.serving.master.errors import GroupUnavailable, WorkerLost
 from lopa.serving.master.events import Event, Finished, Progress
-from lopa.serving.master.group.links import WorkerLost
 from lopa.serving.master.streaming import DeltaTracker
 from lopa.serving.shared.metrics import MasterMetrics
 
 log = logging.getLogger("lopa.master")
 
 __all__ = ["Dispatcher", "GroupUnavailable", "QueueFull", "Ticket", "outcome_label"]
-
-
-class GroupUnavailable(Exception):
-    """No worker group is attached, or the master is draining: a request cannot be queued."""
 
 
 def outcome_label(error: BaseException) -> str:
@@ -189,9 +185,6 @@ class Dispatcher:
                           arrived) for one in admitted]
         try:
             self.scheduler.submit_many([self._request(ticket) for ticket in tickets])
-        except InvalidParameter:
-            self.refused("invalid", n)
-            raise
         except QueueFull:
             self.refused("rejected", n)
             raise

@@ -18,7 +18,10 @@ from typing import Any
 import grpc
 
 from lopa.proto import worker_pb2, worker_pb2_grpc
+from lopa.serving.master.errors import WorkerLost
 from lopa.serving.shared.group_link import LinkSecurity
+
+__all__ = ["WorkerGroup", "WorkerLink", "WorkerLost"]
 
 log = logging.getLogger("lopa.master")
 STARTUP_GRACE_S = 60.0  # workers loading a model are not alarming at first; past this they are
@@ -44,16 +47,6 @@ _CHANNEL_OPTIONS = [
     ("grpc.keepalive_permit_without_calls", 1),
     ("grpc.http2.max_pings_without_data", 0),
 ]
-
-
-class WorkerLost(RuntimeError):
-    """A worker stream failed or timed out: the request fails with UNAVAILABLE. busy: the worker
-    refused the stream because another master's is attached (its group is fine: never tell it to
-    leave)."""
-
-    def __init__(self, message: str, busy: bool = False) -> None:
-        super().__init__(message)
-        self.busy = busy
 
 
 class WorkerLink:
