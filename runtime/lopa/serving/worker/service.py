@@ -153,7 +153,7 @@ class WorkerService(worker_pb2_grpc.WorkerServicer):
                 raise ValueError(f"sequence {part.sequence} outside [0, max_batch={self.max_batch})")
             if part.HasField("begin"):
                 try:
-                    shard.begin(params_of(part.begin), max(1, part.begin.num_slots), part.sequence,
+                    shard.begin(params_of(part.begin), max(1, part.begin.num_rows), part.sequence,
                                 part.begin.excluded_ids)
                 except Exception as error:  # bad sampling settings: this request fails, not the round
                     errors[index] = self._local_failure(error)
@@ -244,7 +244,7 @@ def serve_worker(config: ServingConfig, rank: int, stop: threading.Event | None 
         metrics.watch_forwards(lambda: dict(window_model.forwards))
         metrics.watch_captures(window_model.graph_captures)
     log.info(
-        "rank %d: model %s loaded; %d KV slots (limits.max_batch) of %d tokens reserved %.1f MiB; "
+        "rank %d: model %s loaded; %d KV sequences (limits.max_batch) of %d tokens reserved %.1f MiB; "
         "worker API on %s", rank, path, config.limits.max_batch, max_length, reserved / (1 << 20), address,
     )
     try:
