@@ -28,6 +28,7 @@ testenv:
 lint: install
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/lint-imports
+	$(PY) tools/function_length.py
 
 test: install testenv lint
 	$(PY) -m pytest tests
