@@ -11,8 +11,9 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
@@ -37,6 +38,9 @@ from lopa.serving.shared.log_limits import limit_repeats, raise_descriptor_limit
 from lopa.serving.shared.metrics import MasterMetrics
 from lopa.serving.shared.model_dir import model_path
 from lopa.serving.shared.tls import server_credentials
+
+if TYPE_CHECKING:
+    from aiohttp import web
 
 log = logging.getLogger("lopa.master")
 # gRPC refuses a message over its limit slowly (the whole message crosses first, ~0.1-0.3 s for a few
@@ -103,61 +107,21 @@ async def serve_master(
     pipeline = Pipeline.build(config, served, metrics)
     group = pipeline.group
     health = health_aio.HealthServicer()
-    loop = asyncio.get_running_loop()
-
-    def on_group(attached: bool) -> None:
-        if attached:
-            pipeline.adopt_budget(group.step_tokens, config)
-        serving = health_pb2.HealthCheckResponse
-        status = serving.SERVING if pipeline.serving() else serving.NOT_SERVING
-        metrics.workers_joined.set(group.size if attached else 0)
-        if attached:
-            metrics.group_attaches.inc()
-        elif group.lost_members:
-            metrics.group_losses.inc()
-        for name in ("", SERVICE):
-            asyncio.run_coroutine_threadsafe(health.set(name, status), loop)
-
-    admission = pipeline.dispatcher.admission
-    largest = max(admission.max_body_bytes, GRPC_MESSAGE_FLOOR)
-    server = grpc.aio.server(options=[NO_REUSEPORT, ("grpc.max_receive_message_length", largest)])
-    # a request that does not parse: INVALID_ARGUMENT, not UNKNOWN
-    add_lopa_servicer(LopaService(pipeline.dispatcher, pipeline.served), server)
-    health_pb2_grpc.add_HealthServicer_to_server(health, server)
     for name in ("", SERVICE):
         await health.set(name, health_pb2.HealthCheckResponse.NOT_SERVING)
-    listen = config.master.listen
-    credentials = server_credentials(config.tls)
-    add_port(server, listen, "master.listen", credentials)
-    health_server = None
-    if config.master.health_port:
-        # grpc.health.v1 alone, plaintext, with the same servicer: the kubelet's gRPC probe speaks no
-        # TLS, and a TCP check of master.listen passes before the group has formed.
-        health_server = grpc.aio.server(options=[NO_REUSEPORT])
-        health_pb2_grpc.add_HealthServicer_to_server(health, health_server)
-        add_port(health_server, f"0.0.0.0:{config.master.health_port}", "master.health_port")
+    server, health_server, secure = grpc_servers(config, pipeline, health)
     await server.start()
     if health_server is not None:
         await health_server.start()
     http = None
     try:  # from here on every exit stops what started (an HTTP port in use included)
         if config.master.http_port:
-            from lopa.serving.master.api.http_site import HttpBounds
-            from lopa.serving.master.api.openai_http import OpenAIApi, start_http
-
-            name = pipeline.served.name
-            master = config.master
-            bounds = HttpBounds(master.http_max_connections, master.http_header_timeout_s,
-                                master.http_keepalive_timeout_s, master.http_body_timeout_s)
-            api = OpenAIApi(pipeline.dispatcher, name, config.limits.queue_size, pipeline.serving,
-                            metrics.registry, bounds, admission.max_body_bytes)
-            http = await start_http(api, config.master.http_port, config.tls)
-            log.info("OpenAI-compatible HTTP API on port %d, model %r", config.master.http_port, name)
-        group.listeners.append(on_group)
+            http = await start_http_api(config, pipeline, metrics)
+        group.listeners.append(group_listener(config, pipeline, health, asyncio.get_running_loop()))
         group.start()
         pipeline.dispatcher.start()
-        log.info("lopa %s master listening on %s (%s), %d workers: %s", __version__, listen,
-                 "TLS" if credentials else "plaintext", group.size, ", ".join(config.workers.addresses))
+        log.info("lopa %s master listening on %s (%s), %d workers: %s", __version__, config.master.listen,
+                 "TLS" if secure else "plaintext", group.size, ", ".join(config.workers.addresses))
         log_batching(config, pipeline.scheduler.budget)
         if started is not None:
             started.set()
@@ -174,6 +138,67 @@ async def serve_master(
         if health_server is not None:
             await health_server.stop(grace=None)
         await server.stop(grace=2.0)
+
+
+def grpc_servers(
+    config: ServingConfig, pipeline: Pipeline, health: health_aio.HealthServicer
+) -> tuple[grpc.aio.Server, grpc.aio.Server | None, bool]:
+    """(the client API's server, the plaintext health port's or None, whether the API is on TLS),
+    bound to their ports, not started."""
+    largest = max(pipeline.dispatcher.admission.max_body_bytes, GRPC_MESSAGE_FLOOR)
+    server = grpc.aio.server(options=[NO_REUSEPORT, ("grpc.max_receive_message_length", largest)])
+    # a request that does not parse: INVALID_ARGUMENT, not UNKNOWN
+    add_lopa_servicer(LopaService(pipeline.dispatcher, pipeline.served), server)
+    health_pb2_grpc.add_HealthServicer_to_server(health, server)
+    credentials = server_credentials(config.tls)
+    add_port(server, config.master.listen, "master.listen", credentials)
+    health_server = None
+    if config.master.health_port:
+        # grpc.health.v1 alone, plaintext, with the same servicer: the kubelet's gRPC probe speaks no
+        # TLS, and a TCP check of master.listen passes before the group has formed.
+        health_server = grpc.aio.server(options=[NO_REUSEPORT])
+        health_pb2_grpc.add_HealthServicer_to_server(health, health_server)
+        add_port(health_server, f"0.0.0.0:{config.master.health_port}", "master.health_port")
+    return server, health_server, credentials is not None
+
+
+async def start_http_api(config: ServingConfig, pipeline: Pipeline, metrics: MasterMetrics) -> web.AppRunner:
+    """The OpenAI-compatible HTTP API on master.http_port, started (its runner, to clean up)."""
+    from lopa.serving.master.api.http_site import HttpBounds
+    from lopa.serving.master.api.openai_http import OpenAIApi, start_http
+
+    name, master = pipeline.served.name, config.master
+    bounds = HttpBounds(master.http_max_connections, master.http_header_timeout_s,
+                        master.http_keepalive_timeout_s, master.http_body_timeout_s)
+    api = OpenAIApi(pipeline.dispatcher, name, config.limits.queue_size, pipeline.serving,
+                    metrics.registry, bounds, pipeline.dispatcher.admission.max_body_bytes)
+    http = await start_http(api, master.http_port, config.tls)
+    log.info("OpenAI-compatible HTTP API on port %d, model %r", master.http_port, name)
+    return http
+
+
+def group_listener(
+    config: ServingConfig, pipeline: Pipeline, health: health_aio.HealthServicer,
+    loop: asyncio.AbstractEventLoop,
+) -> Callable[[bool], None]:
+    """What the group's attaching and detaching change (from its monitor thread): the budget the
+    workers measured, health, the group metrics."""
+    group, metrics = pipeline.group, pipeline.metrics
+
+    def on_group(attached: bool) -> None:
+        if attached:
+            pipeline.adopt_budget(group.step_tokens, config)
+        serving = health_pb2.HealthCheckResponse
+        status = serving.SERVING if pipeline.serving() else serving.NOT_SERVING
+        metrics.workers_joined.set(group.size if attached else 0)
+        if attached:
+            metrics.group_attaches.inc()
+        elif group.lost_members:
+            metrics.group_losses.inc()
+        for name in ("", SERVICE):
+            asyncio.run_coroutine_threadsafe(health.set(name, status), loop)
+
+    return on_group
 
 
 async def drain_requests(pipeline: Pipeline, health: health_aio.HealthServicer, limit_s: float) -> None:
