@@ -200,6 +200,35 @@ def _reconcile(
         plan = rollout.hold_deployed(plan, deployed)
         secrets = {}
     in_force = before["configHash"] if rejected else desired_hash
+    _remove_orphans(kube, obj, spec, deployed, worker_sets, masters, logger, rejected is not None)
+    if not rejected:
+        fence = names.network_policy(name)
+        _remove_unless(network.enabled(spec), kube, memo, "NetworkPolicy", namespace, fence)
+    extra = _pool_condition(kube, obj, spec, memo, post, before, rejected)
+
+    now = dt.datetime.now(dt.timezone.utc)
+    rounds = _group_rounds(kube, obj, spec, pods, plan, deployed, entries, in_force, secrets, rejected, now,
+                           logger)
+
+    after = statuses.derive(obj, spec, rounds, in_force, now, rejected, extra)
+    if any(before.get(k) != v for k, v in after.items()):
+        kube.patch_status(namespace, name, after)
+    _events(obj, before, after, rounds, plan.remove, post)
+    metrics.observe(namespace, name, after)
+    # A refused spec raises nothing: kopf would hold this object's handlers and timer for the retry's
+    # delay (a fix or a lost worker then waited a minute); the timer retries it (_ensure's memo).
+    return after
+
+
+def _remove_orphans(
+    kube: Kube, obj: dict[str, Any], spec: dict[str, Any], deployed: dict[int, rollout.Deployed],
+    worker_sets: list[dict],
+    masters: list[dict], logger: logging.Logger | logging.LoggerAdapter, held: bool,
+) -> None:
+    """Delete the children no group of spec.replicas owns (none while a refused spec holds the groups)."""
+    meta = obj["metadata"]
+    name, namespace = meta["name"], meta["namespace"]
+    ours = names.selector(name)
     listed = {
         "StatefulSet": worker_sets,
         "Deployment": masters,
@@ -207,7 +236,7 @@ def _reconcile(
     }
     # An operator from before groups left unlabelled children: they serve until enough groups do.
     legacy_too = sum(d.available for d in deployed.values()) >= statuses.min_available(spec)
-    doomed = {k: [] if rejected else rollout.unexpected(objs, spec["replicas"], legacy_too)
+    doomed = {k: [] if held else rollout.unexpected(objs, spec["replicas"], legacy_too)
               for k, objs in listed.items()}  # (a list's items carry no kind)
     # A removed group's Secret goes first: found by its group's other children, never listed.
     removed = {names.group_of(c) for objs in doomed.values() for c in objs} - {None}
@@ -217,12 +246,15 @@ def _reconcile(
         for child in objs:
             kube.delete(kind, namespace, child["metadata"]["name"], uid=child["metadata"]["uid"])
             logger.info("deleted %s %s: no group of spec.replicas owns it", kind, child["metadata"]["name"])
-    if not rejected:
-        fence = names.network_policy(name)
-        _remove_unless(network.enabled(spec), kube, memo, "NetworkPolicy", namespace, fence)
-    extra = _pool_condition(kube, obj, spec, memo, post, before, rejected)
 
-    now = dt.datetime.now(dt.timezone.utc)
+
+def _group_rounds(
+    kube: Kube, obj: dict[str, Any], spec: dict[str, Any], pods: list[dict], plan: rollout.Plan,
+    deployed: dict[int, rollout.Deployed], entries: dict[Any, dict], in_force: str, secrets: dict[int, Any],
+    rejected: dict[str, Any] | None, now: dt.datetime, logger: logging.Logger | logging.LoggerAdapter,
+) -> list[statuses.GroupRound]:
+    """Every group's decision this round (lopa_operator.group), acted on."""
+    meta = obj["metadata"]
     rounds = []
     for index in range(spec["replicas"]):
         if index in plan.hold:
@@ -238,18 +270,10 @@ def _reconcile(
         workers = [p for p in mine if p["metadata"]["labels"].get(_ROLE) == names.ROLE_WORKER]
         secret_hash = credentials.digest(secrets[index]) if index in secrets else None
         decision = group.decide(workers, wanted, config_hash, memory, spec["failurePolicy"], now, secret_hash)
-        _act(kube, namespace, name, index, decision, logger)
+        _act(kube, meta["namespace"], meta["name"], index, decision, logger)
         refused = rejected is not None and index not in plan.hold
         rounds.append(statuses.GroupRound(index, mine, config_hash, wanted, decision, refused))
-
-    after = statuses.derive(obj, spec, rounds, in_force, now, rejected, extra)
-    if any(before.get(k) != v for k, v in after.items()):
-        kube.patch_status(namespace, name, after)
-    _events(obj, before, after, rounds, plan.remove, post)
-    metrics.observe(namespace, name, after)
-    # A refused spec raises nothing: kopf would hold this object's handlers and timer for the retry's
-    # delay (a fix or a lost worker then waited a minute); the timer retries it (_ensure's memo).
-    return after
+    return rounds
 
 
 _ROLE = "app.kubernetes.io/component"
