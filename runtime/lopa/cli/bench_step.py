@@ -15,6 +15,7 @@ import torch
 from lopa.bench import step
 from lopa.bench.rows import check_json, markdown_table, show_row
 from lopa.cli.preflight import device_problem
+from lopa.host.device import resolve_device
 from lopa.model.dream import DreamModel
 from lopa.model.loader import load_model, parse_dtype
 from lopa.params import MAX_BRANCHES, InvalidParameter
@@ -43,7 +44,9 @@ def add_parsers(kinds: argparse._SubParsersAction) -> None:
         "--preset", choices=sorted(PRESETS), help="random weights of this shape, made on the device"
     )
     bench.add_argument("--adapter", default=None, help="PEFT LoRA adapter directory (merged at load)")
-    bench.add_argument("--device", default="cuda", help="cuda, cuda:N or cpu (default cuda)")
+    bench.add_argument("--device", default="auto",
+                       help="auto, cuda, cuda:N or cpu; auto: CUDA when present, then an NPU, else the CPU "
+                       "(default auto)")
     bench.add_argument("--dtype", default="bfloat16", choices=DTYPES, help="weights dtype (default bfloat16)")
     bench.add_argument("--rows", default="1,2,4,8,16", help="forward grid: rows (branches) per forward")
     bench.add_argument("--widths", default="32,64,128", help="forward grid: window tokens per row")
@@ -79,7 +82,8 @@ def add_parsers(kinds: argparse._SubParsersAction) -> None:
     write.add_argument("--adapter-out", default=None, help="also write a D2F-shaped LoRA adapter here")
     write.add_argument("--lora-rank", type=int, default=32, help="LoRA rank (default 32)")
     write.add_argument("--dtype", default="bfloat16", choices=DTYPES)
-    write.add_argument("--device", default="cpu", help="where the random tensors are drawn (cuda is faster)")
+    write.add_argument("--device", default="auto",
+                       help="where the random tensors are drawn (default auto: CUDA when present, faster)")
     write.add_argument("--shard-gb", type=float, default=5.0, help="shard size in GB (default 5)")
     write.set_defaults(handler=run_write)
 
@@ -178,6 +182,7 @@ def check_args(args: argparse.Namespace) -> Grids:
     problem = device_problem(args.device)
     if problem:
         raise InvalidParameter("device", problem)
+    args.device = resolve_device(args.device)
     return grids
 
 
@@ -309,6 +314,7 @@ def run_write(args: argparse.Namespace) -> int:
     problem = device_problem(args.device)
     if problem:
         raise InvalidParameter("device", problem)
+    args.device = resolve_device(args.device)
     config = PRESETS[args.preset]()
     began = time.perf_counter()
     total = write_sharded_checkpoint(

@@ -11,6 +11,7 @@ from lopa.cli.decoding_flags import add_decoding_flags, params_from_args
 from lopa.cli.preflight import device_problem
 from lopa.decoding.decoder import StepEvent
 from lopa.engine import Completion, LocalEngine, bundled_model_dir
+from lopa.host.device import resolve_device
 from lopa.params import InvalidParameter
 from lopa.serving.shared.config import DTYPES
 
@@ -39,7 +40,9 @@ def add_model_flags(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--adapter", default=None, help="PEFT LoRA adapter directory, merged at load")
     group.add_argument("--dtype", default="float32", choices=DTYPES,
                        help="weights dtype (default: %(default)s)")
-    group.add_argument("--device", default="cpu", help="cpu, cuda, cuda:1, npu, npu:1 (default: %(default)s)")
+    group.add_argument("--device", default="auto",
+                       help="auto, cpu, cuda, cuda:1, npu, npu:1; auto: CUDA when present, then an NPU, else "
+                       "the CPU (default: %(default)s)")
     group.add_argument("--max-length", type=int, default=None, help="KV cache length (prompt + output)")
 
 
@@ -67,9 +70,8 @@ def run(args: argparse.Namespace) -> int:
     # The decoding settings before the (slow) load: a bad flag or lopa_defaults.json fails at once.
     params = params_from_args(args, model_defaults(args.model or bundled_model_dir()))
     # One prompt: one KV cache (not DEFAULT_MAX_BATCH of them), and no branch budget to measure.
-    engine = LocalEngine.from_dirs(
-        args.model, args.adapter, args.dtype, args.device, args.max_length, max_batch=1
-    )
+    device = resolve_device(args.device)
+    engine = LocalEngine.from_dirs(args.model, args.adapter, args.dtype, device, args.max_length, max_batch=1)
 
     def show_step(event: StepEvent) -> None:
         fills = ", ".join(f"{p}:{engine.decode([t])!r}" for p, t in event.fills)
@@ -82,11 +84,13 @@ def run(args: argparse.Namespace) -> int:
     )
     stats = stats_of(completion)
     if args.json:
-        print(json.dumps({"text": completion.text, "output_ids": completion.result.output_ids, **stats}))
+        print(json.dumps({"text": completion.text, "output_ids": completion.result.output_ids, **stats,
+                          "device": device}))
         return 0
     print(completion.text)
     print(
-        f"-- {stats['tokens']} tokens in {stats['forwards']} forwards: TPF {stats['tpf']:.2f} "
+        f"-- {stats['tokens']} tokens in {stats['forwards']} forwards on {device} ({args.dtype}): "
+        f"TPF {stats['tpf']:.2f} "
         f"(padded {stats['padded_tpf']:.2f}), {stats['tokens_per_s']:.1f} tokens/s, "
         f"{stats['wall_s']:.3f} s wall (prefill included), finish: {stats['finish_reason']}",
         file=sys.stderr,

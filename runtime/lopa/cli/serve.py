@@ -1,4 +1,4 @@
-"""`lopa serve --workers N`: a local master + N branch workers on loopback (gloo, CPU by default)."""
+"""`lopa serve --workers N`: a local master + N branch workers on loopback, on the accelerator it finds."""
 
 from __future__ import annotations
 
@@ -15,6 +15,7 @@ import grpc
 from lopa.cli.decoding_flags import add_decoding_flags, params_from_args
 from lopa.cli.preflight import device_problem, listen_problem
 from lopa.params import InvalidParameter
+from lopa.serving.shared import device_choice
 from lopa.serving.shared.config import (
     DTYPES,
     MAX_BATCH,
@@ -30,6 +31,8 @@ from lopa.serving.shared.config import (
     with_model_defaults,
 )
 from lopa.serving.shared.model_dir import model_path, usable_max_length
+
+log = logging.getLogger("lopa.serve")
 
 
 def add_parser(subparsers: argparse._SubParsersAction) -> None:
@@ -50,6 +53,9 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--adapter", default=None, help="PEFT LoRA adapter directory")
     parser.add_argument("--dtype", default=None, choices=DTYPES,
                         help="weights dtype (default: the config file's model.dtype, else float32)")
+    parser.add_argument("--device", default=None,
+                        help="auto, cpu, cuda[:N] or npu[:N]; auto: CUDA when present, then an NPU, else the "
+                        "CPU (default: the config file's model.device, else auto)")
     parser.add_argument("--listen", default="127.0.0.1:50051",
                         help="client API address, HOST:PORT (default: %(default)s)")
     parser.add_argument("--http-port", type=int, default=0,
@@ -169,9 +175,11 @@ def serving_config(args: argparse.Namespace) -> ServingConfig:
 
     base = load_config(args.config) if args.config else parse_config({})
     model = ModelConfig(path=args.model or base.model.path, adapter=args.adapter or base.model.adapter,
-                        dtype=args.dtype or base.model.dtype, device=base.model.device)
+                        dtype=args.dtype or base.model.dtype, device=args.device or base.model.device)
     problem = device_problem(model.device)
     if problem:
+        if args.device:
+            raise InvalidParameter("device", problem)
         raise ConfigError(f"model.device: {problem}")
     base = with_model_defaults(dataclasses.replace(base, model=model), model_path(model.path))
     decoding = params_from_args(args, base.decoding)
@@ -193,7 +201,8 @@ def serving_config(args: argparse.Namespace) -> ServingConfig:
                                      base.master, metrics_port=args.metrics_port,
                                      http_port=args.http_port or base.master.http_port))
     workers = args.workers if args.workers is not None else (base.workers.count if args.config else 2)
-    config = loopback_config(config, workers, args.listen)
+    given, config = config, loopback_config(config, workers, args.listen)
+    log.info("%s", device_choice.start_line(config, given))
     validate(config)
     usable_max_length(config, model_path(model.path))  # what the children would refuse, refused now
     return config

@@ -31,7 +31,7 @@ from lopa.serving.master.group.distributed import DistributedExecutor, StepTimin
 from lopa.serving.master.group.links import WorkerGroup
 from lopa.serving.master.observer import MasterObserver
 from lopa.serving.master.served import ServedModel
-from lopa.serving.shared.config import ServingConfig
+from lopa.serving.shared.config import AUTO, ServingConfig
 from lopa.serving.shared.group_link import LinkSecurity
 from lopa.serving.shared.listen import NO_REUSEPORT, add_port
 from lopa.serving.shared.log_limits import limit_repeats, raise_descriptor_limit
@@ -72,7 +72,7 @@ class Pipeline:
 
         executor = DistributedExecutor(group, config.workers.step_timeout_s, observe_step, limits.max_batch)
         decoder = Decoder(executor, served.special.mask, served.special.eos, served.max_length)
-        device = config.model.device
+        device = budget_device(config, group)
         budget = Budget(limits.max_step_tokens) if limits.max_step_tokens else default_budget(device)
         observer = MasterObserver(metrics)
         scheduler = Scheduler(decoder, executor, served.decode, limits.queue_size, budget, observer)
@@ -86,7 +86,10 @@ class Pipeline:
 
     def adopt_budget(self, measured: Sequence[int], config: ServingConfig) -> None:
         """Run the budget the joined workers measured at start (see measured_budget)."""
-        budget = measured_budget(config.limits.max_step_tokens, measured, config.model.device)
+        device = budget_device(config, self.group)
+        budget = measured_budget(config.limits.max_step_tokens, measured, device)
+        if budget is None and config.model.device == AUTO and not config.limits.max_step_tokens:
+            budget = default_budget(device)  # the joined workers' device decides, whatever ran before
         if budget is None:
             return
         self.scheduler.budget = budget
@@ -217,10 +220,20 @@ async def drain_requests(pipeline: Pipeline, health: health_aio.HealthServicer, 
     log.info("drained" if not dispatcher.busy() else "drain ended with requests left (group lost or timeout)")
 
 
+def budget_device(config: ServingConfig, group: WorkerGroup) -> str:
+    """The device whose default branch budget the group runs: model.device, or with auto the device
+    the joined workers report (the CPU's until they join)."""
+    if config.model.device != AUTO:
+        return config.model.device
+    return next((device for device in group.devices if device), "cpu")
+
+
 def log_batching(config: ServingConfig, budget: Budget) -> None:
     limits, device = config.limits, config.model.device
     source = "limits.max_step_tokens" if limits.max_step_tokens else f"the {device} default"
-    if not limits.max_step_tokens and measured_on(device):
+    if not limits.max_step_tokens and device == AUTO:
+        source = "the default of the workers' device (model.device auto), once they join"
+    elif not limits.max_step_tokens and measured_on(device):
         source += ", until the workers report the budget they measure at start"
     log.info("batching: %d requests at once (limits.max_batch), branch budget %s (%s)", limits.max_batch,
              budget.describe(), source)

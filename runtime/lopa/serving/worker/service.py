@@ -28,6 +28,7 @@ from lopa.model.window import DreamWindowModel
 from lopa.params import DecodingParams
 from lopa.proto import worker_pb2, worker_pb2_grpc
 from lopa.scheduling.calibration import measured_tokens
+from lopa.serving.shared import device_choice
 from lopa.serving.shared.config import ServingConfig
 from lopa.serving.shared.group_link import LinkSecurity
 from lopa.serving.shared.listen import NO_REUSEPORT, add_port
@@ -79,10 +80,12 @@ class WorkerService(worker_pb2_grpc.WorkerServicer):
         metrics: WorkerMetrics | None = None,
         max_batch: int = 1,
         step_tokens: int = 0,
+        device: str = "cpu",
     ) -> None:
         self.rank, self.world_size = rank, world_size
         self.vocab_size, self.max_length, self.max_batch = vocab_size, max_length, max_batch
         self.step_tokens = step_tokens  # its measured branch budget (0: none, see WorkerInfo)
+        self.device = device  # where its model runs (model.device resolved)
         self.group: collective.Group | None = None
         self.shard: ShardExecutor | None = None
         self.on_fatal = on_fatal
@@ -108,6 +111,7 @@ class WorkerService(worker_pb2_grpc.WorkerServicer):
             max_batch=self.max_batch,
             step_tokens=self.step_tokens,
             master_attached=self.master_attached,
+            device=self.device,
         )
 
     def Leave(self, request: worker_pb2.LeaveRequest, context: grpc.ServicerContext) -> worker_pb2.WorkerInfo:
@@ -225,6 +229,8 @@ class WorkerService(worker_pb2_grpc.WorkerServicer):
 
 def serve_worker(config: ServingConfig, rank: int, stop: threading.Event | None = None) -> int:
     """Run a worker until stopped; returns the exit code (raises JoinError when the join fails)."""
+    given, config = config, device_choice.resolve(config)  # auto: this machine's device and its backend
+    log.info("rank %d: %s", rank, device_choice.start_line(config, given))
     workers, model_cfg = config.workers, config.model
     collective.check_backend(workers.backend, model_cfg.device)
     collective.prepare_device(model_cfg.device)
@@ -240,7 +246,7 @@ def serve_worker(config: ServingConfig, rank: int, stop: threading.Event | None 
         stop.set()
 
     service = WorkerService(rank, workers.count, model.loaded.config.vocab_size, model.max_length, fatal,
-                            metrics, config.limits.max_batch, model.measured or 0)
+                            metrics, config.limits.max_batch, model.measured or 0, model_cfg.device)
     address = listen_address(config, rank)
     security = LinkSecurity.load(workers)
     server = start_server(service, address, listen_key(config, rank), security)
