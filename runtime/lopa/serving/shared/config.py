@@ -9,6 +9,7 @@ from typing import Any
 import yaml
 
 from lopa.bundled.defaults import model_defaults
+from lopa.host.device import AUTO
 from lopa.params import MAX_BRANCHES, DecodingParams, InvalidParameter
 
 DTYPES = ("float32", "bfloat16", "float16")
@@ -17,8 +18,7 @@ DTYPES = ("float32", "bfloat16", "float16")
 BACKENDS_OF_DEVICE = {"cpu": ("gloo",), "cuda": ("nccl", "gloo"), "npu": ("hccl",)}
 BACKENDS = tuple(dict.fromkeys(b for known in BACKENDS_OF_DEVICE.values() for b in known))  # gloo, nccl, hccl
 # model.device auto: the accelerator the process finds (lopa.host.device); workers.backend auto: the
-# device's usual backend (loopback groups sharing one GPU: gloo).
-AUTO = "auto"
+# device's usual backend (loopback groups sharing one GPU: gloo). AUTO is imported from there.
 MAX_PORT = 65535
 MAX_BATCH = 256
 DECODING_KEYS = frozenset(f.name for f in fields(DecodingParams))
