@@ -23,15 +23,16 @@ from lopa.decoding.generation import RoundPlan
 # (lopa.scheduling.calibration: 512 for a 7B forward on an H100, which stays memory-bound up to
 # ~256 query tokens); ACCELERATOR_TOKENS until the workers report it, or when measuring fails. A
 # fixed count also keeps a burst of long prompts from prefilling in one forward (activation
-# memory is not reserved at start, the KV caches are). CPU: a forward costs its tokens
-# from the first one, batched or not (a lone request's round already keeps the cores busy), so once
-# two requests share a forward only fewer tokens per generated token make it faster, and the bundled
-# model's TPF is the same with 1 lookahead as with 3 (4.96 / 4.91). So on a CPU the limit is the
-# load of every running request running its base row and one lookahead row (a pinned request: all
-# its rows), as placed on the executors: a share that follows the model's window, whatever its block
-# size, under which no request waits. A request alone is never cut (grant). runtime/BENCHMARKS.md,
-# local engine, k = 3: 1.50x / 2.34x a lone request's throughput at 2 / 8 in flight, against 1.04x /
-# 1.97x with a fixed 640 tokens per round.
+# memory is not reserved at start, the KV caches are). CPU: a forward costs its tokens from the
+# first one, batched or not (a lone request's round already keeps the cores busy), so once two
+# requests share a forward only fewer tokens per generated token make it faster. On a CPU the limit
+# is the load of every running request running its base row and one lookahead row (a pinned
+# request: all its rows), as placed on the executors: a share that follows the model's window,
+# whatever its block size, under which no request waits. A request alone is never cut (grant). It
+# suits a model whose TPF is flat past one lookahead (1.89x a lone request's throughput at 8 in
+# flight, k = 3, on such a model); a model whose TPF keeps rising with k, like the bundled one, is
+# served better by a fixed limits.max_step_tokens (runtime/BENCHMARKS.md, "The branch budget on a
+# CPU": 1.70x at 640 tokens against 1.34x).
 ACCELERATOR_TOKENS = 512
 CPU_ROWS_PER_REQUEST = 2  # the base row and one lookahead
 
