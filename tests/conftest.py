@@ -4,9 +4,10 @@ Each group runs in one test process, in collection order, as a run without xdist
 share a module or session fixture (a group of worker processes, the Kubernetes control plane) stay
 together. One group is the serving suite, which keeps the 2 cores busy starting master and worker
 processes; the other is the operator suite, which mostly waits on the control plane and kwok (0.7 of
-one core over its run), with the runtime and kube suites and the two serving files that start a
-whole `lopa serve` of their own per test (the benchmark clients and the commit bench), which
-balances the two groups' wall time. Without xdist the marker does nothing.
+one core over its run), with the runtime and kube suites and the serving suite's commit bench (its
+own groups of 1-3 workers), which brings the two groups' wall times closer (about 7 minutes each on
+an idle 2-core machine, from the suites' costs in tests/README.md). Without xdist the marker does
+nothing.
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ import pytest
 
 _TESTS = Path(__file__).resolve().parent
 SERVING = _TESTS / "serving"
-BESIDE_THE_OPERATOR = {SERVING / "test_bench_clients.py", SERVING / "test_commit_cost.py"}
+BESIDE_THE_OPERATOR = {SERVING / "test_commit_cost.py"}
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
