@@ -5,9 +5,8 @@ share a module or session fixture (a group of worker processes, the Kubernetes c
 together. One group is the serving suite, which keeps the 2 cores busy starting master and worker
 processes; the other is the operator suite, which mostly waits on the control plane and kwok (0.7 of
 one core over its run), with the runtime and kube suites and the serving suite's commit bench (its
-own groups of 1-3 workers), which brings the two groups' wall times closer (about 7 minutes each on
-an idle 2-core machine, from the suites' costs in tests/README.md). Without xdist the marker does
-nothing.
+own groups of 1-3 workers), which brings the two groups' wall times closer (the suites' costs are
+in tests/README.md). Without xdist the marker does nothing.
 """
 
 from __future__ import annotations
