@@ -34,6 +34,9 @@ docs: install
 lint: install
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/lint-imports
+	$(PY) tools/function_length.py
 
+# Two test processes: the serving suite in one, the operator, runtime and kube suites in the other
+# (tests/conftest.py); each keeps its tests' order and shared fixtures.
 test: install testenv lint
-	$(PY) -m pytest tests
+	$(PY) -m pytest -n 2 --dist loadgroup tests

@@ -162,7 +162,27 @@ def decide(
     """`desired_secret`: the hash of the group Secret's data the pods must run with (None: not
     checked, for a group the rollout holds)."""
     live = {p["metadata"]["name"]: p for p in workers if not is_terminating(p)}
+    rolling = _rolling(live, desired_hash, desired_secret, memory)
+    if rolling is not None:
+        return rolling
+    if memory.members:
+        return _watch_formed(live, wanted, memory, policy, now)
+    running = [p for p in live.values() if (p.get("status") or {}).get("phase") == "Running"]
+    if len(live) == wanted and len(running) == wanted:
+        # Remember the incarnation that forms the group: any change to it later is a failure.
+        members = tuple(sorted((p["metadata"]["name"], p["metadata"]["uid"], restarts(p)) for p in running))
+        return Decision(
+            replace(memory, members=members, formed_at=now), state=GroupState.FORMED, message="group formed"
+        )
+    return Decision(
+        memory, state=GroupState.FORMING, message=f"{len(running)}/{wanted} worker pod(s) running"
+    )
 
+
+def _rolling(
+    live: dict[str, Pod], desired_hash: str, desired_secret: str | None, memory: Memory
+) -> Decision | None:
+    """The pods to roll when some run another config or another group Secret (no failure)."""
     stale = [p for p in live.values() if config_hash(p) != desired_hash]
     if stale:
         # A spec change: every pod must run the new config; this is no failure.
@@ -182,60 +202,55 @@ def decide(
             state=GroupState.ROLLING,
             message=f"rolling {len(old_secret)} worker pod(s) onto the group's new Secret",
         )
+    return None
 
-    if memory.members:
-        failure = _failure(memory, live)
-        if failure is None:
-            # Only a group that served (Available) for the whole window clears the count: one
-            # whose pods all run but that never becomes Available (a rank that cannot join)
-            # keeps counting toward maxGroupRestarts.
-            if (
-                memory.recent_restarts
-                and memory.available_since
-                and ((now - memory.available_since).total_seconds() >= policy["resetAfterSeconds"])
-            ):
-                memory = replace(memory, recent_restarts=0)
-            return Decision(
-                memory, state=GroupState.FORMED, message=f"{len(memory.members)} worker pod(s) in the group"
-            )
-        if memory.recent_restarts >= policy["maxGroupRestarts"]:
-            return Decision(
-                memory,
-                state=GroupState.EXHAUSTED,
-                message=f"{failure}; {memory.recent_restarts} consecutive group restart(s) reached "
-                f"failurePolicy.maxGroupRestarts={policy['maxGroupRestarts']}",
-            )
-        wait = backoff_seconds(policy, memory.recent_restarts)
-        if memory.last_restart and (now - memory.last_restart).total_seconds() < wait:
-            return Decision(
-                memory,
-                state=GroupState.BACKOFF,
-                message=f"{failure}; restarting the group after {wait:.0f}s backoff",
-            )
-        memory = replace(
-            memory,
-            members=(),
-            formed_at=None,
-            total_restarts=memory.total_restarts + 1,
-            recent_restarts=memory.recent_restarts + 1,
-            last_restart=now,
+
+def _watch_formed(
+    live: dict[str, Pod], wanted: int, memory: Memory, policy: dict[str, Any], now: dt.datetime
+) -> Decision:
+    """A formed group: kept while its incarnation is intact, else restarted (after a backoff, up to
+    failurePolicy.maxGroupRestarts in a row)."""
+    failure = _failure(memory, live)
+    if failure is None:
+        # Only a group that served (Available) for the whole window clears the count: one
+        # whose pods all run but that never becomes Available (a rank that cannot join)
+        # keeps counting toward maxGroupRestarts.
+        if (
+            memory.recent_restarts
+            and memory.available_since
+            and ((now - memory.available_since).total_seconds() >= policy["resetAfterSeconds"])
+        ):
+            memory = replace(memory, recent_restarts=0)
+        return Decision(
+            memory, state=GroupState.FORMED, message=f"{len(memory.members)} worker pod(s) in the group"
         )
+    if memory.recent_restarts >= policy["maxGroupRestarts"]:
         return Decision(
             memory,
-            delete=list(live.values()),
-            state=GroupState.RESTARTING,
-            message=f"{failure}; recreating all {wanted} worker pod(s) "
-            f"(restart {memory.recent_restarts}/{policy['maxGroupRestarts']})",
-            counted=True,
+            state=GroupState.EXHAUSTED,
+            message=f"{failure}; {memory.recent_restarts} consecutive group restart(s) reached "
+            f"failurePolicy.maxGroupRestarts={policy['maxGroupRestarts']}",
         )
-
-    running = [p for p in live.values() if (p.get("status") or {}).get("phase") == "Running"]
-    if len(live) == wanted and len(running) == wanted:
-        # Remember the incarnation that forms the group: any change to it later is a failure.
-        members = tuple(sorted((p["metadata"]["name"], p["metadata"]["uid"], restarts(p)) for p in running))
+    wait = backoff_seconds(policy, memory.recent_restarts)
+    if memory.last_restart and (now - memory.last_restart).total_seconds() < wait:
         return Decision(
-            replace(memory, members=members, formed_at=now), state=GroupState.FORMED, message="group formed"
+            memory,
+            state=GroupState.BACKOFF,
+            message=f"{failure}; restarting the group after {wait:.0f}s backoff",
         )
+    memory = replace(
+        memory,
+        members=(),
+        formed_at=None,
+        total_restarts=memory.total_restarts + 1,
+        recent_restarts=memory.recent_restarts + 1,
+        last_restart=now,
+    )
     return Decision(
-        memory, state=GroupState.FORMING, message=f"{len(running)}/{wanted} worker pod(s) running"
+        memory,
+        delete=list(live.values()),
+        state=GroupState.RESTARTING,
+        message=f"{failure}; recreating all {wanted} worker pod(s) "
+        f"(restart {memory.recent_restarts}/{policy['maxGroupRestarts']})",
+        counted=True,
     )

@@ -206,6 +206,34 @@ def _reconcile(
         plan = rollout.hold_deployed(plan, deployed)
         secrets = {}
     in_force = before["configHash"] if rejected else desired_hash
+    _remove_orphans(kube, obj, spec, deployed, worker_sets, masters, logger, rejected is not None)
+    if not rejected:
+        _remove_unwanted(kube, obj, spec, memo, children, plan.hold, pods)
+    extra = _pool_condition(kube, obj, spec, memo, post, before, rejected)
+
+    now = dt.datetime.now(dt.timezone.utc)
+    rounds = _group_rounds(kube, obj, spec, pods, plan, deployed, entries, in_force, secrets, rejected, now,
+                           logger)
+
+    after = statuses.derive(obj, spec, rounds, in_force, now, rejected, extra)
+    if any(before.get(k) != v for k, v in after.items()):
+        kube.patch_status(namespace, name, after)
+    _events(obj, before, after, rounds, plan.remove, post)
+    metrics.observe(namespace, name, after)
+    # A refused spec raises nothing: kopf would hold this object's handlers and timer for the retry's
+    # delay (a fix or a lost worker then waited a minute); the timer retries it (_ensure's memo).
+    return after
+
+
+def _remove_orphans(
+    kube: Kube, obj: dict[str, Any], spec: dict[str, Any], deployed: dict[int, rollout.Deployed],
+    worker_sets: list[dict],
+    masters: list[dict], logger: logging.Logger | logging.LoggerAdapter, held: bool,
+) -> None:
+    """Delete the children no group of spec.replicas owns (none while a refused spec holds the groups)."""
+    meta = obj["metadata"]
+    name, namespace = meta["name"], meta["namespace"]
+    ours = names.selector(name)
     listed = {
         "StatefulSet": worker_sets,
         "Deployment": masters,
@@ -213,7 +241,7 @@ def _reconcile(
     }
     # An operator from before groups left unlabelled children: they serve until enough groups do.
     legacy_too = sum(d.available for d in deployed.values()) >= statuses.min_available(spec)
-    doomed = {k: [] if rejected else rollout.unexpected(objs, spec["replicas"], legacy_too)
+    doomed = {k: [] if held else rollout.unexpected(objs, spec["replicas"], legacy_too)
               for k, objs in listed.items()}  # (a list's items carry no kind)
     # A removed group's Secret goes first: found by its group's other children, never listed.
     removed = {names.group_of(c) for objs in doomed.values() for c in objs} - {None}
@@ -225,17 +253,15 @@ def _reconcile(
         for child in objs:
             kube.delete(kind, namespace, child["metadata"]["name"], uid=child["metadata"]["uid"])
             logger.info("deleted %s %s: no group of spec.replicas owns it", kind, child["metadata"]["name"])
-    if not rejected:
-        _unfence(kube, obj, spec, memo)
-        _remove_workload_unless(gang.mode(spec) == gang.WORKLOAD, kube, memo, namespace, name)
-        if gang.mode(spec) == gang.WORKLOAD:
-            wanted = {c["metadata"]["name"] for c in children if c["kind"] == "PodGroup"}
-            wanted |= {gang.pod_group_name(name, i, spec) for i in plan.hold}
-            for stale in gang.stale_pod_groups(kube.list("PodGroup", namespace, ours), wanted, pods):
-                kube.delete("PodGroup", namespace, stale)
-    extra = _pool_condition(kube, obj, spec, memo, post, before, rejected)
 
-    now = dt.datetime.now(dt.timezone.utc)
+
+def _group_rounds(
+    kube: Kube, obj: dict[str, Any], spec: dict[str, Any], pods: list[dict], plan: rollout.Plan,
+    deployed: dict[int, rollout.Deployed], entries: dict[Any, dict], in_force: str, secrets: dict[int, Any],
+    rejected: dict[str, Any] | None, now: dt.datetime, logger: logging.Logger | logging.LoggerAdapter,
+) -> list[statuses.GroupRound]:
+    """Every group's decision this round (lopa_operator.group), acted on."""
+    meta = obj["metadata"]
     rounds = []
     for index in range(spec["replicas"]):
         if index in plan.hold:
@@ -251,22 +277,32 @@ def _reconcile(
         workers = [p for p in mine if p["metadata"]["labels"].get(_ROLE) == names.ROLE_WORKER]
         secret_hash = credentials.digest(secrets[index]) if index in secrets else None
         decision = group.decide(workers, wanted, config_hash, memory, spec["failurePolicy"], now, secret_hash)
-        _act(kube, namespace, name, index, decision, logger)
+        _act(kube, meta["namespace"], meta["name"], index, decision, logger)
         refused = rejected is not None and index not in plan.hold
-        waits = gang.kueue_problem(kube, namespace, mine) if any(map(gang.gated, mine)) else None
+        waits = gang.kueue_problem(kube, meta["namespace"], mine) if any(map(gang.gated, mine)) else None
         rounds.append(statuses.GroupRound(index, mine, config_hash, wanted, decision, refused, waits))
-
-    after = statuses.derive(obj, spec, rounds, in_force, now, rejected, extra)
-    if any(before.get(k) != v for k, v in after.items()):
-        kube.patch_status(namespace, name, after)
-    _events(obj, before, after, rounds, plan.remove, post)
-    metrics.observe(namespace, name, after)
-    # A refused spec raises nothing: kopf would hold this object's handlers and timer for the retry's
-    # delay (a fix or a lost worker then waited a minute); the timer retries it (_ensure's memo).
-    return after
+    return rounds
 
 
 _ROLE = "app.kubernetes.io/component"
+
+
+def _remove_unwanted(
+    kube: Kube, obj: dict[str, Any], spec: dict[str, Any], memo: Memo, children: list[dict[str, Any]],
+    held: tuple[int, ...], pods: list[dict[str, Any]],
+) -> None:
+    """Deletes the optional children the spec no longer wants: the NetworkPolicies, the gang's
+    Workload and the PodGroups no group (applied or held) and no pod names."""
+    meta = obj["metadata"]
+    name, namespace = meta["name"], meta["namespace"]
+    _unfence(kube, obj, spec, memo)
+    _remove_workload_unless(gang.mode(spec) == gang.WORKLOAD, kube, memo, namespace, name)
+    if gang.mode(spec) == gang.WORKLOAD:
+        wanted = {c["metadata"]["name"] for c in children if c["kind"] == "PodGroup"}
+        wanted |= {gang.pod_group_name(name, i, spec) for i in held}
+        listed = kube.list("PodGroup", namespace, names.selector(name))
+        for stale in gang.stale_pod_groups(listed, wanted, pods):
+            kube.delete("PodGroup", namespace, stale)
 
 
 def _unfence(kube: Kube, obj: dict[str, Any], spec: dict[str, Any], memo: Memo) -> None:

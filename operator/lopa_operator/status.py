@@ -210,6 +210,110 @@ def min_available(spec: dict[str, Any]) -> int:
     return max(1, replicas - spec["rollout"]["maxUnavailable"]) if replicas else 0
 
 
+@dataclass(frozen=True)
+class _Tally:
+    """What the groups add up to, against spec.replicas and the desired config."""
+
+    replicas: int
+    ready: int  # groups serving
+    updated: int  # groups running the desired config
+    everything: bool  # every group serving the desired config
+    available: bool  # at least min_available groups serving
+    degraded: list[_Seen]
+    sched: tuple[str, str] | None  # the first stuck group's (reason, message)
+    refused: bool  # a group the API server refused to create
+    ready_workers: int
+    progress: tuple[str, str]  # (reason, message) of Progressing
+    not_joined: list[_Seen]
+    joined: tuple[str, str]  # (reason, message) of CollectiveReady
+
+    @property
+    def phase(self) -> str:
+        if self.degraded:
+            return "Degraded"
+        if self.everything:
+            return "Available"
+        return "Pending" if self.sched or self.refused else "Progressing"
+
+
+def _tally(spec: dict[str, Any], rounds: list[GroupRound], seen: list[_Seen], desired_hash: str) -> _Tally:
+    replicas = spec["replicas"]
+    ready = sum(s.available for s in seen)
+    updated = sum(g.config_hash == desired_hash for g in rounds)
+    everything = ready == replicas and updated == replicas
+    degraded = [s for s in seen if s.degraded]
+    # The first stuck group's problem, named as every group's message is once there are several.
+    stuck = next((s for s in seen if s.scheduling), None)
+    sched = (stuck.scheduling[0], _about(replicas, stuck.round.index, stuck.scheduling[1])) if stuck else None
+    ready_workers = sum(s.ready_workers for s in seen)
+    waiting = [s for s in seen if not s.available or s.round.config_hash != desired_hash]
+    if everything:
+        progress = ("GroupServing", f"{ready}/{replicas} group(s) serving; {ready_workers} workers joined")
+    elif degraded:
+        progress = (
+            "GroupRestartsExhausted",
+            _about(replicas, degraded[0].round.index, degraded[0].progress[1]),
+        )
+    elif waiting:
+        first = waiting[0]
+        reason, message = (
+            first.progress if not first.available else ("RollingGroup", "waits for its turn to roll")
+        )
+        progress = (reason, _about(replicas, first.round.index, message))
+    else:  # scaling: groups still to be created or removed
+        progress = ("Scaling", f"{ready}/{replicas} group(s) serving")
+    not_joined = [s for s in seen if not s.collective]
+    if not not_joined:
+        joined = ("GroupJoined", f"every group's workers joined ({len(rounds)} group(s))")
+    else:
+        reason, message = not_joined[0].collective_reason
+        joined = (reason, _about(replicas, not_joined[0].round.index, message))
+    return _Tally(replicas, ready, updated, everything, ready >= min_available(spec), degraded, sched,
+                  any(s.progress[0] == _NOT_CREATED for s in seen), ready_workers, progress, not_joined,
+                  joined)
+
+
+def _conditions(
+    t: _Tally, spec: dict[str, Any], rounds: list[GroupRound], generation: int,
+    rejected: dict[str, Any] | None, extra: list[dict[str, Any]] | None,
+) -> list[dict[str, Any]]:
+    available_message = (
+        f"{t.ready}/{t.replicas} group(s) serving (at least {min_available(spec)} wanted)"
+        if t.available
+        else t.progress[1]
+    )
+    recent = sum(g.decision.memory.recent_restarts for g in rounds)
+    return [
+        _condition(
+            "Available",
+            t.available,
+            "GroupServing" if t.available else t.progress[0],
+            available_message,
+            generation,
+        ),
+        # A group the API server refused does not progress until the spec (or the quota) changes.
+        _condition("Progressing", not (t.everything or t.degraded or t.refused), *t.progress, generation),
+        _condition(
+            "Degraded",
+            bool(t.degraded),
+            "GroupRestartsExhausted" if t.degraded else "AsExpected",
+            "; ".join(_about(t.replicas, s.round.index, s.round.decision.message) for s in t.degraded)
+            or f"{recent} recent group restart(s)",
+            generation,
+        ),
+        _condition(
+            "Schedulable",
+            t.sched is None,
+            t.sched[0] if t.sched else "Scheduled",
+            t.sched[1] if t.sched else "every pod is placed or waiting for its first placement",
+            generation,
+        ),
+        _condition("CollectiveReady", not t.not_joined, t.joined[0], t.joined[1], generation),
+        *({**c, "observedGeneration": c.get("observedGeneration", generation)} for c in extra or []),
+        rejected or _condition("Reconciled", True, "Applied", "every child object was applied", generation),
+    ]
+
+
 def derive(
     obj: dict[str, Any],
     spec: dict[str, Any],
@@ -233,97 +337,26 @@ def derive(
         generation = int((obj.get("status") or {})["observedGeneration"])
     old = {e.get("index"): e for e in (obj.get("status") or {}).get("groups") or []}
     seen = [_seen(g, old.get(g.index) or {}, now) for g in rounds]
-    replicas = spec["replicas"]
-    ready = sum(s.available for s in seen)
-    updated = sum(g.config_hash == desired_hash for g in rounds)
-    everything = ready == replicas and updated == replicas
-    available = ready >= min_available(spec)
-    degraded = [s for s in seen if s.degraded]
-    # The first stuck group's problem, named as every group's message is once there are several.
-    stuck = next((s for s in seen if s.scheduling), None)
-    sched = (stuck.scheduling[0], _about(replicas, stuck.round.index, stuck.scheduling[1])) if stuck else None
-    waiting = [s for s in seen if not s.available or s.round.config_hash != desired_hash]
-    refused = any(s.progress[0] == _NOT_CREATED for s in seen)
-    wanted_workers = sum(g.wanted for g in rounds)
-    ready_workers = sum(s.ready_workers for s in seen)
-
-    if everything:
-        progress = ("GroupServing", f"{ready}/{replicas} group(s) serving; {ready_workers} workers joined")
-    elif degraded:
-        progress = (
-            "GroupRestartsExhausted",
-            _about(replicas, degraded[0].round.index, degraded[0].progress[1]),
-        )
-    elif waiting:
-        first = waiting[0]
-        reason, message = (
-            first.progress if not first.available else ("RollingGroup", "waits for its turn to roll")
-        )
-        progress = (reason, _about(replicas, first.round.index, message))
-    else:  # scaling: groups still to be created or removed
-        progress = ("Scaling", f"{ready}/{replicas} group(s) serving")
-    not_joined = [s for s in seen if not s.collective]
-    if not not_joined:
-        joined = ("GroupJoined", f"every group's workers joined ({len(rounds)} group(s))")
-    else:
-        reason, message = not_joined[0].collective_reason
-        joined = (reason, _about(replicas, not_joined[0].round.index, message))
-
-    available_message = (
-        f"{ready}/{replicas} group(s) serving (at least {min_available(spec)} wanted)"
-        if available
-        else progress[1]
-    )
-    recent = sum(g.decision.memory.recent_restarts for g in rounds)
-    conditions = [
-        _condition(
-            "Available",
-            available,
-            "GroupServing" if available else progress[0],
-            available_message,
-            generation,
-        ),
-        # A group the API server refused does not progress until the spec (or the quota) changes.
-        _condition("Progressing", not (everything or degraded or refused), *progress, generation),
-        _condition(
-            "Degraded",
-            bool(degraded),
-            "GroupRestartsExhausted" if degraded else "AsExpected",
-            "; ".join(_about(replicas, s.round.index, s.round.decision.message) for s in degraded)
-            or f"{recent} recent group restart(s)",
-            generation,
-        ),
-        _condition(
-            "Schedulable",
-            sched is None,
-            sched[0] if sched else "Scheduled",
-            sched[1] if sched else "every pod is placed or waiting for its first placement",
-            generation,
-        ),
-        _condition("CollectiveReady", not not_joined, joined[0], joined[1], generation),
-        *({**c, "observedGeneration": c.get("observedGeneration", generation)} for c in extra or []),
-        rejected or _condition("Reconciled", True, "Applied", "every child object was applied", generation),
-    ]
+    t = _tally(spec, rounds, seen, desired_hash)
+    conditions = _conditions(t, spec, rounds, generation, rejected, extra)
     stamp = group.format_time(now) or ""
     _keep_transition_times(conditions, (obj.get("status") or {}).get("conditions") or [], stamp)
 
-    pending = sched or refused
-    phase = "Degraded" if degraded else "Available" if everything else "Pending" if pending else "Progressing"
     port = spec["service"]["port"]
     return {
         "observedGeneration": generation,
-        "phase": phase,
+        "phase": t.phase,
         "replicas": sum(not r.refused for r in rounds),  # groups that exist (the scale subresource)
-        "readyReplicas": ready,
-        "updatedReplicas": updated,
+        "readyReplicas": t.ready,
+        "updatedReplicas": t.updated,
         "selector": names.selector(name, names.ROLE_MASTER),
-        "ready": f"{ready}/{replicas}",
-        "readyWorkers": ready_workers,
-        "workers": wanted_workers,
+        "ready": f"{t.ready}/{t.replicas}",
+        "readyWorkers": t.ready_workers,
+        "workers": sum(g.wanted for g in rounds),
         "configHash": desired_hash,
         "endpoint": f"{names.client_service(name)}.{namespace}.svc:{port}",
         "groupRestarts": sum(g.decision.memory.total_restarts for g in rounds),
-        "recentGroupRestarts": recent,
+        "recentGroupRestarts": sum(g.decision.memory.recent_restarts for g in rounds),
         "groups": [s.entry for s in seen],
         "conditions": conditions,
     }

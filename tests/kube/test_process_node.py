@@ -174,13 +174,15 @@ def test_the_container_is_pid_1_unless_the_pod_shares_its_pid_namespace(tmp_path
 def test_an_empty_dir_over_the_pods_own_directory_keeps_the_other_volumes(tmp_path: Path) -> None:
     """A pod's emptyDir at /tmp, where the harness keeps the pod's files (pytest's tmp_path here,
     the cluster's work dir in a run): the volumes nested in it and beside it are still mounted, and
-    the "pause" still reports its container."""
+    the "pause" still reports its container. A checkout or venv under /tmp stays visible there (the
+    harness binds the code a pod runs from), so the listing holds `conf` and those entries only."""
     assert tmp_path.is_relative_to("/tmp")
+    host_code = {p.relative_to("/tmp").parts[0] for p in pod_sandbox.HOST_CODE if p.is_relative_to("/tmp")}
     network = netns.PodNetwork()
     try:
         name, address = network.add()
         script = """
-            ls -A /tmp; cat /tmp/conf/lopa.yaml /etc/lopa-harness-test/lopa.yaml
+            ls -A /tmp | paste -sd/ -; cat /tmp/conf/lopa.yaml /etc/lopa-harness-test/lopa.yaml
             touch /tmp/conf/x 2>/dev/null && echo writable || echo read-only
             touch /tmp/y && echo tmp-writable; exec sleep 60
         """
@@ -192,8 +194,9 @@ def test_an_empty_dir_over_the_pods_own_directory_keeps_the_other_volumes(tmp_pa
         process = subprocess.Popen(argv, env=plan.env, stdout=subprocess.PIPE, text=True)
         assert process.stdout is not None
         pid = container_pid(process, tmp_path / pod_sandbox.LAUNCHED)
-        lines = [process.stdout.readline().strip() for _ in range(5)]
-        assert lines == ["conf", "k: v", "k: v", "read-only", "tmp-writable"]
+        listing, *lines = [process.stdout.readline().rstrip("\n") for _ in range(5)]
+        assert set(listing.split("/")) == {"conf", *host_code}
+        assert lines == ["k: v", "k: v", "read-only", "tmp-writable"]
         assert pid != process.pid and (tmp_path / "volumes" / "tmp" / "y").exists()
         os.kill(pid, signal.SIGKILL)
         process.wait(timeout=10)

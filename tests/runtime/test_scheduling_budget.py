@@ -7,11 +7,11 @@ from pathlib import Path
 import pytest
 
 from lopa.decoding.generation import RoundPlan
-from lopa.scheduling.budget import Ask, Budget, default_budget, executor_tokens, grant
+from lopa.scheduling.budget import Budget, Claim, default_budget, executor_tokens, grant
 
 
-def ask(k: int, width: int = 10, pinned: bool = False, waited: int = 0, sequence: int = 0) -> Ask:
-    return Ask(RoundPlan(k, (width,) * (k + 1)), k, pinned, waited, sequence)
+def ask(k: int, width: int = 10, pinned: bool = False, waited: int = 0, sequence: int = 0) -> Claim:
+    return Claim(RoundPlan(k, (width,) * (k + 1)), k, pinned, waited, sequence)
 
 
 def test_everything_fits_everyone_gets_what_it_asked() -> None:
@@ -116,8 +116,8 @@ def test_the_cpu_default_makes_room_for_a_pinned_request() -> None:
 def test_a_finished_lookahead_takes_no_place_on_the_executors() -> None:
     """A finished candidate is not verified: the rows after it move up in the rotation (what the
     distributed executor places), so the base row lands where the finished one would have."""
-    finished_first = Ask(RoundPlan(1, (0, 96)), 3, sequence=7)  # its live row (the base) on rank 7 % 3
-    other = Ask(RoundPlan(1, (96, 96)), 3, sequence=6)  # lookahead on rank 0, base on rank 1
+    finished_first = Claim(RoundPlan(1, (0, 96)), 3, sequence=7)  # its live row (the base) on rank 7 % 3
+    other = Claim(RoundPlan(1, (96, 96)), 3, sequence=6)  # lookahead on rank 0, base on rank 1
     assert executor_tokens([finished_first, other], [1, 1], executors=3) == 192  # both on rank 1
 
 
@@ -128,7 +128,7 @@ def test_identical_requests_share_the_slack_over_rounds() -> None:
         received = [0] * count
         for rounds in range(1, 61):
             asks = [
-                Ask(RoundPlan(3, (128,) * 4), 3, sequence=s, received=received[s] / max(1, rounds - 1))
+                Claim(RoundPlan(3, (128,) * 4), 3, sequence=s, received=received[s] / max(1, rounds - 1))
                 for s in range(count)
             ]
             grants = grant(asks, budget.limit(asks, executors), executors)

@@ -127,7 +127,7 @@ def test_bench_concurrency_sweeps_the_local_engine(tmp_path: Path) -> None:
     assert done.returncode == 2 and "--passes: must be >= 1, got 0" in done.stderr
     done = run_lopa("bench", "concurrency", "--device", "tpu", timeout=60)
     assert done.returncode == 2 and "--device:" in done.stderr and "tpu" in done.stderr
-    done = run_lopa("bench", "concurrency", "--profile", str(tmp_path), timeout=60)
+    done = run_lopa("bench", "concurrency", "--device", "cpu", "--profile", str(tmp_path), timeout=60)
     assert done.returncode == 2
     assert "--profile: needs --device cuda (the kernels' table), got cpu" in done.stderr
 

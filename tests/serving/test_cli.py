@@ -9,6 +9,7 @@ import time
 from pathlib import Path
 
 import pytest
+import torch
 import yaml
 
 from kube import certs
@@ -28,6 +29,10 @@ def test_serve_one_shot(checkpoint: Path) -> None:
     done = subprocess.run(command, capture_output=True, text=True, timeout=240, env=worker_env())
     assert done.returncode == 0, done.stderr[-3000:]
     assert "tokens in" in done.stderr and "over 2 workers" in done.stderr
+    if not torch.cuda.is_available():  # no device given: auto finds the CPU here, and says so
+        chosen = ("device cpu (auto: no CUDA or NPU device found), dtype float32, "
+                  "collective backend gloo (auto)")
+        assert chosen in done.stderr and "(on cpu): SERVING" in done.stderr
 
 
 def _tls_config(tmp_path: Path, checkpoint: Path) -> tuple[Path, certs.ClusterPKI]:

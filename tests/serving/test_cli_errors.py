@@ -583,7 +583,8 @@ def test_master_without_decoding_in_its_config_serves_the_models_defaults(tmp_pa
 def test_generate_reports_an_unusable_device_in_one_line(capsys: pytest.CaptureFixture[str]) -> None:
     code, err = run_cli(capsys, "generate", "--prompt", "x", "--device", "foo")
     assert code == 2
-    assert one_line(err) == "lopa generate: error: --device: must be cpu, cuda[:N] or npu[:N], got 'foo'"
+    assert one_line(err) == ("lopa generate: error: --device: must be cpu, cuda[:N], npu[:N] or auto, "
+                             "got 'foo'")
     if not torch.cuda.is_available():
         code, err = run_cli(capsys, "generate", "--prompt", "x", "--device", "cuda")
         assert code == 2 and one_line(err) == (

@@ -8,8 +8,10 @@ from pathlib import Path
 
 import pytest
 
+from lopa.host.device import resolve_device
 from lopa.params import DecodingParams
-from lopa.serving.shared.config import ConfigError, load_config, parse_config
+from lopa.serving.shared import device_choice
+from lopa.serving.shared.config import AUTO, ConfigError, backend_for, load_config, parse_config
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -40,7 +42,8 @@ def test_config_errors_name_the_key(raw: dict, field: str) -> None:
     [
         ({"model": {"dtype": "float8"}}, r"model\.dtype: must be one of float32, bfloat16, float16, got 'fl"),
         ({"model": {"weights": "int4"}}, r"model\.weights: must be one of dtype, fp8, got 'int4'"),
-        ({"model": {"device": "tpu"}}, r"model\.device: must be cpu, cuda\[:N\] or npu\[:N\], got 'tpu'"),
+        ({"model": {"device": "tpu"}},
+         r"model\.device: must be cpu, cuda\[:N\], npu\[:N\] or auto, got 'tpu'"),
         ({"model": {"device": "cuda:x"}}, r"model\.device: must be cpu"),
         ({"model": {"device": "cuda"}, "workers": {"backend": "hccl"}},
          r"workers\.backend: 'hccl' does not match model\.device 'cuda' \(use nccl, or gloo for sev"),
@@ -164,3 +167,28 @@ def test_unknown_keys_list_the_known_ones_in_the_documented_order() -> None:
         parse_config({"decoding": {"nope": 1}})
     known = ", ".join(f.name for f in dataclasses.fields(DecodingParams))
     assert str(error.value) == f"decoding.nope: unknown key (known: {known})"
+
+
+def test_auto_backend_follows_the_device() -> None:
+    """workers.backend auto takes the device's backend; several ranks sharing one GPU get gloo (nccl
+    refuses them); a backend that is set is kept."""
+    devices = ("cpu", "cuda", "cuda:1", "npu")
+    assert [backend_for(AUTO, d) for d in devices] == ["gloo", "nccl", "nccl", "hccl"]
+    assert backend_for(AUTO, "cuda", ranks_per_device=2) == "gloo"
+    assert backend_for("gloo", "cuda") == "gloo"
+    defaults = parse_config({})
+    assert (defaults.model.device, defaults.workers.backend) == (AUTO, AUTO)
+
+
+def test_a_set_backend_that_does_not_fit_the_device_auto_found_names_both() -> None:
+    config = parse_config({"workers": {"backend": "nccl"}})  # fine until the device is known
+    if resolve_device(AUTO) != "cpu":
+        pytest.skip("this machine has an accelerator")
+    with pytest.raises(ConfigError, match=r"workers\.backend: 'nccl' does not match model\.device 'cpu' "
+                       r"\(use gloo\); model\.device auto found cpu on this machine"):
+        device_choice.resolve(config)
+    resolved = device_choice.resolve(parse_config({}), ranks_per_device=2)
+    assert (resolved.model.device, resolved.workers.backend) == ("cpu", "gloo")
+    line = device_choice.start_line(resolved, parse_config({}))
+    assert line == ("device cpu (auto: no CUDA or NPU device found), dtype float32, "
+                    "collective backend gloo (auto)")

@@ -1,4 +1,5 @@
-"""The distributed executor on CUDA is token-identical to the local one on the same GPU.
+"""The distributed executor on CUDA is token-identical to the local one on the same GPU, and
+`lopa serve` finds the GPU by itself.
 
 nccl with one worker, and two workers sharing the one GPU over gloo (nccl refuses two ranks on one
 device). Real worker subprocesses, real gRPC. Skips without a GPU (CI has none).
@@ -7,6 +8,8 @@ device). Real worker subprocesses, real gRPC. Skips without a GPU (CI has none).
 from __future__ import annotations
 
 import itertools
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -16,8 +19,9 @@ from lopa.decoding.decoder import Decoder
 from lopa.execution.local import LocalExecutor
 from lopa.model.loader import load_model
 from lopa.params import DecodingParams
+from lopa.serving.launcher import free_ports
 
-from .conftest import distributed_decoder, write_config
+from .conftest import distributed_decoder, worker_env, write_config
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 
@@ -73,3 +77,19 @@ def test_fp8_weights_on_cuda_serve_as_the_local_fp8_engine(checkpoint: Path, tmp
     assert same == len(cases)
     log = (tmp_logs / "worker-0.log").read_text()
     assert "CUDA graph buckets in" in log and log.index("CUDA graph buckets in") < log.index("ready (group")
+
+
+def test_serve_without_a_device_runs_on_the_gpu(checkpoint: Path) -> None:
+    """`lopa serve` without --device or a config file: auto finds the GPU; its two workers share it
+    over gloo, and the start line and the master's join line say which device the group chose."""
+    port = free_ports(1)[0]
+    command = [
+        sys.executable, "-m", "lopa", "serve", "--workers", "2", "--model", str(checkpoint),
+        "--block-size", "8", "--max-new-tokens", "16", "--branches", "2",
+        "--listen", f"127.0.0.1:{port}", "--prompt", "12+34=", "--start-timeout", "180",
+    ]
+    done = subprocess.run(command, capture_output=True, text=True, timeout=300, env=worker_env())
+    assert done.returncode == 0, done.stderr[-3000:]
+    name = torch.cuda.get_device_name(0)
+    assert f"device cuda (auto: {name}), dtype float32, collective backend gloo (auto)" in done.stderr
+    assert "(on cuda): SERVING" in done.stderr and "tokens in" in done.stderr

@@ -21,6 +21,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import grpc
+import openai
 import pytest
 
 from lopa.serving.client import LopaClient
@@ -257,3 +258,12 @@ def test_ordinary_client_events_log_one_line_and_errors_have_openai_shape(master
     time.sleep(0.5)
     added = master.log_lines()[before:]
     assert not any("Traceback" in line for line in added) and len(added) <= 4, added
+
+
+def test_chat_on_a_model_without_a_template_is_a_clear_400(master: Master) -> None:
+    """The tiny checkpoint has no chat template: chat is refused before any work, naming messages."""
+    api = openai.OpenAI(base_url=master.url("/v1"), api_key="unused", max_retries=0)
+    with pytest.raises(openai.BadRequestError) as caught:
+        api.chat.completions.create(model="serving-checkpoint0", messages=[{"role": "user", "content": "hi"}])
+    assert caught.value.body["param"] == "messages"
+    assert "no chat template; send a plain prompt to /v1/completions" in caught.value.body["message"]

@@ -2,7 +2,7 @@
 
 A real `lopa master` + 2 workers on the bundled model with master.http_port set: the completion's
 text equals the gRPC answer to the same request, a stream concatenates to it, the model is listed,
-bad values are 400 naming the parameter, chat on a model without a template is a clear 400, and
+bad values are 400 naming the parameter, chat answers the bundled tasks as completions do, and
 16 HTTP requests beside 16 gRPC ones all complete or get 429 (none lost).
 """
 
@@ -201,11 +201,23 @@ def test_unsupported_features_at_their_defaults_change_nothing(
     assert last.choices == [] and last.usage.completion_tokens == len(reference.token_ids)
 
 
-def test_chat_without_a_template_is_a_clear_400(api: openai.OpenAI) -> None:
-    with pytest.raises(openai.BadRequestError) as caught:
-        api.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "hi"}])
+def test_chat_answers_the_bundled_tasks_as_completions_do(api: openai.OpenAI) -> None:
+    """The bundled model's chat template renders its one user turn as the bare task prompt: the SDK's
+    chat call decodes the same tokens as a completion of that prompt, and its answers are correct."""
+    for example in tasks.held_out(6):
+        turn = {"role": "user", "content": example.prompt}
+        chat = api.chat.completions.create(model=MODEL, messages=[turn], extra_body={"branches": 3})
+        done = api.completions.create(model=MODEL, prompt=example.prompt, extra_body={"branches": 3})
+        answer = chat.choices[0].message.content
+        assert answer == done.choices[0].text and tasks.score(example, answer), (example, answer)
+        assert chat.usage.prompt_tokens == done.usage.prompt_tokens == len(example.prompt)
+    system = {"role": "system", "content": "You are a helpful assistant."}  # what SDK examples send
+    chat = api.chat.completions.create(model=MODEL, messages=[system, turn], stream=True)
+    assert tasks.score(example, "".join(c.choices[0].delta.content or "" for c in chat if c.choices))
+    with pytest.raises(openai.BadRequestError) as caught:  # a conversation the model cannot answer
+        api.chat.completions.create(model=MODEL, messages=[turn, {"role": "assistant", "content": "."}, turn])
     assert caught.value.body["param"] == "messages"
-    assert "no chat template; send a plain prompt to /v1/completions" in caught.value.body["message"]
+    assert "the bundled model answers one user turn" in caught.value.body["message"]
 
 
 def test_http_beside_grpc_under_load_loses_nothing(api: openai.OpenAI, grpc_client: LopaClient) -> None:

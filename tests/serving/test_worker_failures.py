@@ -31,7 +31,7 @@ def step_request(begin: bool) -> worker_pb2.StepRequest:
     request = worker_pb2.StepRequest()
     step = request.requests.add(sequence=0, start=0, n_stage=0)
     if begin:
-        begin = worker_pb2.Begin(attention="full", conf="neg_entropy", top_p=1.0, num_slots=1)
+        begin = worker_pb2.Begin(attention="full", conf="neg_entropy", top_p=1.0, num_rows=1)
         step.begin.CopyFrom(begin)
     step.windows.add(tokens=[5, 6, 7, 100, 100], block_ids=[0, 0, 0, 1, 1], masked=[3, 4])
     return request

@@ -36,13 +36,14 @@ the next round can fill, and the model's own confidence points at the wrong end.
   is filled by threshold before the order has chosen it.
 - Keeping (c = 0) weighs twice any other count so that a letter stays each position's most likely
   token: committed tokens never contradict each other, whichever order fills them.
-- Layout details kept from the earlier suite (runtime/BENCHMARKS.md): every 8-token block starts
-  with a dot, since the first position of a decoding window is predicted from the stored last
-  logit and cannot see a partner committed later; dots make group membership visible.
+- Every 8-token block starts with a dot: the first position of a decoding window is predicted
+  from the stored last logit and cannot see a partner committed later, and dots make group
+  membership visible.
 - 3 words, not more: a round's lookahead branches go to the most confident positions of every
   open word, and a fresh word's most confident positions unlock nothing. Decoded with the suite's
   exact posteriors (lopa.synthetic.posterior), 6 words gain 14% from k = 1 to k = 3 where 3 words
-  gain 35%; runs of 4 to 6 letters stop gaining at k = 6 (runtime/BENCHMARKS.md).
+  gain 35%; runs of 4 to 6 letters stop gaining at k = 6 (runtime/BENCHMARKS.md, "Why the
+  suite is shaped as it is").
 
 The split is a property of the prompt (a CRC32 bucket), so train and held-out are disjoint by
 construction and any seed gives the same held-out set membership.

@@ -16,8 +16,9 @@ from lopa.bench.tpf import KS, MODES, run_sweep
 from lopa.bundled import tasks
 from lopa.bundled.defaults import model_defaults
 from lopa.cli import bench_checks, bench_clients, bench_concurrency, bench_products, bench_step, bench_weights
+from lopa.cli.bench_lists import parse_ks, parse_modes
 from lopa.engine import LocalEngine, bundled_model_dir
-from lopa.params import MAX_BRANCHES, AttentionMode, InvalidParameter
+from lopa.params import InvalidParameter
 
 DEFAULT_EXAMPLES = 300  # the published held-out set size
 
@@ -88,30 +89,3 @@ def _run(args: argparse.Namespace) -> int:
     json_path, png_path = write_json(sweep, out / "tpf.json"), plot(sweep, out / "tpf.png")
     print(f"wrote {json_path} and {png_path}", file=sys.stderr)
     return 0
-
-
-def parse_ks(text: str) -> list[int]:
-    """--ks "0,1,2": each k in [0, MAX_BRANCHES]; InvalidParameter names --ks (not --branches)."""
-    ks = []
-    for item in _items(text, "ks"):
-        if not item.isdigit() or int(item) > MAX_BRANCHES:
-            raise InvalidParameter("ks", f"each k must be an integer in [0, {MAX_BRANCHES}], got {item!r}")
-        ks.append(int(item))
-    return ks
-
-
-def parse_modes(text: str) -> list[str]:
-    """--modes "block_causal,full": attention modes; InvalidParameter names --modes (not --attention)."""
-    known = [m.value for m in AttentionMode]
-    modes = _items(text, "modes")
-    for mode in modes:
-        if mode not in known:
-            raise InvalidParameter("modes", f"each mode must be one of {', '.join(known)}, got {mode!r}")
-    return modes
-
-
-def _items(text: str, name: str) -> list[str]:
-    items = [item.strip() for item in text.split(",") if item.strip()]
-    if not items:
-        raise InvalidParameter(name, "needs at least one comma-separated value")
-    return items

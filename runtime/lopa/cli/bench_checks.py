@@ -20,6 +20,7 @@ from lopa.bench.rows import markdown_table, public
 from lopa.bench.single import SingleModel
 from lopa.bundled import bundled_model_dir, tasks
 from lopa.bundled.defaults import model_defaults
+from lopa.cli.bench_lists import parse_ks
 from lopa.params import MAX_BRANCHES, DecodingParams, InvalidParameter
 
 
@@ -102,8 +103,6 @@ def _run(args: argparse.Namespace, check: Check) -> int:
 
 
 def run_ablation(args: argparse.Namespace, model: SingleModel, base: DecodingParams, out: Path) -> dict:
-    from lopa.cli.bench import parse_ks
-
     ks = parse_ks(args.ks)
     choices = [c.strip() for c in args.choices.split(",") if c.strip()]
     unknown = [c for c in choices if c not in ablation.CHOICES]
@@ -131,7 +130,6 @@ def run_orders(args: argparse.Namespace, model: SingleModel, base: DecodingParam
 
 def run_options(args: argparse.Namespace, model: SingleModel, base: DecodingParams, out: Path) -> dict:
     from lopa.bench import options
-    from lopa.cli.bench import parse_ks
 
     ks = parse_ks(args.ks)
     examples = tasks.held_out(args.limit)

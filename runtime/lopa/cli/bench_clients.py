@@ -43,9 +43,9 @@ def add_parser(kinds: argparse._SubParsersAction) -> None:
     parser.add_argument("--compat", action="store_true",
                         help="send ignore_eos: false (guidellm extras, inference-perf server.ignore_eos): "
                         "the setting that runs against a server refusing ignore_eos")
-    parser.add_argument("--guidellm-endpoint", choices=("completions", "chat"), default="completions",
-                        help="guidellm's request format (its own default is chat, which needs a chat "
-                        "template; default here: %(default)s)")
+    parser.add_argument("--guidellm-endpoint", choices=("completions", "chat"), default="chat",
+                        help="guidellm's request format: chat (its own default; the model needs a chat "
+                        "template, as the bundled model has) or completions (default: %(default)s)")
     parser.add_argument("--no-streaming", action="store_true",
                         help="inference-perf's own default: unstreamed requests "
                         "(it then measures no TTFT / TPOT)")

@@ -14,6 +14,7 @@ from lopa.bench.concurrency import Answer, Send, captures_of, run_level, sweep, 
 from lopa.bench.rows import check_json, finish, show_row
 from lopa.cli.generate import add_weights_flag, check_weights
 from lopa.cli.preflight import device_problem
+from lopa.host.device import resolve_device
 from lopa.params import MAX_BRANCHES, InvalidParameter
 from lopa.serving.shared.config import DTYPES
 
@@ -41,7 +42,9 @@ def add_parser(kinds: argparse._SubParsersAction) -> None:
     parser.add_argument("--passes", type=int, default=1,
                         help="run the levels this many times interleaved; each row is the median (default 1; "
                         "use 3-5 on a shared or virtual machine, whose speed drifts)")
-    parser.add_argument("--device", default="cpu", help="cpu, cuda, cuda:1, npu, npu:1 (default cpu)")
+    parser.add_argument("--device", default="auto",
+                        help="auto, cpu, cuda, cuda:1, npu, npu:1; auto: CUDA when present, then an NPU, "
+                        "else the CPU (default auto)")
     parser.add_argument("--dtype", default="float32", choices=DTYPES,
                         help="weights dtype (default float32 on any device; pass bfloat16 on a GPU)")
     add_weights_flag(parser)
@@ -65,6 +68,7 @@ def check(args: argparse.Namespace) -> list[int]:
     problem = device_problem(args.device)
     if problem:
         raise InvalidParameter("device", problem)
+    args.device = resolve_device(args.device)  # the rows and the first line name the device that ran
     check_weights(args)
     if args.profile is not None:
         if not args.device.startswith("cuda"):

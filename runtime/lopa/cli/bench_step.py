@@ -6,6 +6,8 @@ import argparse
 import json
 import sys
 import time
+from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -14,6 +16,7 @@ from lopa.bench import step
 from lopa.bench.rows import check_json, markdown_table, show_row
 from lopa.cli.generate import add_weights_flag, check_weights
 from lopa.cli.preflight import device_problem
+from lopa.host.device import resolve_device
 from lopa.model.dream import DreamModel
 from lopa.model.layer_steps import compile_wanted, kernels_wanted
 from lopa.model.loader import load_model, parse_dtype
@@ -44,7 +47,9 @@ def add_parsers(kinds: argparse._SubParsersAction) -> None:
         "--preset", choices=sorted(PRESETS), help="random weights of this shape, made on the device"
     )
     bench.add_argument("--adapter", default=None, help="PEFT LoRA adapter directory (merged at load)")
-    bench.add_argument("--device", default="cuda", help="cuda, cuda:N or cpu (default cuda)")
+    bench.add_argument("--device", default="auto",
+                       help="auto, cuda, cuda:N or cpu; auto: CUDA when present, then an NPU, else the CPU "
+                       "(default auto)")
     bench.add_argument("--dtype", default="bfloat16", choices=DTYPES, help="weights dtype (default bfloat16)")
     add_weights_flag(bench)
     bench.add_argument("--rows", default="1,2,4,8,16", help="forward grid: rows (branches) per forward")
@@ -81,7 +86,8 @@ def add_parsers(kinds: argparse._SubParsersAction) -> None:
     write.add_argument("--adapter-out", default=None, help="also write a D2F-shaped LoRA adapter here")
     write.add_argument("--lora-rank", type=int, default=32, help="LoRA rank (default 32)")
     write.add_argument("--dtype", default="bfloat16", choices=DTYPES)
-    write.add_argument("--device", default="cpu", help="where the random tensors are drawn (cuda is faster)")
+    write.add_argument("--device", default="auto",
+                       help="where the random tensors are drawn (default auto: CUDA when present, faster)")
     write.add_argument("--shard-gb", type=float, default=5.0, help="shard size in GB (default 5)")
     write.set_defaults(handler=run_write)
 
@@ -96,13 +102,70 @@ def _ints(text: str, name: str, low: int, high: int | None = None) -> list[int]:
     return values
 
 
+@dataclass(frozen=True)
+class Grids:
+    """The checked flag values the bench sweeps."""
+
+    rows: list[int]
+    widths: list[int]
+    caches: list[int]
+    ks: list[int]
+    step_widths: list[int]
+    batches: list[int]
+
+
 def run(args: argparse.Namespace) -> int:
-    rows = _ints(args.rows, "rows", 1, 64)
-    widths = _ints(args.widths, "widths", 2)
-    caches = _ints(args.caches, "caches", 0)
-    ks = _ints(args.ks, "ks", 0, MAX_BRANCHES)
-    step_widths = _ints(args.step_widths, "step_widths", 4)
-    batches = _ints(args.batches, "batches", 1, 64)
+    grids = check_args(args)
+    device, dtype = torch.device(args.device), parse_dtype(args.dtype)
+    if device.type == "cuda" and device.index is not None:
+        torch.cuda.set_device(device)
+    model, mask_id, setup = _load(args, device, dtype)
+    max_length = max([*grids.caches, args.step_cache]) + max([*grids.widths, *grids.step_widths]) + 64
+    _check_positions(model, max_length, "caches" if max(grids.caches) >= args.step_cache else "step_cache")
+    floor = step.memory_floor(model, device, int(args.copy_gb * 1e9))
+    # Significant digits, not decimals: a small model on a CPU has a floor of hundredths of a ms and
+    # a bandwidth of hundredths of a TB/s, which three decimals would round away.
+    setup.update(
+        copy_TBps=float(f"{floor.bandwidth_tbps:.4g}"),
+        weight_GB=float(f"{floor.weight_bytes / 1e9:.4g}"),
+        floor_ms=float(f"{floor.ms():.4g}"),
+    )
+    print(json.dumps(setup), flush=True)
+    eager = device.type == "cuda" and not args.no_eager
+    graphs = step.StepBench(model, max_length, mask_id, args.repeat, graphs=device.type == "cuda")
+    plain = step.StepBench(model, max_length, mask_id, args.repeat, graphs=False) if eager else None
+    out: list[dict] = []
+
+    def rows() -> Iterator[dict]:  # in this order, each shown as soon as it is measured
+        yield from _forward_rows(grids, graphs, plain, floor)
+        yield from _step_rows(args, grids.ks, grids.step_widths, graphs, plain, floor)
+        yield from _round_rows(args, model, mask_id, eager, floor, grids.batches, grids.step_widths[0])
+        if args.gemm:
+            yield from step.gemm_rows(model, [64, 256], args.repeat, args.gemm_autotune)
+
+    for row in rows():
+        show_row(row)
+        out.append(row)
+    if args.profile:
+        width = grids.step_widths[-1]
+        cases = [("D2F", 1, width, width // 4), ("LoPA k=3", 4, width, width // 4)]
+        print(f"wrote {step.profile_steps(graphs, cases, Path(args.profile))}", file=sys.stderr)
+    _print_tables(out, setup, floor)
+    if args.json:
+        Path(args.json).write_text(json.dumps({"setup": setup, "rows": out}, indent=2) + "\n")
+    return 0
+
+
+def check_args(args: argparse.Namespace) -> Grids:
+    """Every flag checked before anything loads, each refusal naming its flag."""
+    grids = Grids(
+        rows=_ints(args.rows, "rows", 1, 64),
+        widths=_ints(args.widths, "widths", 2),
+        caches=_ints(args.caches, "caches", 0),
+        ks=_ints(args.ks, "ks", 0, MAX_BRANCHES),
+        step_widths=_ints(args.step_widths, "step_widths", 4),
+        batches=_ints(args.batches, "batches", 1, 64),
+    )
     if not 0 <= args.batch_k <= MAX_BRANCHES:
         raise InvalidParameter("batch_k", f"must be in [0, {MAX_BRANCHES}], got {args.batch_k}")
     # Flags that would be ignored: --adapter merges into a checkpoint's weights (the setup JSON
@@ -126,10 +189,13 @@ def run(args: argparse.Namespace) -> int:
     problem = device_problem(args.device)
     if problem:
         raise InvalidParameter("device", problem)
+    args.device = resolve_device(args.device)
     check_weights(args)
-    device, dtype = torch.device(args.device), parse_dtype(args.dtype)
-    if device.type == "cuda" and device.index is not None:
-        torch.cuda.set_device(device)
+    return grids
+
+
+def _load(args: argparse.Namespace, device: torch.device, dtype: torch.dtype) -> tuple[DreamModel, int, dict]:
+    """(the model, its mask id, the setup the report starts with)."""
     began = time.perf_counter()
     if args.preset:
         model = random_model(PRESETS[args.preset](), dtype, device)
@@ -140,8 +206,6 @@ def run(args: argparse.Namespace) -> int:
         loaded = load_model(args.model, args.adapter, dtype, device, weights=args.weights)
         model, mask_id = loaded.model, loaded.special.mask
     step.synchronize(device)
-    max_length = max([*caches, args.step_cache]) + max([*widths, *step_widths]) + 64
-    _check_positions(model, max_length, "caches" if max(caches) >= args.step_cache else "step_cache")
     setup = {
         "device": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
         "torch": torch.__version__,
@@ -155,36 +219,37 @@ def run(args: argparse.Namespace) -> int:
             round(torch.cuda.memory_allocated(device) / 1e9, 2) if device.type == "cuda" else None
         ),
     }
-    floor = step.memory_floor(model, device, int(args.copy_gb * 1e9))
-    # Significant digits, not decimals: a small model on a CPU has a floor of hundredths of a ms and
-    # a bandwidth of hundredths of a TB/s, which three decimals would round away.
-    setup.update(
-        copy_TBps=float(f"{floor.bandwidth_tbps:.4g}"),
-        weight_GB=float(f"{floor.weight_bytes / 1e9:.4g}"),
-        floor_ms=float(f"{floor.ms():.4g}"),
-    )
-    print(json.dumps(setup), flush=True)
-    out: list[dict] = []
-    eager = device.type == "cuda" and not args.no_eager
-    graphs = step.StepBench(model, max_length, mask_id, args.repeat, graphs=device.type == "cuda")
-    plain = step.StepBench(model, max_length, mask_id, args.repeat, graphs=False) if eager else None
-    benches = [b for b in (graphs, plain) if b is not None]
-    for cache in caches:
-        for b in benches:
-            b.fill_cache(cache)
-        for r in rows:
-            for w in widths:
+    return model, mask_id, setup
+
+
+def _forward_rows(
+    grids: Grids, graphs: step.StepBench, plain: step.StepBench | None, floor: step.Floor
+) -> Iterator[dict]:
+    """Verification forwards over the grid of rows x window x cache."""
+    for cache in grids.caches:
+        for b in (graphs, plain):
+            if b is not None:
+                b.fill_cache(cache)
+        for r in grids.rows:
+            for w in grids.widths:
                 ms = graphs.forward_ms(r, w, w // 4)
                 row = {"kind": "forward", "rows": r, "window": w, "tokens": r * w, "cache": cache,
                        "ms": round(ms, 3)}
                 if plain is not None:
                     row["eager_ms"] = round(plain.forward_ms(r, w, w // 4), 3)
                 row["x_floor"] = round(ms / floor.ms(cache), 3)
-                show_row(row)
-                out.append(row)
-    for b in benches:
-        b.fill_cache(args.step_cache)
-    for width in step_widths:
+                yield row
+
+
+def _step_rows(
+    args: argparse.Namespace, ks: list[int], widths: list[int], graphs: step.StepBench,
+    plain: step.StepBench | None, floor: step.Floor,
+) -> Iterator[dict]:
+    """Whole D2F (k = 0) and LoPA steps against the D2F step and the floor."""
+    for b in (graphs, plain):
+        if b is not None:
+            b.fill_cache(args.step_cache)
+    for width in widths:
         d2f_ms = graphs.step_ms(1, width, width // 4)
         for k in ks:
             ms = d2f_ms if k == 0 else graphs.step_ms(k + 1, width, width // 4)
@@ -195,21 +260,11 @@ def run(args: argparse.Namespace) -> int:
             row["x_floor"] = round(ms / floor.ms(args.step_cache), 3)
             row["x_d2f"] = round(ms / d2f_ms, 3)
             row[f"tok_s_at_tpf_{args.tpf}"] = round(args.tpf * 1e3 / ms, 1)
-            show_row(row)
-            out.append(row)
-    for row in _round_rows(args, model, mask_id, eager, floor, batches, step_widths[0]):
-        show_row(row)
-        out.append(row)
-    if args.gemm:
-        for row in step.gemm_rows(model, [64, 256], args.repeat, args.gemm_autotune):
-            show_row(row)
-            out.append(row)
-    if args.profile:
-        width = step_widths[-1]
-        n_stage = width // 4
-        cases = [("D2F", 1, width, n_stage), ("LoPA k=3", 4, width, n_stage)]
-        path = step.profile_steps(graphs, cases, Path(args.profile))
-        print(f"wrote {path}", file=sys.stderr)
+            yield row
+
+
+def _print_tables(out: list[dict], setup: dict, floor: step.Floor) -> None:
+    """One table per kind of row, then the budget the rounds suggest (added to `setup`)."""
     for kind in ("forward", "step", "round", "gemm"):
         picked = [r for r in out if r["kind"] == kind]
         if picked:
@@ -221,9 +276,6 @@ def run(args: argparse.Namespace) -> int:
         setup["suggested_max_step_tokens"] = suggested
         print(f"\nsuggested limits.max_step_tokens: {suggested} (the largest round costing at most "
               f"{COST_FACTOR:g}x the smallest)")
-    if args.json:
-        Path(args.json).write_text(json.dumps({"setup": setup, "rows": out}, indent=2) + "\n")
-    return 0
 
 
 def layer_steps(device: torch.device) -> str:
@@ -281,6 +333,7 @@ def run_write(args: argparse.Namespace) -> int:
     problem = device_problem(args.device)
     if problem:
         raise InvalidParameter("device", problem)
+    args.device = resolve_device(args.device)
     config = PRESETS[args.preset]()
     began = time.perf_counter()
     total = write_sharded_checkpoint(

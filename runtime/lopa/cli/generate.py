@@ -11,6 +11,7 @@ from lopa.cli.decoding_flags import add_decoding_flags, params_from_args
 from lopa.cli.preflight import device_problem, weights_problem
 from lopa.decoding.decoder import StepEvent
 from lopa.engine import Completion, LocalEngine, bundled_model_dir
+from lopa.host.device import resolve_device
 from lopa.params import InvalidParameter
 from lopa.serving.shared.config import DTYPES, WEIGHTS
 
@@ -39,7 +40,9 @@ def add_model_flags(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--adapter", default=None, help="PEFT LoRA adapter directory, merged at load")
     group.add_argument("--dtype", default="float32", choices=DTYPES,
                        help="weights dtype (default: %(default)s)")
-    group.add_argument("--device", default="cpu", help="cpu, cuda, cuda:1, npu, npu:1 (default: %(default)s)")
+    group.add_argument("--device", default="auto",
+                       help="auto, cpu, cuda, cuda:1, npu, npu:1; auto: CUDA when present, then an NPU, else "
+                       "the CPU (default: %(default)s)")
     add_weights_flag(group)
     group.add_argument("--max-length", type=int, default=None, help="KV cache length (prompt + output)")
 
@@ -77,6 +80,7 @@ def run(args: argparse.Namespace) -> int:
     problem = device_problem(args.device)
     if problem:  # before loading: torch would fail deep inside the loader
         raise InvalidParameter("device", problem)
+    args.device = resolve_device(args.device)  # auto: the device found, which --weights must suit
     if args.max_length is not None and args.max_length < 1:
         raise InvalidParameter("max_length", f"must be >= 1, got {args.max_length}")
     check_weights(args)
@@ -98,11 +102,13 @@ def run(args: argparse.Namespace) -> int:
     )
     stats = stats_of(completion)
     if args.json:
-        print(json.dumps({"text": completion.text, "output_ids": completion.result.output_ids, **stats}))
+        print(json.dumps({"text": completion.text, "output_ids": completion.result.output_ids, **stats,
+                          "device": args.device}))
         return 0
     print(completion.text)
     print(
-        f"-- {stats['tokens']} tokens in {stats['forwards']} forwards: TPF {stats['tpf']:.2f} "
+        f"-- {stats['tokens']} tokens in {stats['forwards']} forwards on {args.device} ({args.dtype}): "
+        f"TPF {stats['tpf']:.2f} "
         f"(padded {stats['padded_tpf']:.2f}), {stats['tokens_per_s']:.1f} tokens/s, "
         f"{stats['wall_s']:.3f} s wall (prefill included), finish: {stats['finish_reason']}",
         file=sys.stderr,

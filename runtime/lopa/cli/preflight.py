@@ -9,11 +9,18 @@ from __future__ import annotations
 import importlib.util
 import socket
 
+from lopa.host.device import AUTO, DeviceError, resolve_device
 from lopa.serving.shared.config import device_kind, split_address
 
 
 def device_problem(device: str) -> str | None:
-    """Why `device` cannot be used on this machine (None when it can): unknown, no GPU, no torch-npu."""
+    """Why `device` cannot be used on this machine (None when it can): unknown, no GPU, no torch-npu;
+    auto: a broken accelerator stack (lopa.host.device)."""
+    if device == AUTO:
+        try:
+            device = resolve_device(device)
+        except DeviceError as error:
+            return str(error)
     try:
         kind = device_kind(device)
     except ValueError as error:

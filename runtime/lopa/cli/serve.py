@@ -1,4 +1,4 @@
-"""`lopa serve --workers N`: a local master + N branch workers on loopback (gloo, CPU by default)."""
+"""`lopa serve --workers N`: a local master + N branch workers on loopback, on the accelerator it finds."""
 
 from __future__ import annotations
 
@@ -15,6 +15,7 @@ import grpc
 from lopa.cli.decoding_flags import add_decoding_flags, params_from_args
 from lopa.cli.preflight import device_problem, listen_problem, weights_problem
 from lopa.params import InvalidParameter
+from lopa.serving.shared import device_choice
 from lopa.serving.shared.config import (
     DTYPES,
     MAX_BATCH,
@@ -31,6 +32,8 @@ from lopa.serving.shared.config import (
     with_model_defaults,
 )
 from lopa.serving.shared.model_dir import model_path, usable_max_length
+
+log = logging.getLogger("lopa.serve")
 
 
 def add_parser(subparsers: argparse._SubParsersAction) -> None:
@@ -55,6 +58,9 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
                         help="linear weights: dtype (as --dtype) or fp8 (e4m3, per-channel scales; a GPU of "
                         "compute capability >= 8.9, or the CPU) (default: the config file's model.weights, "
                         "else dtype)")
+    parser.add_argument("--device", default=None,
+                        help="auto, cpu, cuda[:N] or npu[:N]; auto: CUDA when present, then an NPU, else the "
+                        "CPU (default: the config file's model.device, else auto)")
     parser.add_argument("--listen", default="127.0.0.1:50051",
                         help="client API address, HOST:PORT; the HTTP API and the metrics listen on its host "
                         "too (default: %(default)s, loopback only)")
@@ -184,10 +190,12 @@ def serving_config(args: argparse.Namespace) -> ServingConfig:
 
     base = load_config(args.config) if args.config else parse_config({})
     model = ModelConfig(path=args.model or base.model.path, adapter=args.adapter or base.model.adapter,
-                        dtype=args.dtype or base.model.dtype, device=base.model.device,
+                        dtype=args.dtype or base.model.dtype, device=args.device or base.model.device,
                         weights=args.weights or base.model.weights)
     problem = device_problem(model.device)
     if problem:
+        if args.device:
+            raise InvalidParameter("device", problem)
         raise ConfigError(f"model.device: {problem}")
     problem = weights_problem(model.weights, model.device)
     if problem:
@@ -212,7 +220,8 @@ def serving_config(args: argparse.Namespace) -> ServingConfig:
                                      base.master, metrics_port=args.metrics_port,
                                      http_port=args.http_port or base.master.http_port))
     workers = args.workers if args.workers is not None else (base.workers.count if args.config else 2)
-    config = loopback_config(config, workers, args.listen)
+    given, config = config, loopback_config(config, workers, args.listen)
+    log.info("%s", device_choice.start_line(config, given))
     validate(config)
     usable_max_length(config, model_path(model.path))  # what the children would refuse, refused now
     return config

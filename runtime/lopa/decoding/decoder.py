@@ -26,7 +26,8 @@ class Decoder:
         self.max_length = max_length
 
     def spec_for(self, prompt: Sequence[int], params: DecodingParams) -> SequenceConstants:
-        """The per-request constants. The request was checked where it entered (check_request)."""
+        """The per-request constants. The request was checked where it entered (the master's
+        admission, LocalEngine.generate)."""
         return SequenceConstants(
             mask_id=self.mask_id,
             eos_ids=self.eos_ids,

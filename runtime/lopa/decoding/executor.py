@@ -62,7 +62,7 @@ PartOutcome = list[list[PositionStat]] | Exception
 class BatchExecutor(Protocol):
     """What the scheduler drives: LocalExecutor, or the master's DistributedExecutor."""
 
-    max_batch: int  # KV slots (sequences)
+    max_batch: int  # KV sequences
     executors: int  # devices a round's rows are spread over (the budget is per device)
 
     def ready(self) -> bool: ...
@@ -70,7 +70,7 @@ class BatchExecutor(Protocol):
         self, params: DecodingParams, num_candidates: int, sequence: int = 0,
         excluded_ids: Collection[int] = (),
     ) -> None:
-        """A request starts in KV slot `sequence`; `excluded_ids`: tokens it never fills (their
+        """A request starts in KV sequence `sequence`; `excluded_ids`: tokens it never fills (their
         probability is removed before the decision rules see a position: ignore_eos)."""
     def verify_many(self, parts: Sequence[VerifyPart]) -> list[PartOutcome]: ...
     def commit_many(self, commits: Sequence[tuple[int, int]]) -> None: ...

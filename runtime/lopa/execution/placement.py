@@ -1,6 +1,6 @@
 """Which rank verifies which candidate: round robin, so k + 1 > W shares the ranks evenly.
 
-A request's candidates start at rank (offset % W), offset being its KV slot: requests with few
+A request's candidates start at rank (offset % W), offset being its KV sequence: requests with few
 branches (D2F, or cut by the budget) then spread over the ranks instead of all landing on rank 0.
 The master places (shares, rank_of); each rank recovers its candidates from its slots (candidates_on).
 """

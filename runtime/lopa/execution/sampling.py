@@ -19,7 +19,7 @@ def distributions(logits: torch.Tensor, params: DecodingParams) -> torch.Tensor:
         # temperature that small already sends every non-maximal logit to -inf).
         temperature = max(params.temperature, torch.finfo(logits.dtype).tiny)
         logits = (logits - logits.amax(dim=-1, keepdim=True)) / temperature
-    # top-p, then top-k: algorithm.md and Dream's sample_tokens (top-p's mass is the full
+    # top-p, then top-k: docs/decoding.md (rule 5) and Dream's sample_tokens (top-p's mass is the full
     # distribution's; the other order would take it over the k kept tokens only).
     if params.top_p < 1.0:
         sorted_logits, order = torch.sort(logits, dim=-1, descending=True)

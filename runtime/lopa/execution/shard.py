@@ -51,10 +51,10 @@ class ShardExecutor:
         self._received: torch.Tensor | None = None
 
     def begin(
-        self, params: DecodingParams, num_slots: int, sequence: int, excluded_ids: Collection[int] = ()
+        self, params: DecodingParams, num_rows: int, sequence: int, excluded_ids: Collection[int] = ()
     ) -> None:
-        """A request starts in this KV slot: `num_slots` staging slots (this rank's candidates)."""
-        self.local.begin(params, num_slots, sequence, excluded_ids)
+        """A request starts in this KV sequence: `num_rows` candidate rows here (this rank's share)."""
+        self.local.begin(params, num_rows, sequence, excluded_ids)
 
     def drop_staged(self, sequence: int) -> None:
         self.local.drop_staged(sequence)

@@ -85,8 +85,7 @@ def _vocab_partials(
                 logits += tl.dot(h, w.to(h.dtype))
         if HAS_SCALE:
             logits = logits * tl.load(scale_ptr + column, mask=valid, other=0.0)[None, :]
-        # rounded as the lm_head's output is, in the model dtype
-        logits = logits.to(hidden_ptr.dtype.element_ty).to(tl.float32)
+        logits = logits.to(hidden_ptr.dtype.element_ty).to(tl.float32)  # rounded as the lm_head's are
         logits = tl.where(valid[None, :], logits, float("-inf"))
         tile_top = tl.max(logits, axis=1)
         tile_arg = tl.argmax(logits, axis=1)

@@ -16,6 +16,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from lopa.host.device import resolve_device
 from lopa.kernels import fp8
 from lopa.kernels.fp8_products import keeps_dtype
 from lopa.model.products import SCALE
@@ -30,7 +31,8 @@ def weights_problem(weights: str, device: str | torch.device) -> str | None:
     device without FP8 support."""
     if weights not in WEIGHT_FORMATS:
         return f"must be one of {', '.join(WEIGHT_FORMATS)}, got {weights!r}"
-    kind = str(device).partition(":")[0]  # not torch.device: "npu" needs torch-npu to parse
+    device = resolve_device(str(device))  # auto: the device this machine would run on
+    kind = device.partition(":")[0]  # not torch.device: "npu" needs torch-npu to parse
     if weights == DTYPE or kind == "cpu":
         return None
     if kind != "cuda":

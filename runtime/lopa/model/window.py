@@ -140,14 +140,7 @@ class DreamWindowModel:
         ]
         self.caches = list(self._physical)  # by sequence: the physical cache that holds it
         self.forwards = {"graph": 0, "eager": 0}  # forward calls by path (a worker exports them)
-        self._vocab_pass = kernels_wanted(self.device)  # decided at start, as the steps are
-        if compile_wanted(self.device):
-            model.compile_steps()  # compiled now on a few tokens: a step that cannot, fails the start
-            log.info("%s=1: the layers' elementwise steps run through torch.compile", COMPILE_ENV)
-        elif self._vocab_pass:
-            model.use_kernels()  # each checked against its reference now: one that fails, fails the start
-            log.info("the layers' elementwise steps run as Triton kernels (%s=torch: the torch references)",
-                     KERNELS_ENV)
+        self._vocab_pass = self._choose_layer_steps(model)
         self.graphs: WindowGraphs | None = None
         if graphs_wanted(self.device, cuda_graphs):
             # Staging reserved up front: graphs hold its address, growing it means recapturing.
@@ -161,6 +154,19 @@ class DreamWindowModel:
             self._choose_cpu_products()
 
     @property
+
+    def _choose_layer_steps(self, model: DreamModel) -> bool:
+        """How the layers' elementwise steps run, decided at start; whether rounds take the
+        vocabulary pass (lopa.kernels.vocab_stats), which goes with the Triton kernels."""
+        if compile_wanted(self.device):
+            model.compile_steps()  # compiled now on a few tokens: a step that cannot, fails the start
+            log.info("%s=1: the layers' elementwise steps run through torch.compile", COMPILE_ENV)
+        elif kernels_wanted(self.device):
+            model.use_kernels()  # each checked against its reference now: one that fails, fails the start
+            log.info("the layers' elementwise steps run as Triton kernels (%s=torch: the torch references)",
+                     KERNELS_ENV)
+        return kernels_wanted(self.device)
+
     def device(self) -> torch.device:
         return self._device
 

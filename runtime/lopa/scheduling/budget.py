@@ -23,22 +23,23 @@ from lopa.decoding.generation import RoundPlan
 # (lopa.scheduling.calibration: 512 for a 7B forward on an H100, which stays memory-bound up to
 # ~256 query tokens); ACCELERATOR_TOKENS until the workers report it, or when measuring fails. A
 # fixed count also keeps a burst of long prompts from prefilling in one forward (activation
-# memory is not reserved at start, the KV caches are). CPU: a forward costs its tokens
-# from the first one, batched or not (a lone request's round already keeps the cores busy), so once
-# two requests share a forward only fewer tokens per generated token make it faster, and the bundled
-# model's TPF is the same with 1 lookahead as with 3 (4.96 / 4.91). So on a CPU the limit is the
-# load of every running request running its base row and one lookahead row (a pinned request: all
-# its rows), as placed on the executors: a share that follows the model's window, whatever its block
-# size, under which no request waits. A request alone is never cut (grant). runtime/BENCHMARKS.md,
-# local engine, k = 3: 1.50x / 2.34x a lone request's throughput at 2 / 8 in flight, against 1.04x /
-# 1.97x with a fixed 640 tokens per round.
+# memory is not reserved at start, the KV caches are). CPU: a forward costs its tokens from the
+# first one, batched or not (a lone request's round already keeps the cores busy), so once two
+# requests share a forward only fewer tokens per generated token make it faster. On a CPU the limit
+# is the load of every running request running its base row and one lookahead row (a pinned
+# request: all its rows), as placed on the executors: a share that follows the model's window,
+# whatever its block size, under which no request waits. A request alone is never cut (grant). It
+# suits a model whose TPF is flat past one lookahead (1.89x a lone request's throughput at 8 in
+# flight, k = 3, on such a model); a model whose TPF keeps rising with k, like the bundled one, is
+# served better by a fixed limits.max_step_tokens (runtime/BENCHMARKS.md, "The branch budget on a
+# CPU": 1.70x at 640 tokens against 1.34x).
 ACCELERATOR_TOKENS = 512
 CPU_ROWS_PER_REQUEST = 2  # the base row and one lookahead
 
 
 @dataclass(frozen=True)
 class Budget:
-    """The branch budget: at most limit(asks) tokens in one forward of each executor. Either a fixed
+    """The branch budget: at most limit(claims) tokens in one forward of each executor. Either a fixed
     count (`tokens`, what limits.max_step_tokens sets) or, with `rows_per_request` (the CPU
     default), the busiest executor's load when every running request runs that many of its rows (a
     pinned one: all of them)."""
@@ -50,11 +51,11 @@ class Budget:
         if (self.tokens > 0) == (self.rows_per_request > 0):
             raise ValueError(f"a budget is tokens > 0 or rows_per_request > 0, got {self}")
 
-    def limit(self, asks: Sequence[Ask], executors: int = 1) -> int:
+    def limit(self, claims: Sequence[Claim], executors: int = 1) -> int:
         if not self.rows_per_request:
             return self.tokens
-        shares = [_share_lookaheads(ask, self.rows_per_request) for ask in asks]
-        return max(1, executor_tokens(asks, shares, executors))
+        shares = [_share_lookaheads(claim, self.rows_per_request) for claim in claims]
+        return max(1, executor_tokens(claims, shares, executors))
 
     def describe(self) -> str:
         if not self.rows_per_request:
@@ -65,10 +66,10 @@ class Budget:
         return f"each running request's {rows} per forward, on the busiest worker (pinned: all rows)"
 
 
-def _share_lookaheads(ask: Ask, rows: int) -> int:
+def _share_lookaheads(claim: Claim, rows: int) -> int:
     """The lookaheads of a request's share: rows - 1 of those it asked for, all of them when pinned."""
-    lookaheads = min(ask.wanted, ask.plan.lookaheads)
-    return lookaheads if ask.pinned else min(lookaheads, rows - 1)
+    lookaheads = min(claim.wanted, claim.plan.lookaheads)
+    return lookaheads if claim.pinned else min(lookaheads, rows - 1)
 
 
 def measured_on(device: str) -> bool:
@@ -86,57 +87,57 @@ def default_budget(device: str) -> Budget:
 
 
 @dataclass(frozen=True)
-class Ask:
+class Claim:
     """One running request's round, as the budget sees it."""
 
     plan: RoundPlan
     wanted: int  # lookahead branches it asked for
     pinned: bool = False  # never grant fewer: wait instead
     waited: int = 0  # consecutive rounds it waited (priority)
-    sequence: int = 0  # its KV slot: where its rows are placed (see executor_tokens)
+    sequence: int = 0  # its KV sequence: where its rows are placed (see executor_tokens)
     received: float = 0.0  # lookaheads granted per round so far: among equal grants, cut the richest
 
 
-def executor_tokens(asks: Sequence[Ask], grants: Sequence[int | None], executors: int) -> int:
+def executor_tokens(claims: Sequence[Claim], grants: Sequence[int | None], executors: int) -> int:
     """Tokens of the busiest executor's forward: a request's candidate rows go round robin over the
     executors starting at rank (sequence % executors), the base row last (lopa.execution.placement).
     Finished candidates (0 tokens) are not verified, so they take no place in the rotation. Not
     counted: block_causal's cache-only rows (n_stage tokens on a rank without a row of the request)."""
     load = [0] * executors
-    for ask, granted in zip(asks, grants, strict=True):
+    for claim, granted in zip(claims, grants, strict=True):
         if granted is None:
             continue
-        rows = [t for t in (*ask.plan.row_tokens[:granted], ask.plan.row_tokens[-1]) if t]
+        rows = [t for t in (*claim.plan.row_tokens[:granted], claim.plan.row_tokens[-1]) if t]
         for index, tokens in enumerate(rows):
-            load[(index + ask.sequence) % executors] += tokens
+            load[(index + claim.sequence) % executors] += tokens
     return max(load)
 
 
-def grant(asks: Sequence[Ask], budget: int, executors: int = 1) -> list[int | None]:
+def grant(claims: Sequence[Claim], budget: int, executors: int = 1) -> list[int | None]:
     """Lookaheads granted per request (None: it waits this round)."""
-    if not asks:
+    if not claims:
         return []
-    order = sorted(range(len(asks)), key=lambda i: (-asks[i].waited, i))  # priority, highest first
+    order = sorted(range(len(claims)), key=lambda i: (-claims[i].waited, i))  # priority, highest first
     rank = {index: position for position, index in enumerate(order)}
-    wanted = [min(a.wanted, a.plan.lookaheads) for a in asks]
+    wanted = [min(a.wanted, a.plan.lookaheads) for a in claims]
     running = list(order)
     while True:
-        grants: list[int | None] = [None] * len(asks)
+        grants: list[int | None] = [None] * len(claims)
         for i in running:
             grants[i] = wanted[i]
         if len(running) == 1:
             return grants  # the top-priority request alone: never cut
-        fits = _reduce(asks, grants, running, rank, budget, executors)
+        fits = _reduce(claims, grants, running, rank, budget, executors)
         if fits:
             return grants
         # Someone waits (the others get their branches back): a pinned request first, as it refuses
         # cuts, then the lowest priority; never the top-priority request.
-        pinned = [i for i in running[1:] if asks[i].pinned]
+        pinned = [i for i in running[1:] if claims[i].pinned]
         running.remove(pinned[-1] if pinned else running[-1])
 
 
 def _reduce(
-    asks: Sequence[Ask],
+    claims: Sequence[Claim],
     grants: list[int | None],
     running: list[int],
     rank: dict[int, int],
@@ -145,12 +146,12 @@ def _reduce(
 ) -> bool:
     """Take lookaheads away (most first; among equals the one that received most per round, then the
     lowest priority) until the round fits."""
-    while executor_tokens(asks, grants, executors) > budget:
-        cuttable = [i for i in running if not asks[i].pinned and (grants[i] or 0) > 0]
+    while executor_tokens(claims, grants, executors) > budget:
+        cuttable = [i for i in running if not claims[i].pinned and (grants[i] or 0) > 0]
         if not cuttable:
             return False
         # Most lookaheads first; among equals the one that got the most per round so far, so that
         # over rounds identical requests share the slack alike; then the lowest priority.
-        victim = max(cuttable, key=lambda i: (grants[i] or 0, asks[i].received, rank[i]))
+        victim = max(cuttable, key=lambda i: (grants[i] or 0, claims[i].received, rank[i]))
         grants[victim] = (grants[victim] or 0) - 1
     return True

@@ -56,7 +56,8 @@ Outcome = Completion | Exception
 
 @dataclass
 class Request:
-    """A validated request (see Scheduler.submit); the callbacks run on the scheduler thread."""
+    """A request its entry point checked (lopa.serving.master.admission, LocalEngine.generate);
+    the callbacks run on the scheduler thread."""
 
     prompt_ids: list[int]
     params: DecodingParams

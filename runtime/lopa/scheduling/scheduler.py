@@ -1,6 +1,6 @@
 """The request pipeline: one thread advances every running request by one round per forward.
 
-Continuous batching: between rounds, waiting requests are admitted into free KV slots (sequences)
+Continuous batching: between rounds, waiting requests are admitted into free KV sequences
 and finished, cancelled, expired or failed ones leave at once. Each round the branch budget
 (lopa.scheduling.budget) decides how many lookahead branches every running request gets; all of
 them are verified in ONE executor call (one ragged forward locally, one StepRequest per worker
@@ -18,9 +18,9 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from lopa.decoding.decoder import Decoder
-from lopa.decoding.executor import BatchExecutor, VerifyPart
-from lopa.decoding.generation import Generation
-from lopa.scheduling.budget import Ask, Budget, grant
+from lopa.decoding.executor import BatchExecutor, PartOutcome, VerifyPart
+from lopa.decoding.generation import Generation, RoundPlan
+from lopa.scheduling.budget import Budget, Claim, grant
 from lopa.scheduling.request import Completion, Outcome, QueueFull, Request, RequestAborted, SchedulerStopped
 from lopa.stops import cut_at_stop, stop_check
 
@@ -70,13 +70,14 @@ class Scheduler:
     # -- the client side ------------------------------------------------------------------------------
 
     def submit(self, request: Request) -> None:
-        """Validate (InvalidParameter naming the field) and queue (QueueFull; SchedulerStopped once
-        stop() was called: nothing would serve it); never blocks."""
+        """Queue a request its entry point checked (lopa.serving.master.admission, LocalEngine):
+        QueueFull when the queue is full, SchedulerStopped once stop() was called (nothing would
+        serve it); never blocks."""
         self.submit_many([request])
 
     def submit_many(self, requests: Sequence[Request]) -> None:
-        """submit() for several at once: every one valid before any is queued, and all queued or
-        none (QueueFull when they do not all fit): a batch is never half served."""
+        """submit() for several at once: all queued or none (QueueFull when they do not all fit): a
+        batch is never half served."""
         started = []
         for request in requests:
             should_stop = stop_check(self.decode, request.stop)
@@ -175,6 +176,20 @@ class Scheduler:
         self._report_occupancy()
 
     def _round(self) -> None:
+        """One round of every running request, the paper's loop batched: plan each request's round,
+        grant lookahead branches within the budget, verify every granted request's candidates in
+        one executor call, commit the winners, emit each request's event."""
+        planned = self._plan()
+        claims, grants, chosen = self._grant(planned)
+        outcomes = self._verify(chosen)
+        if outcomes is not None:
+            self._commit(chosen, outcomes)
+            self._observe_round(claims, grants)
+            self._emit([run for run, _ in chosen])
+
+    def _plan(self) -> list[tuple[_Running, RoundPlan]]:
+        """Each running request's plan for this round. A cancelled or expired request ends, a
+        finished one completes, one whose decoding failed ends alone."""
         planned = []
         for run in list(self._running):
             try:
@@ -191,47 +206,68 @@ class Scheduler:
                 self._complete(run)
             else:
                 planned.append((run, plan))
-        if not planned:
-            return
-        asks = [
-            Ask(plan, run.request.params.branches, run.request.pin_branches, run.waited, run.sequence,
-                run.generation.mean_branches)
+        return planned
+
+    def _grant(
+        self, planned: Sequence[tuple[_Running, RoundPlan]]
+    ) -> tuple[list[Claim], list[int | None], list[tuple[_Running, int]]]:
+        """The budget's grants: (the claims, each one's lookaheads or None when it waits this round,
+        the requests that run with their lookaheads)."""
+        claims = [
+            Claim(plan, run.request.params.branches, run.request.pin_branches, run.waited, run.sequence,
+                  run.generation.mean_branches)
             for run, plan in planned
         ]
         executors = self.executor.executors
-        grants = grant(asks, self.budget.limit(asks, executors), executors)
-        chosen, parts = [], []
+        grants = grant(claims, self.budget.limit(claims, executors), executors)
+        chosen = []
         for (run, _), granted in zip(planned, grants, strict=True):
-            if granted is None:
-                run.waited += 1
-                continue
-            run.waited = 0
+            run.waited = run.waited + 1 if granted is None else 0
+            if granted is not None:
+                chosen.append((run, granted))
+        return claims, grants, chosen
+
+    def _verify(self, chosen: Sequence[tuple[_Running, int]]) -> list[PartOutcome] | None:
+        """Every chosen request's candidates verified in ONE executor call; None when there was none
+        or the call failed (the requests it failed have ended)."""
+        if not chosen:
+            return None
+        parts = []
+        for run, granted in chosen:
             verify = run.generation.verify(granted)
-            chosen.append(run)
             parts.append(VerifyPart(run.sequence, verify.start, verify.n_stage, verify.windows))
         try:
-            outcomes = self.executor.verify_many(parts)
+            return self.executor.verify_many(parts)
         except Exception as error:
             # The forward failed: none of these requests can go on. When the executor itself is gone
             # (a lost worker group) no running request can.
-            for run in chosen if self.executor.ready() else list(self._running):
+            for run in [run for run, _ in chosen] if self.executor.ready() else list(self._running):
                 self._finish(run, error)
-            return
+            return None
+
+    def _commit(self, chosen: Sequence[tuple[_Running, int]], outcomes: Sequence[PartOutcome]) -> None:
+        """Each request picks its winner; the winners are committed together."""
         commits = []
-        for run, outcome in zip(chosen, outcomes, strict=True):
+        for (run, _), outcome in zip(chosen, outcomes, strict=True):
             if isinstance(outcome, Exception):
                 self._finish(run, outcome)
                 continue
             try:
                 commits.append((run.sequence, run.generation.apply(outcome)))
-            except Exception as error:  # its winner is not committed: the slot is released with it
+            except Exception as error:  # its winner is not committed: its sequence is released with it
                 self._fail_one(run, error)
         self.executor.commit_many(commits)
-        # What the budget could have granted: a round near a generation's start or end spawns fewer
-        # lookaheads than asked, and that shortfall is not a cut.
-        ran = [(min(a.wanted, a.plan.lookaheads), g) for a, g in zip(asks, grants, strict=True)]
-        ran = [(possible, g) for possible, g in ran if g is not None]
-        self.observer.round(len(parts), [g for _, g in ran], [possible for possible, _ in ran])
+
+    def _observe_round(self, claims: Sequence[Claim], grants: Sequence[int | None]) -> None:
+        """The round's batch and branches to the observer. What the budget could have granted: a
+        round near a generation's start or end spawns fewer lookaheads than asked, and that
+        shortfall is not a cut."""
+        ran = [(g, min(c.wanted, c.plan.lookaheads)) for c, g in zip(claims, grants, strict=True)]
+        ran = [(granted, possible) for granted, possible in ran if granted is not None]
+        self.observer.round(len(ran), [g for g, _ in ran], [possible for _, possible in ran])
+
+    def _emit(self, chosen: Sequence[_Running]) -> None:
+        """Each request's event of the round (to its stream); a finished request completes."""
         now = time.perf_counter()
         for run in chosen:
             if run not in self._running:
@@ -283,7 +319,7 @@ class Scheduler:
     def _fail_one(self, run: _Running, error: Exception) -> None:
         """A failure in one request's own logic (a bug, or a decode that raised) ends that request
         with the error; the others of its round go on."""
-        log.exception("request in KV slot %d failed", run.sequence, exc_info=error)
+        log.exception("request in KV sequence %d failed", run.sequence, exc_info=error)
         self._finish(run, error)
 
     def _fail_running(self, error: Exception) -> None:

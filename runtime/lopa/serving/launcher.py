@@ -24,6 +24,7 @@ from typing import IO
 
 from lopa.host.cpu_budget import usable_cpus
 from lopa.serving.client import LopaClient
+from lopa.serving.shared import device_choice
 from lopa.serving.shared.config import ServingConfig, WorkersConfig, dump_config
 from lopa.serving.shared.parent_watch import Lifeline
 
@@ -89,9 +90,11 @@ def worker_threads(workers: int) -> int:
 
 
 def loopback_config(base: ServingConfig, workers: int, listen: str | None = None) -> ServingConfig:
-    """base with a master and `workers` workers on free loopback ports (gloo on CPU). With TLS the
+    """base with a master and `workers` workers on free loopback ports, its device and backend resolved
+    (auto: this machine's accelerator; gloo when several ranks share one GPU). With TLS the
     master also gets a plaintext health port (unless base has one): the launcher has no client
     certificate, and waits for SERVING there."""
+    base = device_choice.resolve(base, ranks_per_device=workers)  # every rank shares this machine's device
     ports = free_ports(workers + 3)
     listen = listen or f"127.0.0.1:{ports[-1]}"
     health_port = base.master.health_port or (ports[-2] if base.tls.enabled else 0)
@@ -103,7 +106,7 @@ def loopback_config(base: ServingConfig, workers: int, listen: str | None = None
             addresses=tuple(f"127.0.0.1:{p}" for p in ports[1 : workers + 1]),
             listen_port=0,  # each worker listens on the port of its own address
             metrics_port=0,
-            backend=base.workers.backend if base.model.device != "cpu" else "gloo",
+            backend=base.workers.backend,
             rendezvous=f"127.0.0.1:{ports[0]}",
             join_timeout_s=base.workers.join_timeout_s,
             step_timeout_s=base.workers.step_timeout_s,

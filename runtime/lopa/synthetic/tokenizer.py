@@ -20,8 +20,9 @@ def special_token_id(token: str) -> int:
     return len(_CHARS) + SPECIAL_TOKENS.index(token)
 
 
-def write_char_tokenizer(directory: str | Path) -> None:
-    """Write tokenizer.json, tokenizer_config.json and special_tokens_map.json into directory."""
+def write_char_tokenizer(directory: str | Path, chat_template: str | None = None) -> None:
+    """Write tokenizer.json, tokenizer_config.json and special_tokens_map.json into directory;
+    tokenizer_config.json carries `chat_template` when given (none by default)."""
     directory = Path(directory)
     directory.mkdir(parents=True, exist_ok=True)
     vocab = {ch: i for i, ch in enumerate(_CHARS)}
@@ -39,6 +40,9 @@ def write_char_tokenizer(directory: str | Path) -> None:
         "mask_token": "<|mask|>",
         "unk_token": "<|unk|>",
     }
-    config = {"tokenizer_class": "PreTrainedTokenizerFast", "model_max_length": 4096, **special}
+    config: dict[str, str | int] = {"tokenizer_class": "PreTrainedTokenizerFast", "model_max_length": 4096,
+                                    **special}
+    if chat_template is not None:
+        config["chat_template"] = chat_template
     (directory / "tokenizer_config.json").write_text(json.dumps(config, indent=2) + "\n")
     (directory / "special_tokens_map.json").write_text(json.dumps(special, indent=2) + "\n")

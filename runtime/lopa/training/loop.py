@@ -15,6 +15,7 @@ import torch
 from torch import nn
 
 from lopa.bundled import tasks
+from lopa.bundled.chat import CHAT_TEMPLATE
 from lopa.model.dream import DreamModel
 from lopa.training.checkpoint import save_checkpoint
 from lopa.training.config import TrainConfig, model_config
@@ -133,7 +134,7 @@ def _save(
         "torch": torch.__version__,
     }
     model.eval()
-    path = save_checkpoint(model, out, summary)
+    path = save_checkpoint(model, out, summary, CHAT_TEMPLATE)  # the bundled model's (lopa.bundled.chat)
     model.train()
     if on_save is not None:
         on_save(path, steps_done)

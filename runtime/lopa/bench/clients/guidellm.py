@@ -4,8 +4,9 @@ Defaults it keeps here: backend openai_http (HTTP/2 allowed, streaming, validate
 request bodies of `probe.default_probes`, tokens counted from the server's `usage`
 (`prefer_response_metrics`), warmup and cooldown off. Chosen: target, model, tokenizer directory,
 synthetic_text data of fixed prompt / output lengths, a constant rate for a duration. guidellm's default
-request format is /v1/chat/completions; `endpoint="completions"` sends /v1/completions instead (a model
-without a chat template answers chat with a 400).
+request format is /v1/chat/completions, which `lopa bench clients` keeps (the bundled model has a chat
+template); `endpoint="completions"` sends /v1/completions instead (a model without a chat template
+answers chat with a 400).
 
 Its report (`benchmarks[].requests.{successful,errored,incomplete}`) holds every request with its
 computed fields: time_to_first_token_ms (request sent to the first SSE line with text),

@@ -37,7 +37,7 @@ class Plan:
     load: Load = field(default_factory=Load)
     serve: ServeOptions = field(default_factory=ServeOptions)
     compat: bool = False  # the knobs that make the clients run against today's server (ignore_eos off)
-    guidellm_endpoint: str = "completions"  # or "chat": guidellm's own default
+    guidellm_endpoint: str = "chat"  # guidellm's own default; or "completions"
     inference_perf_streaming: bool = True  # inference-perf's default is False (no TTFT / TPOT)
     tolerance: float = TOLERANCE
     build: bool = True  # build missing venvs (else only locate them)

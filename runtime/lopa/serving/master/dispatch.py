@@ -31,8 +31,8 @@ from lopa.scheduling.request import (
 )
 from lopa.scheduling.scheduler import Scheduler
 from lopa.serving.master.admission import Admission, Admitted, Ask
+from lopa.serving.master.errors import GROUP_RETRY_AFTER_S, GroupUnavailable, WorkerLost
 from lopa.serving.master.events import Event, Finished, Progress
-from lopa.serving.master.group.links import WorkerLost
 from lopa.serving.master.streaming import DeltaTracker
 from lopa.serving.shared.metrics import MasterMetrics
 
@@ -42,17 +42,7 @@ __all__ = ["Dispatcher", "GroupUnavailable", "QueueFull", "Ticket", "client_reas
            "retry_after_s"]
 
 
-GROUP_RETRY_AFTER_S = 5  # a lost group re-forms in seconds (its workers restart and rejoin)
 _RANK = re.compile(r"worker rank \d+")  # what a client may know of a lost worker (not its address)
-
-
-class GroupUnavailable(Exception):
-    """No worker group is attached, or the master is draining: a request cannot be queued.
-    retry_after_s: when a client may try again (a draining master: at once, elsewhere)."""
-
-    def __init__(self, message: str, retry_after_s: int = GROUP_RETRY_AFTER_S) -> None:
-        super().__init__(message)
-        self.retry_after_s = retry_after_s
 
 
 def client_reason(error: BaseException) -> str:
@@ -219,9 +209,6 @@ class Dispatcher:
                           arrived) for one in admitted]
         try:
             self.scheduler.submit_many([self._request(ticket) for ticket in tickets])
-        except InvalidParameter:
-            self.refused("invalid", n)
-            raise
         except QueueFull:
             self.refused("rejected", n)
             raise

@@ -11,9 +11,9 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
@@ -31,13 +31,16 @@ from lopa.serving.master.group.distributed import DistributedExecutor, StepTimin
 from lopa.serving.master.group.links import WorkerGroup
 from lopa.serving.master.observer import MasterObserver
 from lopa.serving.master.served import ServedModel
-from lopa.serving.shared.config import ServingConfig
+from lopa.serving.shared.config import AUTO, ServingConfig
 from lopa.serving.shared.group_link import LinkSecurity
 from lopa.serving.shared.listen import add_port, grpc_server_options, host_of
 from lopa.serving.shared.log_limits import limit_repeats, raise_descriptor_limit
 from lopa.serving.shared.metrics import MasterMetrics
 from lopa.serving.shared.model_dir import model_path
 from lopa.serving.shared.tls import server_credentials
+
+if TYPE_CHECKING:
+    from aiohttp import web
 
 log = logging.getLogger("lopa.master")
 HEALTH_PORT_CONNECTIONS = 64  # the plaintext health port's (probes only)
@@ -66,7 +69,7 @@ class Pipeline:
 
         executor = DistributedExecutor(group, config.workers.step_timeout_s, observe_step, limits.max_batch)
         decoder = Decoder(executor, served.special.mask, served.special.eos, served.max_length)
-        device = config.model.device
+        device = budget_device(config, group)
         budget = Budget(limits.max_step_tokens) if limits.max_step_tokens else default_budget(device)
         observer = MasterObserver(metrics)
         scheduler = Scheduler(decoder, executor, served.decode, limits.queue_size, budget, observer)
@@ -80,7 +83,10 @@ class Pipeline:
 
     def adopt_budget(self, measured: Sequence[int], config: ServingConfig) -> None:
         """Run the budget the joined workers measured at start (see measured_budget)."""
-        budget = measured_budget(config.limits.max_step_tokens, measured, config.model.device)
+        device = budget_device(config, self.group)
+        budget = measured_budget(config.limits.max_step_tokens, measured, device)
+        if budget is None and config.model.device == AUTO and not config.limits.max_step_tokens:
+            budget = default_budget(device)  # the joined workers' device decides, whatever ran before
         if budget is None:
             return
         self.scheduler.budget = budget
@@ -102,39 +108,9 @@ async def serve_master(
     pipeline = Pipeline.build(config, served, metrics)
     group = pipeline.group
     health = health_aio.HealthServicer()
-    loop = asyncio.get_running_loop()
-
-    def on_group(attached: bool) -> None:
-        if attached:
-            pipeline.adopt_budget(group.step_tokens, config)
-        serving = health_pb2.HealthCheckResponse
-        status = serving.SERVING if pipeline.serving() else serving.NOT_SERVING
-        metrics.workers_joined.set(group.size if attached else 0)
-        if attached:
-            metrics.group_attaches.inc()
-        elif group.lost_members:
-            metrics.group_losses.inc()
-        for name in ("", SERVICE):
-            asyncio.run_coroutine_threadsafe(health.set(name, status), loop)
-
-    admission = pipeline.dispatcher.admission
-    server = grpc.aio.server(options=grpc_bounds(config, admission.max_message_bytes))
-    # a request that does not parse: INVALID_ARGUMENT, not UNKNOWN
-    add_lopa_servicer(LopaService(pipeline.dispatcher, pipeline.served), server)
-    health_pb2_grpc.add_HealthServicer_to_server(health, server)
     for name in ("", SERVICE):
         await health.set(name, health_pb2.HealthCheckResponse.NOT_SERVING)
-    listen = config.master.listen
-    credentials = server_credentials(config.tls)
-    add_port(server, listen, "master.listen", credentials)
-    health_server = None
-    if config.master.health_port:
-        # grpc.health.v1 alone, plaintext, with the same servicer: the kubelet's gRPC probe speaks no
-        # TLS, and a TCP check of master.listen passes before the group has formed.
-        health_server = grpc.aio.server(options=grpc_bounds(config, None, HEALTH_PORT_CONNECTIONS))
-        health_pb2_grpc.add_HealthServicer_to_server(health, health_server)
-        health_listen = f"{listen.rpartition(':')[0]}:{config.master.health_port}"
-        add_port(health_server, health_listen, "master.health_port")
+    server, health_server, secure = grpc_servers(config, pipeline, health)
     await server.start()
     if health_server is not None:
         await health_server.start()
@@ -142,11 +118,11 @@ async def serve_master(
     try:  # from here on every exit stops what started (an HTTP port in use included)
         if config.master.http_port:
             http = await start_openai_http(config, pipeline, host)
-        group.listeners.append(on_group)
+        group.listeners.append(group_listener(config, pipeline, health, asyncio.get_running_loop()))
         group.start()
         pipeline.dispatcher.start()
-        log.info("lopa %s master listening on %s (%s), %d workers: %s", __version__, listen,
-                 "TLS" if credentials else "plaintext", group.size, ", ".join(config.workers.addresses))
+        log.info("lopa %s master listening on %s (%s), %d workers: %s", __version__, config.master.listen,
+                 "TLS" if secure else "plaintext", group.size, ", ".join(config.workers.addresses))
         log_batching(config, pipeline.scheduler.budget)
         if started is not None:
             started.set()
@@ -178,9 +154,32 @@ def grpc_bounds(config: ServingConfig, max_message_bytes: int | None, max_connec
                                max_message_bytes)
 
 
-async def start_openai_http(config: ServingConfig, pipeline: Pipeline, host: str) -> Any:
+def grpc_servers(
+    config: ServingConfig, pipeline: Pipeline, health: health_aio.HealthServicer
+) -> tuple[grpc.aio.Server, grpc.aio.Server | None, bool]:
+    """(the client API's server, the plaintext health port's or None, whether the API is on TLS),
+    bound to their ports, not started."""
+    server = grpc.aio.server(options=grpc_bounds(config, pipeline.dispatcher.admission.max_message_bytes))
+    # a request that does not parse: INVALID_ARGUMENT, not UNKNOWN
+    add_lopa_servicer(LopaService(pipeline.dispatcher, pipeline.served), server)
+    health_pb2_grpc.add_HealthServicer_to_server(health, server)
+    listen = config.master.listen
+    credentials = server_credentials(config.tls)
+    add_port(server, listen, "master.listen", credentials)
+    health_server = None
+    if config.master.health_port:
+        # grpc.health.v1 alone, plaintext, with the same servicer: the kubelet's gRPC probe speaks no
+        # TLS, and a TCP check of master.listen passes before the group has formed.
+        health_server = grpc.aio.server(options=grpc_bounds(config, None, HEALTH_PORT_CONNECTIONS))
+        health_pb2_grpc.add_HealthServicer_to_server(health, health_server)
+        health_listen = f"{listen.rpartition(':')[0]}:{config.master.health_port}"
+        add_port(health_server, health_listen, "master.health_port")
+    return server, health_server, credentials is not None
+
+
+async def start_openai_http(config: ServingConfig, pipeline: Pipeline, host: str) -> web.AppRunner:
     """The OpenAI-compatible HTTP API on master.http_port, bounded by the master.http_* keys and the
-    admission's limits."""
+    admission's limits, started (its runner, to clean up)."""
     from lopa.serving.master.api.connection_guard import HttpBounds
     from lopa.serving.master.api.openai_http import OpenAIApi, start_http
 
@@ -194,6 +193,30 @@ async def start_openai_http(config: ServingConfig, pipeline: Pipeline, host: str
                               lambda reason: metrics.http_refused.labels(reason).inc())
     log.info("OpenAI-compatible HTTP API on %s port %d, model %r", host, master.http_port, api.model)
     return runner
+
+
+def group_listener(
+    config: ServingConfig, pipeline: Pipeline, health: health_aio.HealthServicer,
+    loop: asyncio.AbstractEventLoop,
+) -> Callable[[bool], None]:
+    """What the group's attaching and detaching change (from its monitor thread): the budget the
+    workers measured, health, the group metrics."""
+    group, metrics = pipeline.group, pipeline.metrics
+
+    def on_group(attached: bool) -> None:
+        if attached:
+            pipeline.adopt_budget(group.step_tokens, config)
+        serving = health_pb2.HealthCheckResponse
+        status = serving.SERVING if pipeline.serving() else serving.NOT_SERVING
+        metrics.workers_joined.set(group.size if attached else 0)
+        if attached:
+            metrics.group_attaches.inc()
+        elif group.lost_members:
+            metrics.group_losses.inc()
+        for name in ("", SERVICE):
+            asyncio.run_coroutine_threadsafe(health.set(name, status), loop)
+
+    return on_group
 
 
 async def drain_requests(pipeline: Pipeline, health: health_aio.HealthServicer, limit_s: float) -> None:
@@ -212,10 +235,20 @@ async def drain_requests(pipeline: Pipeline, health: health_aio.HealthServicer, 
     log.info("drained" if not dispatcher.busy() else "drain ended with requests left (group lost or timeout)")
 
 
+def budget_device(config: ServingConfig, group: WorkerGroup) -> str:
+    """The device whose default branch budget the group runs: model.device, or with auto the device
+    the joined workers report (the CPU's until they join)."""
+    if config.model.device != AUTO:
+        return config.model.device
+    return next((device for device in group.devices if device), "cpu")
+
+
 def log_batching(config: ServingConfig, budget: Budget) -> None:
     limits, device = config.limits, config.model.device
     source = "limits.max_step_tokens" if limits.max_step_tokens else f"the {device} default"
-    if not limits.max_step_tokens and measured_on(device):
+    if not limits.max_step_tokens and device == AUTO:
+        source = "the default of the workers' device (model.device auto), once they join"
+    elif not limits.max_step_tokens and measured_on(device):
         source += ", until the workers report the budget they measure at start"
     log.info("batching: %d requests at once (limits.max_batch), branch budget %s (%s)", limits.max_batch,
              budget.describe(), source)

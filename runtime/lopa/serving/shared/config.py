@@ -9,6 +9,7 @@ from typing import Any
 import yaml
 
 from lopa.bundled.defaults import model_defaults
+from lopa.host.device import AUTO
 from lopa.params import MAX_BRANCHES, DecodingParams, InvalidParameter
 
 DTYPES = ("float32", "bfloat16", "float16")
@@ -19,6 +20,8 @@ WEIGHTS = ("dtype", "fp8")
 # CUDA tensors (slower than nccl, but it lets several ranks share one GPU, which nccl refuses).
 BACKENDS_OF_DEVICE = {"cpu": ("gloo",), "cuda": ("nccl", "gloo"), "npu": ("hccl",)}
 BACKENDS = tuple(dict.fromkeys(b for known in BACKENDS_OF_DEVICE.values() for b in known))  # gloo, nccl, hccl
+# model.device auto: the accelerator the process finds (lopa.host.device); workers.backend auto: the
+# device's usual backend (loopback groups sharing one GPU: gloo). AUTO is imported from there.
 MAX_PORT = 65535
 MAX_BATCH = 256
 DECODING_KEYS = frozenset(f.name for f in fields(DecodingParams))
@@ -32,8 +35,17 @@ def device_kind(device: str) -> str:
     """'cuda' for 'cuda:1'; ValueError (the reason) unless device is cpu, cuda[:N] or npu[:N]."""
     kind, colon, index = device.partition(":")
     if kind not in BACKENDS_OF_DEVICE or (colon and not index.isdigit()):
-        raise ValueError(f"must be cpu, cuda[:N] or npu[:N], got {device!r}")
+        raise ValueError(f"must be cpu, cuda[:N], npu[:N] or auto, got {device!r}")
     return kind
+
+
+def backend_for(backend: str, device: str, ranks_per_device: int = 1) -> str:
+    """workers.backend as the group runs on `device` (resolved, not auto): AUTO becomes the device's
+    usual backend, gloo for several ranks on one GPU (nccl refuses them); any other value is kept."""
+    if backend != AUTO:
+        return backend
+    kind = device_kind(device)
+    return "gloo" if kind == "cuda" and ranks_per_device > 1 else BACKENDS_OF_DEVICE[kind][0]
 
 
 def backend_mismatch(backend: str, device: str, kind: str) -> str:
@@ -59,7 +71,7 @@ class ModelConfig:
     path: str = ""  # empty = the bundled model
     adapter: str = ""
     dtype: str = "float32"
-    device: str = "cpu"
+    device: str = AUTO  # cpu | cuda[:N] | npu[:N] | auto: CUDA, then an NPU, else the CPU
     weights: str = "dtype"
 
 
@@ -108,7 +120,7 @@ class WorkersConfig:
     addresses: tuple[str, ...] = ("127.0.0.1:50052",)
     listen_port: int = 50052
     metrics_port: int = 9090
-    backend: str = "gloo"
+    backend: str = AUTO  # gloo | nccl | hccl | auto: the device's (cpu gloo, cuda nccl, npu hccl)
     rendezvous: str = "127.0.0.1:29500"
     join_timeout_s: float = 600.0
     step_timeout_s: float = 60.0
@@ -243,6 +255,8 @@ def _check_model(model: ModelConfig, backend: str) -> None:
         raise ConfigError(f"model.dtype: must be one of {', '.join(DTYPES)}, got {model.dtype!r}")
     if model.weights not in WEIGHTS:
         raise ConfigError(f"model.weights: must be one of {', '.join(WEIGHTS)}, got {model.weights!r}")
+    if model.device == AUTO:
+        return  # resolved where the model runs (each worker); the backend is checked there
     try:
         kind = device_kind(model.device)
     except ValueError as error:
@@ -314,8 +328,8 @@ def _check_workers(workers: WorkersConfig) -> None:
         )
     for rank, address in enumerate(workers.addresses):
         _address(f"workers.addresses[{rank}]", address)
-    if workers.backend not in BACKENDS:
-        known = f"{', '.join(BACKENDS[:-1])} or {BACKENDS[-1]}"
+    if workers.backend not in (AUTO, *BACKENDS):
+        known = f"{AUTO}, {', '.join(BACKENDS[:-1])} or {BACKENDS[-1]}"
         raise ConfigError(f"workers.backend: must be {known}, got {workers.backend!r}")
     _address("workers.rendezvous", workers.rendezvous)
     _port("workers.listen_port", workers.listen_port)  # 0 = the port of the worker's own address

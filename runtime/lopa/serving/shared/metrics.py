@@ -48,7 +48,7 @@ class MasterMetrics:
     branches_granted: Histogram  # lookahead branches each request got per round
     branches_cut: Counter  # lookahead branches the budget took away
     vllm: VllmMetrics  # the same measurements under vLLM's names (lopa.serving.shared.vllm_metrics)
-    occupancy: Occupancy  # the queue and the KV slots, lopa's and vLLM's gauges from one snapshot
+    occupancy: Occupancy  # the queue and the KV sequences, lopa's and vLLM's gauges from one snapshot
     http_refused: Counter  # HTTP connections refused or evicted at the port's limits, by reason
 
     @classmethod

@@ -36,7 +36,7 @@ _TOKENS = (1, 2, 5, 10, 20, 50, 100, 200, 500, 1000, 2000, 5000)
 
 
 class Occupancy(Collector):
-    """The queue and the KV slots under both name sets, from one snapshot: a scrape never shows
+    """The queue and the KV sequences under both name sets, from one snapshot: a scrape never shows
     lopa's and vLLM's gauges apart, however busy the scheduler is."""
 
     def __init__(self, model_name: str) -> None:
@@ -48,10 +48,10 @@ class Occupancy(Collector):
 
     def collect(self) -> Iterator[GaugeMetricFamily]:
         waiting, running, usage = self._snapshot
-        yield GaugeMetricFamily("lopa_queue_depth", "Requests waiting for a KV slot", value=waiting)
-        yield GaugeMetricFamily("lopa_requests_running", "Requests decoding (holding a KV slot)",
+        yield GaugeMetricFamily("lopa_queue_depth", "Requests waiting for a KV sequence", value=waiting)
+        yield GaugeMetricFamily("lopa_requests_running", "Requests decoding (holding a KV sequence)",
                                 value=running)
-        yield GaugeMetricFamily("lopa_kv_slot_usage", "Fraction of the KV slots (limits.max_batch) in use",
+        yield GaugeMetricFamily("lopa_kv_slot_usage", "Fraction of the KV sequences (max_batch) in use",
                                 value=usage)
         for name, text, value in (
             ("vllm:num_requests_waiting", "Requests waiting to be processed", waiting),

@@ -14,18 +14,22 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 from concurrent import futures
+from dataclasses import dataclass
+from pathlib import Path
 
 import grpc
 
-from lopa.decoding.executor import BranchWindow, VerifyPart
+from lopa.decoding.executor import BranchWindow, PartOutcome, VerifyPart
 from lopa.execution.faults import is_device_fault
 from lopa.execution.shard import CommitOrder, ShardExecutor
 from lopa.host.openmp import release_thread_pool
-from lopa.model.loader import load_model
+from lopa.model.loader import LoadedModel, load_model
+from lopa.model.window import DreamWindowModel
 from lopa.params import DecodingParams
 from lopa.proto import worker_pb2, worker_pb2_grpc
 from lopa.scheduling.calibration import measured_tokens
 from lopa.scheduling.warmup import warm_graphs
+from lopa.serving.shared import device_choice
 from lopa.serving.shared.config import ServingConfig
 from lopa.serving.shared.group_link import LinkSecurity
 from lopa.serving.shared.listen import NO_REUSEPORT, add_port
@@ -77,10 +81,12 @@ class WorkerService(worker_pb2_grpc.WorkerServicer):
         metrics: WorkerMetrics | None = None,
         max_batch: int = 1,
         step_tokens: int = 0,
+        device: str = "cpu",
     ) -> None:
         self.rank, self.world_size = rank, world_size
         self.vocab_size, self.max_length, self.max_batch = vocab_size, max_length, max_batch
         self.step_tokens = step_tokens  # its measured branch budget (0: none, see WorkerInfo)
+        self.device = device  # where its model runs (model.device resolved)
         self.group: collective.Group | None = None
         self.shard: ShardExecutor | None = None
         self.on_fatal = on_fatal
@@ -106,6 +112,7 @@ class WorkerService(worker_pb2_grpc.WorkerServicer):
             max_batch=self.max_batch,
             step_tokens=self.step_tokens,
             master_attached=self.master_attached,
+            device=self.device,
         )
 
     def Leave(self, request: worker_pb2.LeaveRequest, context: grpc.ServicerContext) -> worker_pb2.WorkerInfo:
@@ -148,16 +155,7 @@ class WorkerService(worker_pb2_grpc.WorkerServicer):
         self.last_step = time.monotonic()
         shard = self.shard
         assert shard is not None
-        errors: dict[int, str] = {}  # index into request.requests -> why it failed here
-        for index, part in enumerate(request.requests):
-            if not part.sequence < self.max_batch:  # a malformed step: the master's bug
-                raise ValueError(f"sequence {part.sequence} outside [0, max_batch={self.max_batch})")
-            if part.HasField("begin"):
-                try:
-                    shard.begin(params_of(part.begin), max(1, part.begin.num_slots), part.sequence,
-                                part.begin.excluded_ids)
-                except Exception as error:  # bad sampling settings: this request fails, not the round
-                    errors[index] = self._local_failure(error)
+        errors = self._begin(shard, request)
         began = time.perf_counter()
         orders = [CommitOrder(c.sequence, c.n, c.winner_rank, c.winner_slot, c.broadcast)
                   for c in request.commits]
@@ -183,6 +181,31 @@ class WorkerService(worker_pb2_grpc.WorkerServicer):
             return worker_pb2.StepReply(error=message)
         done = time.perf_counter()
         reply = worker_pb2.StepReply(forward_s=done - committed, commit_s=committed - began)
+        self._add_stats(reply, request, outcomes, errors)
+        if self.metrics is not None:
+            rows = sum(len(p.windows) for p in request.requests)
+            self.metrics.observe_step(reply.forward_s, reply.commit_s, rows, len(request.requests))
+        return reply
+
+    def _begin(self, shard: ShardExecutor, request: worker_pb2.StepRequest) -> dict[int, str]:
+        """Start the round's new requests; returns index into request.requests -> why it failed here."""
+        errors: dict[int, str] = {}
+        for index, part in enumerate(request.requests):
+            if not part.sequence < self.max_batch:  # a malformed step: the master's bug
+                raise ValueError(f"sequence {part.sequence} outside [0, max_batch={self.max_batch})")
+            if part.HasField("begin"):
+                try:
+                    shard.begin(params_of(part.begin), max(1, part.begin.num_rows), part.sequence,
+                                part.begin.excluded_ids)
+                except Exception as error:  # bad sampling settings: this request fails, not the round
+                    errors[index] = self._local_failure(error)
+        return errors
+
+    def _add_stats(
+        self, reply: worker_pb2.StepReply, request: worker_pb2.StepRequest, outcomes: list[PartOutcome],
+        errors: dict[int, str],
+    ) -> None:
+        """Each request's statistics (or why it failed here), in the order of request.requests."""
         for index, (part, outcome) in enumerate(zip(request.requests, outcomes, strict=True)):
             stats = reply.requests.add()
             if index in errors:
@@ -196,10 +219,6 @@ class WorkerService(worker_pb2_grpc.WorkerServicer):
                         probs=[s.prob for s in row],
                         confs=[s.conf for s in row],
                     )
-        if self.metrics is not None:
-            rows = sum(len(p.windows) for p in request.requests)
-            self.metrics.observe_step(reply.forward_s, reply.commit_s, rows, len(request.requests))
-        return reply
 
     def _local_failure(self, error: Exception) -> str:
         """A failure that leaves the group intact becomes a message; a device fault propagates."""
@@ -211,23 +230,14 @@ class WorkerService(worker_pb2_grpc.WorkerServicer):
 
 def serve_worker(config: ServingConfig, rank: int, stop: threading.Event | None = None) -> int:
     """Run a worker until stopped; returns the exit code (raises JoinError when the join fails)."""
+    given, config = config, device_choice.resolve(config)  # auto: this machine's device and its backend
+    log.info("rank %d: %s", rank, device_choice.start_line(config, given))
     workers, model_cfg = config.workers, config.model
     collective.check_backend(workers.backend, model_cfg.device)
     collective.prepare_device(model_cfg.device)
     if not 0 <= rank < workers.count:
         raise ValueError(f"--rank: {rank} outside [0, workers.count={workers.count})")
-    path = model_path(model_cfg.path)
-    max_length = usable_max_length(config, path)  # before the (long) load: a bad config fails at once
-    loaded = load_model(path, model_cfg.adapter or None, model_cfg.dtype, model_cfg.device,
-                        weights=model_cfg.weights)
-    element_size = loaded.model.model.embed_tokens.weight.element_size()  # the KV caches' (model) dtype
-    check_kv_fits(config, loaded.config, max_length, loaded.model.device, element_size)
-    window_model = loaded.window_model(max_length, max_batch=config.limits.max_batch)
-    reserved = window_model.reserved_bytes()
-    # limits.max_step_tokens = 0 on an accelerator: measured here, run by the master (the smallest)
-    measured = None if config.limits.max_step_tokens else measured_tokens(window_model, model_cfg.device)
-    # The graphs of the likely rounds, before this worker joins (the master serves once all joined).
-    warm_graphs(window_model, config.decoding, config.limits.max_step_tokens or measured)
+    model = WorkerModel.load(config)
     metrics = WorkerMetrics.start(workers.metrics_port, rank)
     exit_code: list[int] = []
     stop = stop or threading.Event()
@@ -236,50 +246,74 @@ def serve_worker(config: ServingConfig, rank: int, stop: threading.Event | None 
         exit_code.append(code)
         stop.set()
 
-    service = WorkerService(
-        rank, workers.count, loaded.config.vocab_size, max_length, fatal, metrics, config.limits.max_batch,
-        measured or 0,
-    )
+    service = WorkerService(rank, workers.count, model.loaded.config.vocab_size, model.max_length, fatal,
+                            metrics, config.limits.max_batch, model.measured or 0, model_cfg.device)
     address = listen_address(config, rank)
     security = LinkSecurity.load(workers)
     server = start_server(service, address, listen_key(config, rank), security)
     if metrics is not None:
-        metrics.reserved_bytes.set(reserved)
-        metrics.watch_forwards(lambda: dict(window_model.forwards))
-        metrics.watch_captures(window_model.graph_captures)
+        metrics.reserved_bytes.set(model.reserved)
+        metrics.watch_forwards(lambda: dict(model.window.forwards))
+        metrics.watch_captures(model.window.graph_captures)
     log.info(
-        "rank %d: model %s loaded; %d KV slots (limits.max_batch) of %d tokens reserved %.1f MiB; "
-        "worker API on %s", rank, path, config.limits.max_batch, max_length, reserved / (1 << 20), address,
+        "rank %d: model %s loaded; %d KV sequences (limits.max_batch) of %d tokens reserved %.1f MiB; "
+        "worker API on %s", rank, model.path, config.limits.max_batch, model.max_length,
+        model.reserved / (1 << 20), address,
     )
     try:
-        group = collective.join(
-            workers.backend,
-            workers.rendezvous,
-            rank,
-            workers.count,
-            model_cfg.device,
-            workers.join_timeout_s,
-            workers.step_timeout_s,
-            security,
-        )
-        shard = ShardExecutor(window_model, rank, group.broadcast, loaded.special.pad, workers.count)
-        service.ready(group, shard)
+        group = collective.join(workers.backend, workers.rendezvous, rank, workers.count, model_cfg.device,
+                                workers.join_timeout_s, workers.step_timeout_s, security)
+        service.ready(group, ShardExecutor(model.window, rank, group.broadcast, model.loaded.special.pad,
+                                           workers.count))
         if metrics is not None:
             metrics.joined.set(1)
         log.info("rank %d ready (group %s, %d workers)", rank, group.group_id, workers.count)
-        release_thread_pool()  # steps run on a gRPC thread, not this one (lopa.host.openmp)
-        drain = Drain()
-        if threading.current_thread() is threading.main_thread():
-            # Joined: SIGTERM now drains (until here it stops at once: a join cannot be interrupted).
-            signal.signal(signal.SIGTERM, drain.request)
-        while not stop.wait(0.2):
-            why = drain.done(service.last_step, config.limits.request_timeout_s, service.master_attached)
-            if why:
-                log.info("rank %d: drained (%s), leaving", rank, why)
-                break
+        _serve_joined(service, stop, config.limits.request_timeout_s)
     finally:
         server.stop(grace=1.0)
     return exit_code[0] if exit_code else 0
+
+
+@dataclass(frozen=True)
+class WorkerModel:
+    """A worker's model, loaded on its device with its KV caches reserved."""
+
+    path: Path
+    loaded: LoadedModel
+    window: DreamWindowModel
+    max_length: int
+    reserved: int  # bytes of its KV caches and staging
+    measured: int | None  # the branch budget its forwards measured (None: not measured)
+
+    @classmethod
+    def load(cls, config: ServingConfig) -> WorkerModel:
+        model_cfg = config.model
+        path = model_path(model_cfg.path)
+        max_length = usable_max_length(config, path)  # before the (long) load: a bad config fails at once
+        loaded = load_model(path, model_cfg.adapter or None, model_cfg.dtype, model_cfg.device,
+                            weights=model_cfg.weights)
+        element_size = loaded.model.model.embed_tokens.weight.element_size()  # the KV caches' (model) dtype
+        check_kv_fits(config, loaded.config, max_length, loaded.model.device, element_size)
+        window = loaded.window_model(max_length, max_batch=config.limits.max_batch)
+        # limits.max_step_tokens = 0 on an accelerator: measured here, run by the master (the smallest)
+        measured = None if config.limits.max_step_tokens else measured_tokens(window, model_cfg.device)
+        # The graphs of the likely rounds, before this worker joins (the master serves once all joined).
+        warm_graphs(window, config.decoding, config.limits.max_step_tokens or measured)
+        return cls(path, loaded, window, max_length, window.reserved_bytes(), measured)
+
+
+def _serve_joined(service: WorkerService, stop: threading.Event, request_timeout_s: float) -> None:
+    """Serve the master's steps until stopped or, after a SIGTERM, drained."""
+    release_thread_pool()  # steps run on a gRPC thread, not this one (lopa.host.openmp)
+    drain = Drain()
+    if threading.current_thread() is threading.main_thread():
+        # Joined: SIGTERM now drains (until here it stops at once: a join cannot be interrupted).
+        signal.signal(signal.SIGTERM, drain.request)
+    while not stop.wait(0.2):
+        why = drain.done(service.last_step, request_timeout_s, service.master_attached)
+        if why:
+            log.info("rank %d: drained (%s), leaving", service.rank, why)
+            break
 
 
 # A draining worker leaves once no step arrived for this long since its SIGTERM. Longer than the

@@ -56,32 +56,8 @@ async def _events(
     chat: bool,
 ) -> None:
     await response.prepare(request)
-    created, kind = int(time.time()), "chat.completion.chunk" if chat else "text_completion"
-
-    async def write(choices: list[dict[str, Any]], extra: dict | None = None) -> None:
-        event = {"id": ident, "object": kind, "created": created, "model": parsed.model,
-                 "choices": choices, **(extra or {})}
-        await response.write(f"data: {json.dumps(event)}\n\n".encode())
-
-    async def send(index: int, delta: str, finish: str | None = None, extra: dict | None = None,
-                   first: bool = False) -> None:
-        if chat:
-            piece = {"role": "assistant", "content": delta} if first else {"content": delta}
-            choice: dict[str, Any] = {"index": index, "delta": piece, "finish_reason": finish}
-        else:
-            choice = {"index": index, "text": delta, "finish_reason": finish, "logprobs": None}
-        await write([choice], extra)
-
-    merged: asyncio.Queue[tuple[int, Progress | Finished | Exception]] = asyncio.Queue()
-
-    async def pump(index: int, ticket: Ticket) -> None:
-        try:
-            async for event in ticket.events():
-                merged.put_nowait((index, event))
-        except Exception as error:
-            merged.put_nowait((index, error))
-
-    pumps = [asyncio.create_task(pump(i, ticket)) for i, ticket in enumerate(tickets)]
+    out = _Chunks(response, ident, parsed.model, chat)
+    merged, pumps = _merge(tickets)
     # Every event carries the lookahead branches granted in each round since the one before
     # (rounds that added no text send no event): gRPC's GenerateChunk.granted_branches.
     first, rounds = [True] * len(tickets), [[] for _ in tickets]
@@ -99,7 +75,7 @@ async def _events(
                     extra: dict[str, Any] = {"lopa": {"granted_branches": rounds[index]}}
                     if parsed.continuous_usage:
                         extra["usage"] = usage_of(prompts[index], sent[index])
-                    await send(index, item.text, extra=extra, first=first[index])
+                    await out.send(index, item.text, extra=extra, first=first[index])
                     if item.text:
                         tickets[index].first_token_sent()
                     first[index], rounds[index] = False, []
@@ -112,8 +88,8 @@ async def _events(
             # With include_usage only the last chunk carries usage, as OpenAI's do (clients that
             # add up every chunk's usage would count it twice); the choice's stats stay in lopa.
             own = usage(outcome) if parsed.continuous_usage or not parsed.include_usage else None
-            await send(index, item.text, FINISH[outcome.finish_reason],
-                       {"usage": own, "lopa": stats}, first=first[index])
+            await out.send(index, item.text, FINISH[outcome.finish_reason],
+                           {"usage": own, "lopa": stats}, first=first[index])
             done.append(outcome)
     finally:
         for task in pumps:  # a failure or a client gone: the others stop, counted as cancelled
@@ -121,9 +97,48 @@ async def _events(
     if failed is not None:  # the status line is sent: the error travels as an event, as OpenAI's do
         await response.write(f"data: {failure(failed).text}\n\n".encode())
     elif parsed.include_usage:  # OpenAI's shape: one more chunk, the totals and no choices
-        await write([], {"usage": total_usage(done)})
+        await out.write([], {"usage": total_usage(done)})
     await response.write(b"data: [DONE]\n\n")
     await response.write_eof()
+
+
+class _Chunks:
+    """The SSE chunks of one streamed response: completion or chat chunk objects, one per event."""
+
+    def __init__(self, response: web.StreamResponse, ident: str, model: str, chat: bool) -> None:
+        self.response, self.ident, self.model, self.chat = response, ident, model, chat
+        self.created, self.kind = int(time.time()), "chat.completion.chunk" if chat else "text_completion"
+
+    async def write(self, choices: list[dict[str, Any]], extra: dict | None = None) -> None:
+        event = {"id": self.ident, "object": self.kind, "created": self.created, "model": self.model,
+                 "choices": choices, **(extra or {})}
+        await self.response.write(f"data: {json.dumps(event)}\n\n".encode())
+
+    async def send(self, index: int, delta: str, finish: str | None = None, extra: dict | None = None,
+                   first: bool = False) -> None:
+        if self.chat:
+            piece = {"role": "assistant", "content": delta} if first else {"content": delta}
+            choice: dict[str, Any] = {"index": index, "delta": piece, "finish_reason": finish}
+        else:
+            choice = {"index": index, "text": delta, "finish_reason": finish, "logprobs": None}
+        await self.write([choice], extra)
+
+
+def _merge(
+    tickets: list[Ticket],
+) -> tuple[asyncio.Queue[tuple[int, Progress | Finished | Exception]], list[asyncio.Task]]:
+    """Every ticket's events in one queue as they come, (choice index, the event or the error that
+    ended it), and the tasks that feed it (cancel them to stop the requests)."""
+    merged: asyncio.Queue[tuple[int, Progress | Finished | Exception]] = asyncio.Queue()
+
+    async def pump(index: int, ticket: Ticket) -> None:
+        try:
+            async for event in ticket.events():
+                merged.put_nowait((index, event))
+        except Exception as error:
+            merged.put_nowait((index, error))
+
+    return merged, [asyncio.create_task(pump(i, ticket)) for i, ticket in enumerate(tickets)]
 
 
 def usage(c: Completion) -> dict[str, int]:

@@ -19,7 +19,8 @@ from lopa.execution.placement import rank_of, shares
 from lopa.params import AttentionMode, DecodingParams
 from lopa.proto import worker_pb2
 from lopa.scheduling.request import Abort, RequestAborted
-from lopa.serving.master.group.links import WorkerGroup, WorkerLost
+from lopa.serving.master.errors import WorkerLost
+from lopa.serving.master.group.links import WorkerGroup
 
 __all__ = ["Abort", "DistributedExecutor", "RequestAborted", "StepFailed", "StepTiming"]
 
@@ -82,7 +83,7 @@ class DistributedExecutor:
         if not 0 <= sequence < self.max_batch:
             raise ValueError(f"sequence {sequence} outside [0, max_batch={self.max_batch})")
         begin = worker_pb2.Begin(
-            num_slots=num_candidates,  # per rank: its share (set when the message is built)
+            num_rows=num_candidates,  # per rank: its share (set when the message is built)
             attention=params.attention.value,
             conf=params.conf.value,
             temperature=params.temperature,
@@ -95,7 +96,7 @@ class DistributedExecutor:
         self._commits.pop(sequence, None)
 
     def release(self, sequence: int) -> None:
-        """The request ended: a commit still pending for its slot must never reach the next one."""
+        """The request ended: a commit still pending for its sequence must never reach the next one."""
         self._sequences.pop(sequence, None)
         self._commits.pop(sequence, None)
 
@@ -179,8 +180,8 @@ class DistributedExecutor:
             step = request.requests.add(sequence=part.sequence, start=part.start, n_stage=part.n_stage)
             if state.begin is not None:
                 step.begin.CopyFrom(state.begin)
-                total = state.begin.num_slots
-                step.begin.num_slots = max(1, len(shares(total, len(self.group.links), part.sequence)[rank]))
+                total = state.begin.num_rows
+                step.begin.num_rows = max(1, len(shares(total, len(self.group.links), part.sequence)[rank]))
             for candidate in shares_of_part[rank]:
                 w = part.windows[candidate]
                 step.windows.add(tokens=w.tokens, block_ids=w.block_ids, masked=w.masked)

@@ -18,7 +18,10 @@ from typing import Any
 import grpc
 
 from lopa.proto import worker_pb2, worker_pb2_grpc
+from lopa.serving.master.errors import WorkerLost
 from lopa.serving.shared.group_link import LinkSecurity
+
+__all__ = ["WorkerGroup", "WorkerLink", "WorkerLost"]
 
 log = logging.getLogger("lopa.master")
 STARTUP_GRACE_S = 60.0  # workers loading a model are not alarming at first; past this they are
@@ -44,16 +47,6 @@ _CHANNEL_OPTIONS = [
     ("grpc.keepalive_permit_without_calls", 1),
     ("grpc.http2.max_pings_without_data", 0),
 ]
-
-
-class WorkerLost(RuntimeError):
-    """A worker stream failed or timed out: the request fails with UNAVAILABLE. busy: the worker
-    refused the stream because another master's is attached (its group is fine: never tell it to
-    leave)."""
-
-    def __init__(self, message: str, busy: bool = False) -> None:
-        super().__init__(message)
-        self.busy = busy
 
 
 class WorkerLink:
@@ -160,6 +153,7 @@ class WorkerGroup:
         # (vocab_size, max_length, max_batch) the master decodes with
         self.expected: tuple[int, int, int] | None = None
         self.step_tokens: list[int] = []  # the branch budget each worker measured (0: none)
+        self.devices: list[str] = []  # where each worker's model runs ("" from a worker that does not say)
 
     @property
     def size(self) -> int:
@@ -234,6 +228,7 @@ class WorkerGroup:
             self.group_id = infos[0].group_id
             self.vocab_size, self.max_length = infos[0].vocab_size, infos[0].max_length
             self.step_tokens = [info.step_tokens for info in infos]
+            self.devices = [info.device for info in infos]
             for link in self.links:
                 link.open(self)
             self._attached.set()
@@ -243,7 +238,8 @@ class WorkerGroup:
             busy = all(link.end_code == grpc.StatusCode.ABORTED for link in ended)
             self._detach("a worker stream ended during attach", leave=not busy)
             return
-        log.info("all %d workers joined group %s: SERVING", self.size, self.group_id)
+        log.info("all %d workers joined group %s (on %s): SERVING", self.size, self.group_id,
+                 ", ".join(sorted(set(self.devices))) or "an unnamed device")
         self._ever_attached = True
         self._last_waiting = ""
         self._notify(True)
