@@ -68,12 +68,13 @@ step() {  # name, time limit in s, command...: its output in $logs/name.log (eac
     # epoch time it was printed at, to match the utilisation samples), a summary here
     local name=$1 limit=$(($2 * slack)) began=$SECONDS
     shift 2
+    # `timeout` runs a program, not a shell function: lopa is this Python's module
+    [ "$1" = lopa ] && set -- "$python" -m lopa "${@:2}"
     timeout "$limit" "$@" 2>&1 | while IFS= read -r line; do printf '%s %s\n' "$EPOCHREALTIME" "$line"; done \
         > "$logs/$name.log"
     echo "$name: exit ${PIPESTATUS[0]} after $((SECONDS - began)) s"
     grep -E "passed|failed|skipped|error|Error|captured|\| [0-9]" "$logs/$name.log" | cut -d' ' -f2- | tail -8
 }
-lopa() { "$python" -m lopa "$@"; }
 
 sampler=
 if [ "$device" = cuda ]; then

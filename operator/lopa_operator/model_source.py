@@ -28,9 +28,6 @@ PVC_DIR = f"{MODELS_DIR}/pvc"
 CACHE_VOLUME = "model-cache"
 DEFAULT_REVISION = "main"  # what huggingface_hub fetches when a URI names no revision
 TOKEN_KEY = "HF_TOKEN"
-# A PVC's root is often root-owned: the pods' group (the images' user, security.RUN_AS) gets write
-# access to the cache through fsGroup, unless spec.podSecurityContext sets its own.
-CACHE_FS_GROUP = {"fsGroup": security.RUN_AS, "fsGroupChangePolicy": "OnRootMismatch"}
 
 
 @dataclass(frozen=True)
@@ -142,12 +139,3 @@ def init_containers(spec: dict[str, Any], image: str, user_env: list[dict[str, A
         })
     return out
 
-
-def pod_security(spec: dict[str, Any]) -> dict[str, Any]:
-    """Extra PodSecurityContext defaults: fsGroup for a cache claim the pods must write to."""
-    cache = (spec.get("model") or {}).get("cache") or {}
-    hub = any(s.hub for s in sources(spec).values())
-    given = spec.get("podSecurityContext") or {}
-    if hub and cache.get("claimName") and "fsGroup" not in given:
-        return dict(CACHE_FS_GROUP)
-    return {}

@@ -99,7 +99,7 @@ def _common_pod_spec(
         "shareProcessNamespace": True,
         # lopa never calls the API server: no token in the pods.
         "automountServiceAccountToken": False,
-        "securityContext": {**model_source.pod_security(spec), **security.pod_context(spec)},
+        "securityContext": security.pod_context(spec),
         **gang.pod_fields(spec, name, index),
     }
     # hf:// sources: fetched into the model cache before the container starts (model_source.py).

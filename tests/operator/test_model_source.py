@@ -59,7 +59,7 @@ def test_hf_uris_are_fetched_by_init_containers_into_an_emptydir() -> None:
         assert fetch["terminationMessagePolicy"] == "FallbackToLogsOnError"
         assert fetch["securityContext"]["readOnlyRootFilesystem"] is True
         assert fetch["image"] == pod["containers"][0]["image"]
-        assert "fsGroup" not in pod["securityContext"]
+        assert pod["securityContext"]["fsGroup"] == 65532  # every pod's default (security.py), cache or not
 
 
 def test_a_cache_claim_is_shared_and_writable_by_the_pods_group() -> None:

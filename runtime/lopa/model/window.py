@@ -153,8 +153,6 @@ class DreamWindowModel:
             keep_freed_memory()  # batched CPU forwards otherwise pay page faults (lopa.host.heap)
             self._choose_cpu_products()
 
-    @property
-
     def _choose_layer_steps(self, model: DreamModel) -> bool:
         """How the layers' elementwise steps run, decided at start; whether rounds take the
         vocabulary pass (lopa.kernels.vocab_stats), which goes with the Triton kernels."""
@@ -167,6 +165,7 @@ class DreamWindowModel:
                      KERNELS_ENV)
         return kernels_wanted(self.device)
 
+    @property
     def device(self) -> torch.device:
         return self._device
 
