@@ -63,7 +63,6 @@ fi
 export GOFLAGS="-trimpath" CGO_ENABLED=0 GOTOOLCHAIN=local
 JOBS="${LOPA_TESTENV_JOBS:-2}"
 start=$SECONDS
-source_dir="$(cd "$HERE/kueue" && go list -m -f '{{.Dir}}' "$MODULE")"
 if [[ ! -x "$OUT/kueue" ]]; then
   log "go build kueue $VERSION with $(go version | awk '{print $3}'), -p $JOBS ..."
   tmp="$(mktemp -d "$OUT/.build.XXXXXX")"
@@ -74,6 +73,11 @@ if [[ ! -x "$OUT/kueue" ]]; then
   rm -rf "$tmp"
   log "built kueue in $((SECONDS - start))s"
 fi
+# The module's own files (CRDs, webhooks): `go list -m` names its directory only once it is in the
+# module cache, which a fresh machine's is not until it is downloaded.
+source_dir="$(cd "$HERE/kueue" && go mod download "$MODULE" && go list -m -f '{{.Dir}}' "$MODULE")"
+[[ -d "$source_dir/config/components" ]] || {
+  echo "kueue.sh: $MODULE $VERSION has no config/components in the module cache ($source_dir)" >&2; exit 1; }
 rm -rf "$OUT/crds.tmp" && mkdir -p "$OUT/crds.tmp"
 for c in "${CRDS[@]}"; do
   cp "$source_dir/config/components/crd/bases/kueue.x-k8s.io_$c.yaml" "$OUT/crds.tmp/"
