@@ -36,7 +36,8 @@ lint: install
 	$(VENV)/bin/lint-imports
 	$(PY) tools/function_length.py
 
-# Two test processes: the serving suite in one, the operator, runtime and kube suites in the other
-# (tests/conftest.py); each keeps its tests' order and shared fixtures.
+# Three test processes, each taking whole test files (the operator suite as one: one control plane);
+# tests/conftest.py says how. The operator suite mostly waits on the API server, the other two share
+# the cores.
 test: install testenv lint
-	$(PY) -m pytest -n 2 --dist loadgroup tests
+	$(PY) -m pytest -n 3 tests

@@ -1,26 +1,56 @@
-"""The suites' groups for parallel runs (`make test`: pytest-xdist, `-n 2 --dist loadgroup`).
+"""How a parallel run (`make test`: pytest-xdist, `-n 3`) shares the suites among its test processes.
 
-Each group runs in one test process, in collection order, as a run without xdist would: tests that
-share a module or session fixture (a group of worker processes, the Kubernetes control plane) stay
-together. One group is the serving suite, which keeps the 2 cores busy starting master and worker
-processes; the other is the operator suite, which mostly waits on the control plane and kwok (0.7 of
-one core over its run), with the runtime and kube suites and the serving suite's commit bench (its
-own groups of 1-3 workers), which brings the two groups' wall times closer (the suites' costs are
-in tests/README.md). Without xdist the marker does nothing.
+A test file is the unit of work: its tests run in one process, in order, with its module fixtures
+(a group of master and worker processes) started once. The operator suite is one unit, since its
+tests share one Kubernetes control plane (a session fixture). The units that take longest start
+first (the operator suite, then the files marked `slow`), so that no process is left with a long
+unit at the end while the others idle. Without xdist none of this applies: one process runs all in
+collection order.
+
+(xdist's own `--dist loadgroup` would do the grouping from an `xdist_group` mark, but it rewrites
+test ids in a way pytest >= 9.2 no longer reads, which leaves every test a unit of its own.)
 """
 
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 _TESTS = Path(__file__).resolve().parent
-SERVING = _TESTS / "serving"
-BESIDE_THE_OPERATOR = {SERVING / "test_commit_cost.py"}
+_OPERATOR_SUITE = "tests/operator"
+
+
+def unit_of(nodeid: str) -> str:
+    """The unit of work of a test id: the operator suite as a whole, else the test's file."""
+    path = nodeid.split("::", 1)[0]
+    return _OPERATOR_SUITE if path.startswith(f"{_OPERATOR_SUITE}/") else path
+
+
+def _start_rank(item: pytest.Item) -> int:
+    if unit_of(item.nodeid) == _OPERATOR_SUITE:
+        return 0
+    return 1 if item.get_closest_marker("slow") else 2
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    for item in items:
-        serving = item.path.is_relative_to(SERVING) and item.path not in BESIDE_THE_OPERATOR
-        item.add_marker(pytest.mark.xdist_group("serving" if serving else "operator-runtime-kube"))
+    # A stable sort: each file keeps its order, the long units come first.
+    items.sort(key=_start_rank)
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
+    from xdist.scheduler import LoadScopeScheduling
+
+    class UnitScheduling(LoadScopeScheduling):
+        """xdist's scope scheduling with the units above, handed out in collection order."""
+
+        def __init__(self, config: pytest.Config, log: Any = None) -> None:
+            super().__init__(config, log)
+            config.option.loadscopereorder = False  # keep the long units first
+
+        def _split_scope(self, nodeid: str) -> str:
+            return unit_of(nodeid)
+
+    return UnitScheduling(config, log)
