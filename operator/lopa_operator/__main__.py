@@ -106,6 +106,13 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
         "--resync-seconds", type=_seconds, default=None, help="seconds between resyncs (> 0; default 10)"
     )
     p.add_argument(
+        "--retry-refused-seconds",
+        type=_seconds,
+        default=None,
+        help="seconds before a rendering the API server refused (or a missing InferencePool CRD) is "
+        "tried again; an edit is tried at once (> 0; default 60)",
+    )
+    p.add_argument(
         "--log-level",
         default=os.environ.get("LOPA_OPERATOR_LOG_LEVEL", "info"),
         choices=["debug", "info", "warning"],
@@ -149,6 +156,8 @@ def main(argv: list[str] | None = None) -> None:
     os.environ["LOPA_OPERATOR_METRICS_PORT"] = str(args.metrics_port)
     if args.resync_seconds is not None:
         os.environ["LOPA_OPERATOR_RESYNC_SECONDS"] = str(args.resync_seconds)
+    if args.retry_refused_seconds is not None:
+        os.environ["LOPA_OPERATOR_RETRY_REFUSED_SECONDS"] = str(args.retry_refused_seconds)
     from . import handlers  # noqa: F401  (registers the handlers)
 
     kopf.configure(debug=args.log_level == "debug", quiet=args.log_level == "warning", log_prefix=True)

@@ -20,12 +20,8 @@ from . import config, credentials, gang, group, inference_pool, metrics, names, 
 from . import spec as specs
 from . import status as statuses
 from .kube import Kube, KubeError, path
-from .ownership import refuse_foreign, spec_error
+from .ownership import RETRY_REFUSED_SECONDS, refuse_foreign, spec_error
 
-# A rendering the API server rejected does not heal by retrying soon: it is tried again (dry run) this
-# rarely, while every resync still looks after the deployed groups and a new rendering (an edit) is
-# tried at once.
-APPLY_FAILED_RETRY_SECONDS = 60.0
 EventFn = Callable[[dict[str, Any], str, str, str], None]  # (object, type, reason, message)
 
 Memo = MutableMapping[str, Any]  # kopf's per-object memo (a plain dict in unit tests)
@@ -49,13 +45,14 @@ def _ensure(kube: Kube, children: list[dict[str, Any]], owner: dict[str, Any], m
     API server rejects leaves every child as it was (no new ConfigMap beside old pods). The memo
     keeps the digest of the last rendering that passed: the timer re-applies every resync to repair
     drift, and only a new rendering needs the dry run. A rendering the API server refused is refused
-    again from the memo, without a call, for APPLY_FAILED_RETRY_SECONDS."""
+    again from the memo, without a call, for RETRY_REFUSED_SECONDS (it does not heal by retrying soon;
+    every resync still looks after the deployed groups, and a new rendering is tried at once)."""
     for child in children:
         kopf.append_owner_reference(child, owner=owner)
     rendered = config.digest(children)
     if memo.get("validated") != rendered:
         refused = memo.get("refused")
-        if refused and refused[0] == rendered and time.monotonic() - refused[1] < APPLY_FAILED_RETRY_SECONDS:
+        if refused and refused[0] == rendered and time.monotonic() - refused[1] < RETRY_REFUSED_SECONDS:
             raise refused[2]
         try:
             for child in children:

@@ -28,6 +28,7 @@ RELEASE = "lopa-operator"
 RELEASE_NAMESPACE = "lopa-system"
 SERVICE_ACCOUNT = "lopa-operator"  # the chart's fullname for this release name
 RESYNC_SECONDS = 1.0  # short timer interval: status follows the cluster within a second or two
+RETRY_REFUSED_SECONDS = 3.0  # a refused rendering (a missing CRD) is tried again within seconds
 FORBIDDEN_MARKERS = ("Forbidden", "forbidden", " 403", "(403)", "Unauthorized", " 401")
 
 
@@ -104,6 +105,7 @@ class OperatorProcess:
                 f"--liveness=http://127.0.0.1:{self.liveness_port}/healthz",
                 f"--metrics-port={self.metrics_port}",
                 f"--resync-seconds={RESYNC_SECONDS}",
+                f"--retry-refused-seconds={RETRY_REFUSED_SECONDS}",
             ],
             env=env,
             stdout=self._log,

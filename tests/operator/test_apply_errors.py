@@ -246,7 +246,7 @@ def test_a_scale_up_beyond_a_resource_quota_is_reported_and_the_deployed_group_s
             == {"count/statefulsets.apps": "2"},
             timeout=30, description="quota raised",
         )
-        memo.pop("refused")  # (as if reconcile.APPLY_FAILED_RETRY_SECONDS had passed)
+        memo.pop("refused")  # (as if ownership.RETRY_REFUSED_SECONDS had passed)
         st = once()
         assert st is not None and st["observedGeneration"] == 2, st
         obj = kube.get_json(names.PLURAL, "quota", "-n", namespace)

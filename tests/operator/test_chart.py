@@ -42,6 +42,7 @@ def test_helm_lint_clean(kube: KubeCluster) -> None:
     ("value", "named"),
     [
         ("resyncSeconds=0", "/resyncSeconds"),  # the operator would resync in a busy loop
+        ("retryRefusedSeconds=0", "/retryRefusedSeconds"),
         ("logLevel=loud", "/logLevel"),  # the operator would exit at start (argparse choices)
         ("metrics.port=70000", "/metrics/port"),
         ("metrics.podMonitor.interval=15", "/metrics/podMonitor/interval"),  # Prometheus wants 15s

@@ -9,16 +9,21 @@ import pytest
 from lopa_operator.__main__ import parse, scope
 
 
+@pytest.mark.parametrize("flag", ["--resync-seconds", "--retry-refused-seconds"])
 @pytest.mark.parametrize("value", ["0", "-1", "inf", "nan", "soon"])
-def test_resync_seconds_must_be_positive_and_finite(value: str, capsys: pytest.CaptureFixture[str]) -> None:
-    # Before: accepted, and 0 made kopf's resync timer reconcile every object in a busy loop.
+def test_the_seconds_flags_must_be_positive_and_finite(
+    flag: str, value: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # 0 would make kopf's resync timer (or the refused rendering's retry) run in a busy loop.
     with pytest.raises(SystemExit):
-        parse([f"--resync-seconds={value}"])
-    assert "argument --resync-seconds:" in capsys.readouterr().err
+        parse([f"{flag}={value}"])
+    assert f"argument {flag}:" in capsys.readouterr().err
 
 
-def test_resync_seconds_accepts_a_fraction() -> None:
-    assert parse(["--resync-seconds=0.5"]).resync_seconds == 0.5
+def test_the_seconds_flags_accept_a_fraction_and_default_to_the_environment() -> None:
+    args = parse(["--resync-seconds=0.5", "--retry-refused-seconds=2.5"])
+    assert (args.resync_seconds, args.retry_refused_seconds) == (0.5, 2.5)
+    assert parse([]).retry_refused_seconds is None  # LOPA_OPERATOR_RETRY_REFUSED_SECONDS, else 60
 
 
 def test_version_names_the_operator_and_kopf(capsys: pytest.CaptureFixture[str]) -> None:

@@ -160,9 +160,9 @@ def test_the_operator_reports_a_missing_crd_then_owns_the_pool(kube: KubeCluster
     assert events and INFERENCE_POOL_CRD in events[0]["message"]
 
     inference_extension(kube)
-    # The pool is tried again within a minute (the operator does not call every resync for it).
+    # The pool is tried again after --retry-refused-seconds (the operator does not call every resync).
     ready = wait_status(kube, ns, "gie", lambda o: condition(o, "InferencePool").get("status") == "True",
-                        timeout=90, description="InferencePool condition True")
+                        timeout=30, description="InferencePool condition True")
     pool = kube.get_json("inferencepool", "gie", "-n", ns)
     assert pool["metadata"]["ownerReferences"][0]["uid"] == ready["metadata"]["uid"]
     assert pool["spec"]["selector"]["matchLabels"] == names.labels("gie", names.ROLE_MASTER)

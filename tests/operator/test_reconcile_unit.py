@@ -111,7 +111,7 @@ def test_rejected_child_changes_nothing_and_is_reported_once(fake: FakeKube) -> 
     assert [r for r, _ in posted].count("ApplyFailed") == 1
 
     # A 5xx is no spec error: it propagates for kopf's ordinary retry, without the condition.
-    fake.memo.pop("refused")  # (as if APPLY_FAILED_RETRY_SECONDS had passed)
+    fake.memo.pop("refused")  # (as if RETRY_REFUSED_SECONDS had passed)
     fake.reject = ("StatefulSet", 500, "etcd timeout")
     with pytest.raises(KubeError):
         run(fake, posted)
