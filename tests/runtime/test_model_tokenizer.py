@@ -1,7 +1,10 @@
 """Tokenizer loading without remote code, including Dream's layout (vocab.json + merges.txt + auto_map)."""
 
 import json
+import subprocess
+import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 from tokenizers import pre_tokenizers
@@ -88,3 +91,48 @@ def test_a_chat_template_that_refuses_the_messages_is_named(tmp_path: Path) -> N
     with pytest.raises(InvalidParameter, match="developer messages are not supported") as caught:
         chat_ids(tokenizer, [{"role": "developer", "content": "hi"}])
     assert caught.value.field == "chat"
+
+
+def _auto_tokenizer(directory: Path) -> Any:
+    import transformers
+
+    return transformers.AutoTokenizer.from_pretrained(
+        str(directory), local_files_only=True, trust_remote_code=False)
+
+
+@pytest.mark.parametrize("declared", ["PreTrainedTokenizerFast", "PreTrainedTokenizer", "TokenizersBackend",
+                                      "Qwen2TokenizerFast", "Qwen2Tokenizer", "NoSuchTokenizer"])
+def test_a_dream_checkpoints_tokenizer_is_the_one_autotokenizer_gives(tmp_path: Path, declared: str) -> None:
+    """For model_type Dream load_tokenizer takes the class tokenizer_config.json names without
+    AutoTokenizer (whose config machinery imports torch); it is the tokenizer AutoTokenizer gives."""
+    write_char_tokenizer(tmp_path, chat_template="{{ messages[0]['content'] }}")
+    (tmp_path / "config.json").write_text(json.dumps({"model_type": "Dream"}))
+    config = json.loads((tmp_path / "tokenizer_config.json").read_text())
+    (tmp_path / "tokenizer_config.json").write_text(json.dumps({**config, "tokenizer_class": declared}))
+    ours, auto = load_tokenizer(tmp_path), _auto_tokenizer(tmp_path)
+    assert type(ours) is type(auto)
+    text = "x = [1, 2]\n<|mask|><|endoftext|>"
+    assert ours(text)["input_ids"] == auto(text)["input_ids"]
+    assert ours.decode(auto(text)["input_ids"]) == auto.decode(auto(text)["input_ids"])
+    assert (ours.eos_token_id, ours.pad_token_id, ours.mask_token_id) == (
+        auto.eos_token_id, auto.pad_token_id, auto.mask_token_id)
+    turn = [{"role": "user", "content": "hi"}]
+    assert chat_ids(ours, turn) == chat_ids(auto, turn)
+
+
+def test_the_bundled_tokenizer_loads_without_torch() -> None:
+    """What a master pays to start: its tokenizer, and no torch."""
+    script = ("import sys\nfrom lopa.bundled import bundled_model_dir\n"
+              "from lopa.model import load_tokenizer\n"
+              "tokenizer = load_tokenizer(bundled_model_dir())\n"
+              "print(type(tokenizer).__name__, [m for m in sys.modules if m.split('.')[0] == 'torch'][:3])\n")
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
+    assert done.stdout.split() == ["TokenizersBackend", "[]"], done.stdout + done.stderr
+
+
+def test_a_dream_layout_with_its_config_loads_the_qwen2_tokenizer_directly(tmp_path: Path) -> None:
+    ids = _write_dream_style_tokenizer(tmp_path)
+    (tmp_path / "config.json").write_text(json.dumps({"model_type": "Dream"}))
+    tokenizer = load_tokenizer(tmp_path)
+    assert type(tokenizer).__name__ == "Qwen2Tokenizer"
+    assert tokenizer("he<|mask|>")["input_ids"] == [ids["he"], ids["mask"]]

@@ -69,6 +69,29 @@ def closed_address() -> str:
 # -- lopa client ----------------------------------------------------------------------------------------
 
 
+def test_the_commands_that_hold_no_model_start_without_torch() -> None:
+    """`lopa client` runs to its end, and `serve`, `master` and `fetch-model` parse their flags,
+    without importing torch (seconds of start-up and hundreds of MB per process); the master's
+    server and the launcher load none either (the master's tokenizer, from transformers, does)."""
+    script = (
+        "import sys\n"
+        "import lopa.serving.launcher, lopa.serving.master.server\n"
+        "from lopa.cli import build_parser, main\n"
+        "for command in ('serve', 'master', 'fetch-model'):\n"
+        "    build_parser(command)\n"
+        "try:\n"
+        f"    code = main(['client', 'info', '--address', {closed_address()!r}])\n"
+        "except SystemExit as exited:\n"
+        "    code = exited.code\n"
+        "print(code, [m for m in sys.modules if m.split('.')[0] == 'torch'][:3])\n"
+    )
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60,
+                          env=worker_env())
+    assert done.stdout.split() == ["1", "[]"], done.stdout + done.stderr  # 1: the closed port's error
+    assert "UNAVAILABLE" in done.stderr, done.stderr
+
+
+
 @pytest.mark.parametrize(
     ("flag", "value", "reason"),
     [

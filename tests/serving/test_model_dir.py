@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from lopa.serving.shared.config import ConfigError, parse_config
-from lopa.serving.shared.model_dir import check_kv_fits, kv_cache_bytes
+from lopa.serving.worker.kv_memory import check_kv_fits, kv_cache_bytes
 from lopa.synthetic import tiny_config
 
 

@@ -3,12 +3,12 @@
 from __future__ import annotations
 
 import argparse
+import importlib
 import platform
 import sys
 from collections.abc import Sequence
 
 from lopa import __version__
-from lopa.cli import bench, client, fetch, generate, master, serve, train, worker
 from lopa.cli.decoding_flags import flag_name
 from lopa.model.errors import CheckpointError
 from lopa.params import InvalidParameter
@@ -19,19 +19,37 @@ from lopa.serving.shared.config import ConfigError
 IN_PROCESS_MODEL_COMMANDS = ("generate", "bench")
 
 
-def build_parser() -> argparse.ArgumentParser:
+# Each command's module, in `lopa --help`'s order. A run imports only its own command's module:
+# the master, the client and fetch-model start without torch (seconds, and memory, per process).
+COMMANDS = {
+    "generate": "lopa.cli.generate",
+    "train-bundled": "lopa.cli.train",
+    "bench": "lopa.cli.bench",
+    "serve": "lopa.cli.serve",
+    "master": "lopa.cli.master",
+    "client": "lopa.cli.client",
+    "worker": "lopa.cli.worker",
+    "fetch-model": "lopa.cli.fetch",
+}
+
+
+def build_parser(command: str | None = None) -> argparse.ArgumentParser:
+    """The whole parser; given a command, only that command's subparser is complete (the others are
+    bare names, so that an unknown command is still refused with the list of them)."""
     parser = argparse.ArgumentParser(prog="lopa", description="LoPA decoding for D2F diffusion LMs")
     parser.add_argument("--version", action="version", version=version_line())
     subparsers = parser.add_subparsers(dest="command", required=True)
-    generate.add_parser(subparsers)
-    train.add_parser(subparsers)
-    bench.add_parser(subparsers)
-    serve.add_parser(subparsers)
-    master.add_parser(subparsers)
-    client.add_parser(subparsers)
-    worker.add_parser(subparsers)
-    fetch.add_parser(subparsers)
+    for name, module in COMMANDS.items():
+        if command in (None, name):
+            importlib.import_module(module).add_parser(subparsers)
+        else:
+            subparsers.add_parser(name)
     return parser
+
+
+def _command(argv: Sequence[str]) -> str | None:
+    """The command named on the line, when its name comes first (no global flag before it)."""
+    return argv[0] if argv and argv[0] in COMMANDS else None
 
 
 def version_line() -> str:
@@ -47,7 +65,8 @@ def version_line() -> str:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = build_parser()
+    argv = sys.argv[1:] if argv is None else list(argv)
+    parser = build_parser(_command(argv))
     args = parser.parse_args(argv)
     if args.command in IN_PROCESS_MODEL_COMMANDS:
         from lopa.host.cpu_budget import fit_torch_threads

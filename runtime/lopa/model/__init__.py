@@ -1,15 +1,44 @@
 """The Dream model (plain torch), its static KV cache, and the window forward (protocol: the
-WindowModel contract the executors drive)."""
+WindowModel contract the executors drive).
 
-from lopa.model.config import DreamConfig
-from lopa.model.dream import DreamModel
-from lopa.model.errors import CheckpointError
-from lopa.model.kv_cache import KVCache
-from lopa.model.loader import LoadedModel, SpecialIds, load_model, parse_dtype, resolve_special_ids
-from lopa.model.lora import LoraAdapter, merge_adapter, read_adapter
-from lopa.model.mask import build_window_mask
-from lopa.model.tokenizer import load_tokenizer
-from lopa.model.window import DreamWindowModel
+The names below are imported on first use: the master and the clients read tokenizers and
+errors from this package without importing torch (a second or more of start-up, and memory).
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from lopa.model.config import DreamConfig
+    from lopa.model.dream import DreamModel
+    from lopa.model.errors import CheckpointError
+    from lopa.model.kv_cache import KVCache
+    from lopa.model.loader import LoadedModel, load_model, parse_dtype
+    from lopa.model.lora import LoraAdapter, merge_adapter, read_adapter
+    from lopa.model.mask import build_window_mask
+    from lopa.model.special_ids import SpecialIds, resolve_special_ids
+    from lopa.model.tokenizer import load_tokenizer
+    from lopa.model.window import DreamWindowModel
+
+_SOURCES = {
+    "DreamConfig": "config",
+    "DreamModel": "dream",
+    "CheckpointError": "errors",
+    "KVCache": "kv_cache",
+    "LoadedModel": "loader",
+    "SpecialIds": "special_ids",
+    "load_model": "loader",
+    "parse_dtype": "loader",
+    "resolve_special_ids": "special_ids",
+    "LoraAdapter": "lora",
+    "merge_adapter": "lora",
+    "read_adapter": "lora",
+    "build_window_mask": "mask",
+    "load_tokenizer": "tokenizer",
+    "DreamWindowModel": "window",
+}
 
 __all__ = [
     "CheckpointError",
@@ -28,3 +57,10 @@ __all__ = [
     "read_adapter",
     "resolve_special_ids",
 ]
+
+
+def __getattr__(name: str) -> Any:
+    source = _SOURCES.get(name)
+    if source is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    return getattr(importlib.import_module(f"lopa.model.{source}"), name)

@@ -8,7 +8,7 @@ from typing import Any
 
 from lopa.bundled import bundled_model_dir
 from lopa.model.config import DreamConfig
-from lopa.model.loader import SpecialIds, resolve_special_ids
+from lopa.model.special_ids import SpecialIds, resolve_special_ids
 from lopa.model.tokenizer import load_tokenizer
 from lopa.params import DecodingParams
 from lopa.serving.shared.config import Limits, ServingConfig

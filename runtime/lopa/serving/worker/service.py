@@ -34,8 +34,9 @@ from lopa.serving.shared.config import ServingConfig
 from lopa.serving.shared.group_link import LinkSecurity
 from lopa.serving.shared.listen import NO_REUSEPORT, add_port
 from lopa.serving.shared.metrics import WorkerMetrics
-from lopa.serving.shared.model_dir import check_kv_fits, model_path, usable_max_length
+from lopa.serving.shared.model_dir import model_path, usable_max_length
 from lopa.serving.worker import collective
+from lopa.serving.worker.kv_memory import check_kv_fits
 
 log = logging.getLogger("lopa.worker")
 
