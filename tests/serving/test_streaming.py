@@ -119,3 +119,19 @@ def test_a_stream_closed_by_its_client_stops_its_request() -> None:
 
     assert asyncio.run(run()) == (True, False, True)
     assert counted == ["cancelled", "error", "cancelled"]
+
+
+def test_a_cancel_at_the_clients_deadline_counts_as_a_deadline() -> None:
+    """The client's deadline runs from when it sent the request, the master's from when it read it,
+    a little later: a cancel just before the master's deadline is the client's passing. A cancel
+    well before it is the client leaving."""
+    counted: list[str] = []
+
+    async def run() -> None:
+        loop = asyncio.get_running_loop()
+        now = time.monotonic()
+        for left in (dispatch.CLIENT_DEADLINE_LEAD_S / 2, 30.0):
+            Ticket(Admitted([1], DecodingParams()), True, loop, counted.append, now + left).cancel()
+
+    asyncio.run(run())
+    assert counted == ["deadline", "cancelled"]

@@ -38,6 +38,10 @@ from lopa.serving.shared.metrics import MasterMetrics
 
 log = logging.getLogger("lopa.master")
 
+# A client's deadline starts when it sends, the master's copy of it when it has read the request: a
+# cancel this close to the master's deadline is the client's deadline passing, not the client leaving.
+CLIENT_DEADLINE_LEAD_S = 0.5
+
 __all__ = ["Dispatcher", "GroupUnavailable", "QueueFull", "Ticket", "client_reason", "outcome_label",
            "retry_after_s"]
 
@@ -127,7 +131,8 @@ class Ticket:
         self.abort.cancelled.set()
         # gRPC cancels the handler when the client's deadline passes, often before the scheduler
         # checks that same deadline between rounds: that is a deadline, not a client cancel.
-        expired = self.abort.deadline is not None and time.monotonic() >= self.abort.deadline
+        deadline = self.abort.deadline
+        expired = deadline is not None and time.monotonic() >= deadline - CLIENT_DEADLINE_LEAD_S
         self._count_once("deadline" if expired else "cancelled")
 
     def _settle(self, item: Finished | BaseException) -> Finished:
