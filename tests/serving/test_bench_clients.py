@@ -217,9 +217,9 @@ def inference_perf_venv() -> Path:
         pytest.skip(f"inference-perf needs Python >= 3.12: {error}")
 
 
-def _bench(out: Path, *flags: str, rate: str = "2") -> dict:
+def _bench(out: Path, *flags: str, rate: str = "2", seconds: str = "10") -> dict:
     command = [sys.executable, "-m", "lopa", "bench", "clients", "--clients", "inference-perf", "--out",
-               str(out), "--seconds", "10", "--rate", rate, "--no-build", *flags]
+               str(out), "--seconds", seconds, "--rate", rate, "--no-build", *flags]
     done = subprocess.run(command, capture_output=True, text=True, timeout=500, env=worker_env())
     assert done.returncode in (0, 1), done.stdout[-3000:] + done.stderr[-3000:]
     report = json.loads((out / "clients.json").read_text())
@@ -245,7 +245,9 @@ def test_inference_perf_with_ignore_eos_off_runs_against_lopa_serve(
 def test_inference_perf_with_its_defaults_agrees_with_lopa(tmp_path: Path, inference_perf_venv: Path) -> None:
     """The acceptance: default request options, zero failures, exact lengths, token counts equal to
     usage, TTFT / TPOT within 10 % of lopa's histograms, vLLM's series on the API port (at the
-    bench's default load: 12 requests/s of 64 + 64 tokens)."""
-    report = _bench(tmp_path, rate="12")
+    bench's default load: 12 requests/s of 64 + 64 tokens). 5 s of it: 60 requests, which the
+    master's queue (64) holds however slowly a machine shared with other tests answers them, so the
+    test checks the client's agreement with lopa, not the machine's speed."""
+    report = _bench(tmp_path, rate="12", seconds="5")
     failed = [c for c in report["checks"] if c["required"] and not c["ok"]]
     assert not failed, report["table"]
