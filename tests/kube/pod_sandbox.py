@@ -23,6 +23,10 @@ The script, in the new mount namespace only (nothing leaks to the host's mounts)
   `<ns>.svc.cluster.local svc.cluster.local cluster.local`, ndots:5) and /etc/hostname are bound
   over the host's; the UTS hostname is the pod's hostname.
 
+The code a pod runs (this checkout, its venv, the interpreter: HOST_CODE) stays where it is on the
+host; a directory on the way to it that the pod's user may not enter (a checkout under /root, 0700)
+is shown to the pod through an overlay that grants others search, leaving the host's mode alone.
+
 Where it differs from a container runtime: the root filesystem is the host's (no image), no IPC or
 user namespace (the process runs as its pod's runAsUser, with its groups, through setpriv; as root
 without one), no cgroup limits, /proc is remounted for the PID
@@ -35,6 +39,7 @@ from __future__ import annotations
 import os
 import shlex
 import shutil
+import stat
 import sys
 from collections.abc import Collection
 from pathlib import Path
@@ -174,13 +179,15 @@ def prepare(
                 options = f"lowerdir={ancestor},upperdir={upper},workdir={work}"
                 script.append(f"mount -t overlay overlay -o {options} {ancestor}")
             script.append(f"{'mkdir -p' if source.is_dir() else 'touch'} {shlex.quote(target)}")
+    run_as = init.user if init else plan.user
+    script += _code_reachable_lines(run_as, pod_dir)
     # The pod's directory stays reachable through fd 9 whatever is mounted over it (say an emptyDir
     # at /tmp, where the harness keeps it).
     script.append(f"exec 9< {shlex.quote(str(pod_dir))}")
     script += _bind_lines(binds, pod_dir)
     script.append(f"hostname {shlex.quote(plan.hostname)}")
     script.append(f"cd {shlex.quote(working_dir)}")
-    run = _as_user(init.user if init else plan.user)
+    run = _as_user(run_as)
     if share_pid:  # PID 1 is the "pause" shell; it reaps the container and passes on its status
         # `echo` is a builtin (no child process): once the file exists, the only child is the container.
         script += [f'{run}"$@" 9<&- &', f"echo $! > /proc/self/fd/9/{LAUNCHED}", "wait $!", "exit $?"]
@@ -227,6 +234,45 @@ def _bind_lines(binds: list[tuple[Path, str, bool]], pod_dir: Path) -> list[str]
     if cover is not None:
         bind(*next(b for b in binds if b[1] == cover[1]), flag="--rbind")
     return lines
+
+
+def _code_reachable_lines(user: User | None, pod_dir: Path) -> list[str]:
+    """Mount commands that let the pod's user enter every directory on the way to HOST_CODE, as an
+    image puts its code where its user reads it: a checkout or an interpreter under /root (0700)
+    is not. Each directory the user cannot enter is shown, in the pod's mount namespace only,
+    through an overlay whose top grants others search (x), not listing; the host's keeps its mode."""
+    if user is None:
+        return []
+    blocked: list[Path] = []
+    for code in HOST_CODE:
+        for directory in [*reversed(code.parents), code]:
+            # (never over the pod's own directory: its volumes' writes would land in the overlay)
+            if directory not in blocked and not pod_dir.is_relative_to(directory) \
+                    and not _enterable(directory, user):
+                blocked.append(directory)
+    lines = []
+    for index, directory in enumerate(blocked):  # outermost first: a deeper one is seen through it
+        base = pod_dir / "overlay" / f"code-{index}"
+        upper = base / "upper"
+        upper.mkdir(parents=True, exist_ok=True)
+        (base / "work").mkdir(exist_ok=True)
+        # The top of an overlay has its upper directory's owner and mode: the lower's, plus search.
+        info = directory.stat()
+        os.chown(upper, info.st_uid, info.st_gid)
+        upper.chmod(stat.S_IMODE(info.st_mode) | stat.S_IXOTH)
+        options = f"lowerdir={directory},upperdir={upper},workdir={base / 'work'}"
+        lines.append(f"mount -t overlay overlay -o {shlex.quote(options)} {shlex.quote(str(directory))}")
+    return lines
+
+
+def _enterable(directory: Path, user: User) -> bool:
+    """Whether `user` may search `directory` by its mode bits (owner, else group, else others)."""
+    info = directory.stat()
+    if info.st_uid == user.uid:
+        return bool(info.st_mode & stat.S_IXUSR)
+    if info.st_gid == user.gid or info.st_gid in user.groups:
+        return bool(info.st_mode & stat.S_IXGRP)
+    return bool(info.st_mode & stat.S_IXOTH)
 
 
 def _host_code_binds(binds: list[tuple[Path, str, bool]]) -> list[tuple[Path, str, bool]]:

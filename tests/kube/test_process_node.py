@@ -5,9 +5,12 @@ list) and the removal of what a SIGKILLed run left behind."""
 from __future__ import annotations
 
 import os
+import shutil
 import signal
+import stat
 import subprocess
 import sys
+import tempfile
 import textwrap
 import time
 from pathlib import Path
@@ -103,6 +106,33 @@ def test_the_container_runs_as_its_user_and_reads_an_owner_only_secret_through_f
         assert result.stdout.split() == ["65532", "65532", "65532", seen, "inner-writable", mode]
     finally:
         network.close()
+
+
+@needs_netns
+def test_code_under_a_directory_only_root_enters_is_reached_by_the_pods_user(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A checkout under /root (0700) runs pods as their non-root user: in the pod the directories
+    on the way to the code can be entered (not listed); on the host they keep their mode."""
+    private = Path(tempfile.mkdtemp(prefix="lopa-private-"))  # 0700, as /root
+    network = netns.PodNetwork()
+    try:
+        code = private / "checkout"
+        code.mkdir()
+        (code / "file").write_text("code\n")
+        monkeypatch.setattr(pod_sandbox, "HOST_CODE", (*pod_sandbox.HOST_CODE, code))
+        name, address = network.add()
+        plan = _plan(["sh", "-c", f"cat {code}/file; ls {private} >/dev/null 2>&1 || echo unlisted"])
+        plan.user = User(65532, 65532, ())
+        argv = pod_sandbox.prepare(plan, tmp_path, network.netns_path(name), address, network.gateway,
+                                   {"config"})
+        result = subprocess.run(argv, env=plan.env, capture_output=True, text=True, timeout=30, check=False)
+        assert result.returncode == 0, result.stderr
+        assert result.stdout.split() == ["code", "unlisted"]
+        assert stat.S_IMODE(private.stat().st_mode) == 0o700
+    finally:
+        network.close()
+        shutil.rmtree(private)
 
 
 def test_the_user_comes_from_the_security_contexts() -> None:
