@@ -7,10 +7,14 @@ a measurement), never how fast anything is: timings belong in runtime/BENCHMARKS
 
 from __future__ import annotations
 
+import contextlib
+import io
 import json
 import subprocess
 import sys
 from pathlib import Path
+
+from lopa.cli import main
 
 from .conftest import worker_env
 
@@ -18,6 +22,18 @@ from .conftest import worker_env
 def run_lopa(*args: str, timeout: float = 300) -> subprocess.CompletedProcess:
     command = [sys.executable, "-m", "lopa", *args]
     return subprocess.run(command, capture_output=True, text=True, timeout=timeout, env=worker_env())
+
+
+def lopa_refuses(*args: str) -> subprocess.CompletedProcess:
+    """`lopa args...` run in this process, for the calls a check refuses before any model, group or
+    bench starts: the same exit code and messages without a process (and its torch import) each."""
+    out, err = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        try:
+            code = main(list(args))
+        except SystemExit as exited:
+            code = exited.code
+    return subprocess.CompletedProcess(["lopa", *args], code, out.getvalue(), err.getvalue())
 
 
 def test_bench_serving_reports_the_step_split_and_the_concurrency_sweep(
@@ -53,30 +69,30 @@ def test_bench_serving_reports_the_step_split_and_the_concurrency_sweep(
 
 
 def test_bench_serving_rejects_bad_levels() -> None:
-    done = run_lopa("bench", "serving", "--concurrency", "1,0", timeout=60)
+    done = lopa_refuses("bench", "serving", "--concurrency", "1,0")
     assert done.returncode == 2 and "--concurrency: every level must be >= 1" in done.stderr
 
 
 def test_bench_serving_checks_its_worker_counts_before_starting_any_group() -> None:
     # Parsed up front: "x" was a ValueError traceback, and "1,0" a RuntimeError after the
     # 1-worker group had run its whole sweep.
-    done = run_lopa("bench", "serving", "--workers", "1,x", timeout=60)
+    done = lopa_refuses("bench", "serving", "--workers", "1,x")
     assert done.returncode == 2 and "--workers: not a comma-separated list of integers: '1,x'" in done.stderr
-    done = run_lopa("bench", "serving", "--workers", "1,0", timeout=60)
+    done = lopa_refuses("bench", "serving", "--workers", "1,0")
     assert done.returncode == 2 and "--workers: every worker count must be >= 1, got '1,0'" in done.stderr
     assert "concurrency" not in done.stdout  # no group ran
 
 
 def test_bench_serving_takes_a_model_or_synthetic_not_both() -> None:
     # --synthetic benchmarked its random model in place of --model's checkpoint, saying nothing.
-    done = run_lopa("bench", "serving", "--model", "/some/checkpoint", "--synthetic", timeout=60)
+    done = lopa_refuses("bench", "serving", "--model", "/some/checkpoint", "--synthetic")
     assert done.returncode == 2 and "argument --synthetic: not allowed with argument --model" in done.stderr
 
 
 def test_bench_serving_refuses_a_max_batch_below_one() -> None:
     # 0 was taken as "unset": the bench ran with the default max_batch instead.
-    done = run_lopa("bench", "serving", "--workers", "1", "--requests", "1", "--concurrency", "1",
-                    "--max-new-tokens", "16", "--max-batch", "0", timeout=120)
+    done = lopa_refuses("bench", "serving", "--workers", "1", "--requests", "1", "--concurrency", "1",
+                    "--max-new-tokens", "16", "--max-batch", "0")
     assert done.returncode == 2 and "--max-batch: must be >= 1, got 0" in done.stderr
 
 
@@ -91,7 +107,7 @@ def test_bench_serving_serves_the_branches_it_asks_above_the_default_server_limi
                     "--json", str(out))
     assert done.returncode == 0, done.stderr[-3000:]
     assert json.loads(out.read_text())["concurrency"][0]["tokens"] > 0
-    done = run_lopa("bench", "serving", "--branches", "65", timeout=60)
+    done = lopa_refuses("bench", "serving", "--branches", "65")
     assert done.returncode == 2 and "--branches: must be in [0, 64], got 65" in done.stderr
 
 
@@ -118,16 +134,16 @@ def test_bench_concurrency_sweeps_the_local_engine(tmp_path: Path) -> None:
         assert row["p99_slowdown"] > 0 and "_latencies" not in row
         assert row["work_per_token"] > 1 and row["us_per_verified"] > 0
     assert rows[0]["p99_slowdown"] == 1.0
-    done = run_lopa("bench", "concurrency", "--levels", "x", timeout=60)
+    done = lopa_refuses("bench", "concurrency", "--levels", "x")
     assert done.returncode == 2 and "--levels: not a comma-separated list of integers: 'x'" in done.stderr
     # 8 in flight out of 4 requests: the row said concurrency 8 for a level that ran 4 at once.
-    done = run_lopa("bench", "concurrency", "--levels", "1,8", "--requests", "4", timeout=60)
+    done = lopa_refuses("bench", "concurrency", "--levels", "1,8", "--requests", "4")
     assert done.returncode == 2 and "--levels: 8 in flight needs --requests >= 8, got 4" in done.stderr
-    done = run_lopa("bench", "concurrency", "--passes", "0", timeout=60)
+    done = lopa_refuses("bench", "concurrency", "--passes", "0")
     assert done.returncode == 2 and "--passes: must be >= 1, got 0" in done.stderr
-    done = run_lopa("bench", "concurrency", "--device", "tpu", timeout=60)
+    done = lopa_refuses("bench", "concurrency", "--device", "tpu")
     assert done.returncode == 2 and "--device:" in done.stderr and "tpu" in done.stderr
-    done = run_lopa("bench", "concurrency", "--device", "cpu", "--profile", str(tmp_path), timeout=60)
+    done = lopa_refuses("bench", "concurrency", "--device", "cpu", "--profile", str(tmp_path))
     assert done.returncode == 2
     assert "--profile: needs --device cuda (the kernels' table), got cpu" in done.stderr
 
@@ -146,9 +162,9 @@ def test_bench_transport_measures_both_transports(tmp_path: Path) -> None:
 
 
 def test_bench_transport_rejects_bad_flags() -> None:
-    done = run_lopa("bench", "transport", "--busy-ms", "1,x", timeout=60)
+    done = lopa_refuses("bench", "transport", "--busy-ms", "1,x")
     assert done.returncode == 2 and "--busy-ms: not a comma-separated list of numbers" in done.stderr
-    done = run_lopa("bench", "transport", "--rounds", "0", timeout=60)
+    done = lopa_refuses("bench", "transport", "--rounds", "0")
     assert done.returncode == 2 and "--rounds: must be >= 1" in done.stderr
 
 
@@ -158,7 +174,7 @@ def test_the_row_benches_check_their_json_directory_before_running(tmp_path: Pat
     for bench in (["transport", "--rounds", "1", "--busy-ms", "0"],
                   ["concurrency", "--levels", "1", "--requests", "1"],
                   ["serving", "--workers", "1", "--concurrency", "1", "--requests", "1"]):
-        done = run_lopa("bench", *bench, "--json", path, timeout=120)
+        done = lopa_refuses("bench", *bench, "--json", path)
         assert done.returncode == 2 and f"--json: no directory '{tmp_path / 'missing'}'" in done.stderr, bench
 
 
