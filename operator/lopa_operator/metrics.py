@@ -16,6 +16,11 @@ GROUP_RESTARTS = Counter(
 GROUP_ROLLS = Counter(
     "lopa_operator_group_rolls_total", "Worker pods rolled for a new config", ["namespace", "name"]
 )
+CHILD_APPLIES = Counter(
+    "lopa_operator_child_applies_total",
+    "Children a reconcile server-side applied (applied) or found unchanged since its last apply (unchanged)",
+    ["kind", "outcome"],
+)
 READY_WORKERS = Gauge("lopa_operator_ready_workers", "Ready worker pods", ["namespace", "name"])
 WANTED_WORKERS = Gauge("lopa_operator_wanted_workers", "Worker pods in the spec", ["namespace", "name"])
 READY_GROUPS = Gauge("lopa_operator_ready_groups", "Groups serving (Available)", ["namespace", "name"])

@@ -19,6 +19,7 @@ import kopf
 from . import config, credentials, gang, group, inference_pool, metrics, names, network, render, rollout
 from . import spec as specs
 from . import status as statuses
+from .applied import Versions, apply_changed, live_versions
 from .kube import Kube, KubeError, path
 from .ownership import RETRY_REFUSED_SECONDS, refuse_foreign, spec_error
 
@@ -39,14 +40,17 @@ def forget(namespace: str, name: str) -> None:
     metrics.forget(namespace, name)
 
 
-def _ensure(kube: Kube, children: list[dict[str, Any]], owner: dict[str, Any], memo: Memo) -> None:
-    """Server-side applies every child: creates it, repairs drift, and is a no-op write when nothing
-    changed. A rendering not yet validated is first dry-run applied as a whole, so that a child the
-    API server rejects leaves every child as it was (no new ConfigMap beside old pods). The memo
-    keeps the digest of the last rendering that passed: the timer re-applies every resync to repair
-    drift, and only a new rendering needs the dry run. A rendering the API server refused is refused
-    again from the memo, without a call, for RETRY_REFUSED_SECONDS (it does not heal by retrying soon;
-    every resync still looks after the deployed groups, and a new rendering is tried at once)."""
+def _ensure(
+    kube: Kube, children: list[dict[str, Any]], owner: dict[str, Any], memo: Memo, live: Versions
+) -> None:
+    """Server-side applies the children: creates them and repairs drift. A rendering not yet
+    validated is first dry-run applied as a whole, so that a child the API server rejects leaves
+    every child as it was (no new ConfigMap beside old pods). The memo keeps the digest of the last
+    rendering that passed: only a new rendering needs the dry run. A rendering the API server
+    refused is refused again from the memo, without a call, for RETRY_REFUSED_SECONDS (it does not
+    heal by retrying soon; every resync still looks after the deployed groups, and a new rendering
+    is tried at once). Every resync applies the children that drifted or are not in `live` (the
+    children this round read anyway): lopa_operator.applied."""
     for child in children:
         kopf.append_owner_reference(child, owner=owner)
     rendered = config.digest(children)
@@ -67,8 +71,7 @@ def _ensure(kube: Kube, children: list[dict[str, Any]], owner: dict[str, Any], m
             raise
         memo["validated"] = rendered
         memo.pop("refused", None)
-    for child in children:
-        kube.apply(child)
+    apply_changed(kube, children, memo, live)
 
 
 def _rejection(
@@ -179,18 +182,18 @@ def _reconcile(
     plan = rollout.plan(deployed, spec["replicas"], desired_hash, spec["rollout"]["maxUnavailable"])
     raw = obj.get("spec") or {}
     # Each group takes its Secret's data as it is, made anew only where credentials.py says so.
-    secrets = {
-        i: credentials.pending(memo, kube.get(path("Secret", namespace, names.group_secret(name, i))),
-                               name, namespace, i, spec)
-        for i in plan.update
-    }
+    stored = {i: kube.get(path("Secret", namespace, names.group_secret(name, i))) for i in plan.update}
+    secrets = {i: credentials.pending(memo, stored[i], name, namespace, i, spec) for i in plan.update}
+    config_maps = kube.list("ConfigMap", namespace, ours)
+    live = live_versions({"StatefulSet": worker_sets, "Deployment": masters, "ConfigMap": config_maps,
+                          "Secret": [s for s in stored.values() if s is not None]})
     held = _held_masters(spec, plan.update, masters, pods)
     children = [c for i in plan.update
                 for c in render.group_children(name, namespace, raw, i, secrets[i], i in held)]
     rejected: dict[str, Any] | None = None  # the Reconciled=False condition of a refused spec
     try:
         gang.check_queue(kube, namespace, spec)
-        _ensure(kube, children + render.shared_children(name, namespace, raw), obj, memo)
+        _ensure(kube, children + render.shared_children(name, namespace, raw), obj, memo, live)
     except KubeError as e:
         if not spec_error(e):
             raise
@@ -203,7 +206,8 @@ def _reconcile(
         plan = rollout.hold_deployed(plan, deployed)
         secrets = {}
     in_force = before["configHash"] if rejected else desired_hash
-    _remove_orphans(kube, obj, spec, deployed, worker_sets, masters, logger, rejected is not None)
+    held = rejected is not None
+    _remove_orphans(kube, obj, spec, deployed, worker_sets, masters, config_maps, logger, held)
     if not rejected:
         _remove_unwanted(kube, obj, spec, memo, children, plan.hold, pods)
     extra = _pool_condition(kube, obj, spec, memo, post, before, rejected)
@@ -224,18 +228,13 @@ def _reconcile(
 
 def _remove_orphans(
     kube: Kube, obj: dict[str, Any], spec: dict[str, Any], deployed: dict[int, rollout.Deployed],
-    worker_sets: list[dict],
-    masters: list[dict], logger: logging.Logger | logging.LoggerAdapter, held: bool,
+    worker_sets: list[dict], masters: list[dict], config_maps: list[dict],
+    logger: logging.Logger | logging.LoggerAdapter, held: bool,
 ) -> None:
     """Delete the children no group of spec.replicas owns (none while a refused spec holds the groups)."""
     meta = obj["metadata"]
     name, namespace = meta["name"], meta["namespace"]
-    ours = names.selector(name)
-    listed = {
-        "StatefulSet": worker_sets,
-        "Deployment": masters,
-        "ConfigMap": kube.list("ConfigMap", namespace, ours),
-    }
+    listed = {"StatefulSet": worker_sets, "Deployment": masters, "ConfigMap": config_maps}
     # An operator from before groups left unlabelled children: they serve until enough groups do.
     legacy_too = sum(d.available for d in deployed.values()) >= statuses.min_available(spec)
     doomed = {k: [] if held else rollout.unexpected(objs, spec["replicas"], legacy_too)

@@ -7,6 +7,7 @@ each test works in its own namespace and deletes its LoPADeployments before the 
 from __future__ import annotations
 
 import json
+import re
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -15,6 +16,7 @@ from typing import Any
 import pytest
 import yaml
 from lopa_op_helpers import (
+    RESYNC_SECONDS,
     SAMPLES,
     OperatorProcess,
     bind_model_volume,
@@ -287,17 +289,41 @@ def test_cpu_sample_renders_gloo(kube: KubeCluster, ns: str) -> None:
         assert not any(key.endswith("/gpu") or "Ascend" in key for key in limits)
 
 
-def test_drift_is_repaired_by_resync(kube: KubeCluster, ns: str) -> None:
+def test_drift_is_repaired_by_resync(kube: KubeCluster, ns: str, operator: OperatorProcess) -> None:
     kube.kubectl("apply", "-n", ns, "-f", str(SAMPLES / "cpu.yaml"))
     wait_status(kube, ns, "lopa-cpu", is_available, timeout=90, description="CPU sample Available")
+    # Settled (its pods run, its StatefulSet's status holds still), a resync reads the StatefulSet
+    # and does not apply it again: nothing drifted.
+    applied = _stateful_set_applies(operator)
+    kube.wait_for(lambda: _settled(operator, applied), timeout=60, description="no StatefulSet apply for 4 s")
     # Edits behind the operator's back are undone by the timer alone (no event on the CR).
+    before = _stateful_set_applies(operator)
     kube.kubectl("scale", "statefulset", "lopa-cpu-0-worker", "-n", ns, "--replicas=0")
     kube.wait_for(
         lambda: kube.get_json("statefulset", "lopa-cpu-0-worker", "-n", ns)["spec"]["replicas"] == 2,
         timeout=30,
         description="StatefulSet replicas restored",
     )
+    assert _stateful_set_applies(operator)["applied"] > before["applied"]
     wait_status(kube, ns, "lopa-cpu", is_available, timeout=60, description="Available again")
+
+
+def _stateful_set_applies(operator: OperatorProcess) -> dict[str, float]:
+    """The operator's StatefulSet applies by outcome (applied, unchanged)."""
+    text = operator.http_get(operator.metrics_port, "/metrics")[1]
+    found = re.findall(r'^lopa_operator_child_applies_total\{kind="StatefulSet",outcome="(\w+)"\} (\S+)$',
+                       text, re.M)
+    return {"applied": 0.0, "unchanged": 0.0, **{outcome: float(n) for outcome, n in found}}
+
+
+def _settled(operator: OperatorProcess, last: dict[str, float]) -> bool:
+    """True once 4 s of resyncs found the StatefulSet unchanged and applied it none (`last` is
+    updated to the counts now, so each call compares with the one before)."""
+    time.sleep(4 * RESYNC_SECONDS)
+    now = _stateful_set_applies(operator)
+    settled = now["applied"] == last["applied"] and now["unchanged"] >= last["unchanged"] + 3
+    last.update(now)
+    return settled
 
 
 def test_operator_metrics_liveness_and_clean_log(operator: OperatorProcess, tmp_path: Path) -> None:
