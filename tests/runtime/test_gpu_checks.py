@@ -12,6 +12,10 @@ import sys
 import tarfile
 from pathlib import Path
 
+import pytest
+
+pytestmark = pytest.mark.slow  # one of the longest files: a parallel run starts it first
+
 REPO = Path(__file__).resolve().parents[2]
 SCRIPT = REPO / "tools" / "gpu-checks.sh"
 BENCH_STEPS = ["checkpoint", "step-bf16", "step-fp8", "products", "sweep-7b", "weights-7b", "bundled-lone-k0",

@@ -15,6 +15,8 @@ import pytest
 
 from lopa.kernels.triton_support import INTERPRET_ENV, available
 
+pytestmark = pytest.mark.slow  # one of the longest files: a parallel run starts it first
+
 KERNEL_TESTS = Path(__file__).parent / "kernels"
 
 

@@ -14,9 +14,13 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from lopa.cli import main
 
 from .conftest import worker_env
+
+pytestmark = pytest.mark.slow  # one of the longest files: a parallel run starts it first
 
 
 def run_lopa(*args: str, timeout: float = 300) -> subprocess.CompletedProcess:

@@ -34,6 +34,8 @@ from lopa.serving.shared.config import load_config, parse_config
 
 from .conftest import master_process, wait_for_gauges, worker_env, write_config
 
+pytestmark = pytest.mark.slow  # one of the longest files: a parallel run starts it first
+
 MASK = "<|mask|>"  # the tiny tokenizer's mask token, id 100
 LONG = {"max_tokens": 256, "ignore_eos": True, "block_size": 4}  # a request of a few seconds
 

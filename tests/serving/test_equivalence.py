@@ -19,6 +19,8 @@ from lopa.params import DecodingParams
 
 from .conftest import distributed_decoder, write_config
 
+pytestmark = pytest.mark.slow  # one of the longest files: a parallel run starts it first
+
 PROMPTS = [[5, 17, 23, 42, 8, 9, 30], [60, 61, 62, 63, 64, 65, 66, 67, 68, 69, 70, 71]]
 BRANCHES = (0, 1, 3, 5)
 MODES = ("full", "block_causal")

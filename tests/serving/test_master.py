@@ -27,6 +27,8 @@ from lopa.serving.shared.config import MasterConfig, parse_config
 
 from .conftest import metric_samples, wait_for_gauges
 
+pytestmark = pytest.mark.slow  # one of the longest files: a parallel run starts it first
+
 PROMPT = [5, 17, 23, 42, 8, 9, 30]
 
 
