@@ -181,12 +181,10 @@ def _reconcile(
     deployed = rollout.deployed_groups(worker_sets, masters, entries, pods)
     plan = rollout.plan(deployed, spec["replicas"], desired_hash, spec["rollout"]["maxUnavailable"])
     raw = obj.get("spec") or {}
-    # Each group takes its Secret's data as it is, made anew only where credentials.py says so.
-    stored = {i: kube.get(path("Secret", namespace, names.group_secret(name, i))) for i in plan.update}
-    secrets = {i: credentials.pending(memo, stored[i], name, namespace, i, spec) for i in plan.update}
+    secrets, stored = _group_secrets(kube, memo, name, namespace, spec, plan.update)
     config_maps = kube.list("ConfigMap", namespace, ours)
     live = live_versions({"StatefulSet": worker_sets, "Deployment": masters, "ConfigMap": config_maps,
-                          "Secret": [s for s in stored.values() if s is not None]})
+                          "Secret": stored})
     held = _held_masters(spec, plan.update, masters, pods)
     children = [c for i in plan.update
                 for c in render.group_children(name, namespace, raw, i, secrets[i], i in held)]
@@ -206,8 +204,8 @@ def _reconcile(
         plan = rollout.hold_deployed(plan, deployed)
         secrets = {}
     in_force = before["configHash"] if rejected else desired_hash
-    held = rejected is not None
-    _remove_orphans(kube, obj, spec, deployed, worker_sets, masters, config_maps, logger, held)
+    _remove_orphans(kube, obj, spec, deployed, worker_sets, masters, config_maps, logger,
+                    rejected is not None)
     if not rejected:
         _remove_unwanted(kube, obj, spec, memo, children, plan.hold, pods)
     extra = _pool_condition(kube, obj, spec, memo, post, before, rejected)
@@ -224,6 +222,16 @@ def _reconcile(
     # A refused spec raises nothing: kopf would hold this object's handlers and timer for the retry's
     # delay (a fix or a lost worker then waited a minute); the timer retries it (_ensure's memo).
     return after
+
+
+def _group_secrets(
+    kube: Kube, memo: Memo, name: str, namespace: str, spec: dict[str, Any], groups: tuple[int, ...]
+) -> tuple[dict[int, Any], list[dict[str, Any]]]:
+    """Each group's Secret data, taken as it is and made anew only where credentials.py says so,
+    and the Secrets as read (what the server holds, for applied.live_versions)."""
+    stored = {i: kube.get(path("Secret", namespace, names.group_secret(name, i))) for i in groups}
+    data = {i: credentials.pending(memo, stored[i], name, namespace, i, spec) for i in groups}
+    return data, [s for s in stored.values() if s is not None]
 
 
 def _remove_orphans(
