@@ -25,7 +25,7 @@ The script, in the new mount namespace only (nothing leaks to the host's mounts)
 
 The code a pod runs (this checkout, its venv, the interpreter: HOST_CODE) stays where it is on the
 host; a directory on the way to it that the pod's user may not enter (a checkout under /root, 0700)
-is shown to the pod through an overlay that grants others search, leaving the host's mode alone.
+is shown to the pod through an overlay that grants search, leaving the host's mode alone.
 
 Where it differs from a container runtime: the root filesystem is the host's (no image), no IPC or
 user namespace (the process runs as its pod's runAsUser, with its groups, through setpriv; as root
@@ -240,7 +240,7 @@ def _code_reachable_lines(user: User | None, pod_dir: Path) -> list[str]:
     """Mount commands that let the pod's user enter every directory on the way to HOST_CODE, as an
     image puts its code where its user reads it: a checkout or an interpreter under /root (0700)
     is not. Each directory the user cannot enter is shown, in the pod's mount namespace only,
-    through an overlay whose top grants others search (x), not listing; the host's keeps its mode."""
+    through an overlay whose top grants search (x) to all, not listing; the host's keeps its mode."""
     if user is None:
         return []
     blocked: list[Path] = []
@@ -256,10 +256,11 @@ def _code_reachable_lines(user: User | None, pod_dir: Path) -> list[str]:
         upper = base / "upper"
         upper.mkdir(parents=True, exist_ok=True)
         (base / "work").mkdir(exist_ok=True)
-        # The top of an overlay has its upper directory's owner and mode: the lower's, plus search.
+        # The top of an overlay has its upper directory's owner and mode: the lower's, plus search
+        # for every class (a user in the directory's group is judged by the group bits, not others').
         info = directory.stat()
         os.chown(upper, info.st_uid, info.st_gid)
-        upper.chmod(stat.S_IMODE(info.st_mode) | stat.S_IXOTH)
+        upper.chmod(stat.S_IMODE(info.st_mode) | 0o111)
         options = f"lowerdir={directory},upperdir={upper},workdir={base / 'work'}"
         lines.append(f"mount -t overlay overlay -o {shlex.quote(options)} {shlex.quote(str(directory))}")
     return lines

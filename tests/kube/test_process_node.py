@@ -122,13 +122,17 @@ def test_code_under_a_directory_only_root_enters_is_reached_by_the_pods_user(
         (code / "file").write_text("code\n")
         monkeypatch.setattr(pod_sandbox, "HOST_CODE", (*pod_sandbox.HOST_CODE, code))
         name, address = network.add()
-        plan = _plan(["sh", "-c", f"cat {code}/file; ls {private} >/dev/null 2>&1 || echo unlisted"])
-        plan.user = User(65532, 65532, ())
-        argv = pod_sandbox.prepare(plan, tmp_path, network.netns_path(name), address, network.gateway,
-                                   {"config"})
-        result = subprocess.run(argv, env=plan.env, capture_output=True, text=True, timeout=30, check=False)
-        assert result.returncode == 0, result.stderr
-        assert result.stdout.split() == ["code", "unlisted"]
+        # As its own group, and as root's group (runAsUser without runAsGroup): judged by the
+        # group bits, not the others'.
+        for index, gid in enumerate((65532, 0)):
+            plan = _plan(["sh", "-c", f"cat {code}/file; ls {private} >/dev/null 2>&1 || echo unlisted"])
+            plan.user = User(65532, gid, ())
+            argv = pod_sandbox.prepare(plan, tmp_path / str(index), network.netns_path(name), address,
+                                       network.gateway, {"config"})
+            result = subprocess.run(argv, env=plan.env, capture_output=True, text=True, timeout=30,
+                                    check=False)
+            assert result.returncode == 0, result.stderr
+            assert result.stdout.split() == ["code", "unlisted"], gid
         assert stat.S_IMODE(private.stat().st_mode) == 0o700
     finally:
         network.close()
