@@ -1,11 +1,11 @@
 """Which children a resync applies: the ones whose rendering changed, or that changed on the server.
 
-Every resync used to server-side apply every child of every LoPADeployment, a no-op write when
-nothing had changed: the API server still decoded, merged and compared each one (a deployment of
-one group made 9 applies a resync). The memo now keeps, per child, the digest of the rendering last
-applied and the resourceVersion that apply left. A child whose rendering is the same and whose
-live resourceVersion, read this round anyway, is still that one has not drifted: it is not applied.
-A child the round did not read (no live version) is applied every resync, as before.
+A server-side apply of an unchanged child is a no-op write that the API server still decodes,
+merges and compares (a deployment of one group has 9 children), so the memo keeps, per child, the
+digest of the rendering last applied and the resourceVersion that apply left. A child whose
+rendering is the same and whose live resourceVersion, read this round anyway, is still that one has
+not drifted: it is not applied. A child the round did not read (no live version) is applied every
+resync.
 """
 
 from __future__ import annotations

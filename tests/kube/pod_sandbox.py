@@ -252,10 +252,8 @@ def _code_reachable_lines(user: User | None, pod_dir: Path) -> list[str]:
                 blocked.append(directory)
     lines = []
     for index, directory in enumerate(blocked):  # outermost first: a deeper one is seen through it
-        base = pod_dir / "overlay" / f"code-{index}"
+        base = _overlay_dirs(pod_dir, f"code-{index}")
         upper = base / "upper"
-        upper.mkdir(parents=True, exist_ok=True)
-        (base / "work").mkdir(exist_ok=True)
         # The top of an overlay has its upper directory's owner and mode: the lower's, plus search
         # for every class (a user in the directory's group is judged by the group bits, not others').
         info = directory.stat()
@@ -311,8 +309,8 @@ def _existing_ancestor(target: str) -> Path:
     raise Unsupported(f"mount point {target}: not an absolute path")
 
 
-def _overlay_dirs(pod_dir: Path, index: int) -> Path:
-    base = pod_dir / "overlay" / str(index)
+def _overlay_dirs(pod_dir: Path, name: int | str) -> Path:
+    base = pod_dir / "overlay" / str(name)
     (base / "upper").mkdir(parents=True, exist_ok=True)
     (base / "work").mkdir(parents=True, exist_ok=True)
     return base

@@ -37,7 +37,7 @@ def run(args: argparse.Namespace) -> int:
 
 def master_config(path: str) -> ServingConfig:
     """The file, with the model's own decoding defaults for the decoding keys it leaves out."""
-    from lopa.serving.shared.model_dir import role_config  # imports torch: only for this command
+    from lopa.serving.shared.model_dir import role_config  # reads the model: only for this command
 
     return role_config(path)
 

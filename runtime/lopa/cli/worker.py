@@ -27,7 +27,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from lopa.serving.shared.model_dir import role_config  # imports torch: only for this command
+    from lopa.serving.shared.model_dir import role_config  # reads the model: only for this command
 
     watch_parent()  # started by `lopa serve`: stop when it is gone, however it died
     config = role_config(args.config)  # read as the master reads it: same defaults, same checks
