@@ -9,7 +9,8 @@
 #   docker build --platform linux/arm64 -f docker/runtime-ascend.Dockerfile \
 #     --build-arg CANN_IMAGE=<registry>/cann:<version>-910b-ubuntu22.04-py3.11 \
 #     -t ghcr.io/lopa-dev/lopa:0.1.0-ascend .
-ARG CANN_IMAGE=ascendai/cann:latest
+# CANN_IMAGE has no default: the CANN version is the node's, and a moving tag would change it.
+ARG CANN_IMAGE
 FROM ${CANN_IMAGE}
 ENV PYTHONUNBUFFERED=1 \
     HOME=/tmp \
@@ -19,8 +20,11 @@ ARG TORCH_VERSION=2.5.1
 ARG TORCH_NPU_VERSION=2.5.1
 RUN pip install "torch==${TORCH_VERSION}" "torch-npu==${TORCH_NPU_VERSION}"
 WORKDIR /src
+COPY requirements/constraints.txt ./requirements/
 COPY runtime/ ./runtime/
-RUN pip install ./runtime && rm -rf /src
+# Every other dependency at the versions of requirements/lock.txt; torch stays the CANN pair above.
+RUN grep -v '^torch==' requirements/constraints.txt > /tmp/constraints.txt \
+ && pip install -c /tmp/constraints.txt ./runtime && rm -rf /src /tmp/constraints.txt
 # The CANN environment (set_env.sh) is sourced by the base image's entrypoint on most tags;
 # lopa imports torch_npu only when the config asks for device npu.
 # Non-root, as the operator runs every runtime pod (runAsUser 65532). The NPUs (/dev/davinci*) are

@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 
 from lopa_operator import security
+from tools import lock
 
 tomllib = pytest.importorskip("tomllib")  # Python >= 3.11
 REPO = Path(__file__).resolve().parents[2]
@@ -54,3 +55,53 @@ def test_operator_image_and_package_have_no_torch() -> None:
     assert installs and not any("torch" in rest for rest in installs)
     code = "import sys, lopa_operator.handlers, lopa_operator.__main__; sys.exit('torch' in sys.modules)"
     subprocess.run([sys.executable, "-c", code], check=True, timeout=60)
+
+
+def _build_args(steps: list[tuple[str, str]]) -> dict[str, str | None]:
+    args: dict[str, str | None] = {}
+    for keyword, rest in steps:
+        if keyword == "ARG":
+            name, sep, default = rest.partition("=")
+            args[name] = default if sep else None
+    return args
+
+
+@pytest.mark.parametrize("name", sorted(p.name for p in DOCKER.glob("*.Dockerfile")))
+def test_base_images_are_pinned_to_a_release(name: str) -> None:
+    """A base image is an exact release (python:3.11.14-slim-bookworm), or a build argument with no
+    moving default: a tag like 3.11-slim or latest would change under a rebuild."""
+    steps = instructions(DOCKER / name)
+    args = _build_args(steps)
+    for keyword, rest in steps:
+        if keyword != "FROM":
+            continue
+        image = rest.split()[0]
+        argument = re.fullmatch(r"\$\{?(\w+)\}?", image)
+        if argument:
+            assert args.get(argument[1], "") is None, f"{name}: FROM {image} has a default"
+        else:
+            assert re.fullmatch(r"[\w./-]+:\d+\.\d+\.\d+[\w.-]*", image), (
+                f"{name}: FROM {image} is not a release"
+            )
+
+
+@pytest.mark.parametrize("name", sorted(p.name for p in DOCKER.glob("*.Dockerfile")))
+def test_images_install_the_locked_versions(name: str) -> None:
+    """Each package directory is installed with the lock's constraints, and the CPU image's torch
+    (from the CPU index) is the lock's torch for the image's Python."""
+    steps = instructions(DOCKER / name)
+    installs = [
+        rest for keyword, rest in steps if keyword == "RUN" and re.search(r"\./(runtime|operator)\b", rest)
+    ]
+    assert installs, f"{name} installs no package directory"
+    for rest in installs:
+        assert re.search(r"-c \S*constraints\.txt", rest), f"{name}: {rest!r} takes no constraints"
+    torch_version = _build_args(steps).get("TORCH_VERSION")
+    if name == "runtime-cpu.Dockerfile":
+        python = re.search(r"python:(\d+\.\d+\.\d+)", next(r for k, r in steps if k == "FROM"))[1]
+        environment = {
+            **lock.probe(sys.executable)["environment"],
+            "python_full_version": python,
+            "python_version": python.rsplit(".", 1)[0],
+        }
+        assert torch_version == lock.pinned_for(lock.read_lock(), environment)["torch"]
