@@ -7,6 +7,7 @@
 #   step-bf16        `lopa bench step`, 7B shapes: the D2F step (k = 0) and LoPA k = 1, 3, 7 at
 #                    windows 32 and 64 against the memory floor, bf16 weights, the Triton steps
 #   step-fp8         the same with FP8 weights
+#   step-llada       the LLaDA-8B-shaped step (bf16, k = 0, 1, 3, 7, window 32) against its floor
 #   products         `lopa bench products`: a step's matrix products alone, bf16 against the Triton
 #                    FP8 kernel and torch._scaled_mm, per shape at 32-256 tokens; its JSON holds the
 #                    choice table the measurements suggest (LOPA_FP8_PRODUCTS)
@@ -16,7 +17,7 @@
 #   bundled-lone     the bundled model, one request at a time (and 8 in flight) at k = 0 and k = 7
 #   weights-bundled  FP8 against bf16 on the bundled model: exact match, greedy agreement (k = 0, 7)
 #   step-unfused     the step table again with LOPA_KERNELS=torch (the torch references), k = 0 and 7
-# Each step has a time limit (514 s in all: the run is sized for under 8 minutes on an H200);
+# Each step has a time limit (554 s in all: the run is sized for under 9.5 minutes on an H200);
 # every step's output is in $OUT/logs/<step>.log (each line after the epoch time it was printed at,
 # beside the GPU's utilisation samples) and its JSON beside it; at the end all of it goes to one
 # tarball, ${OUT:-gpu-checks}/gpu-checks.tgz.
@@ -24,10 +25,11 @@
 # GPU_CHECKS_DEVICE=cpu GPU_CHECKS_SCALE=tiny runs every bench step with tiny settings on the CPU
 # and skips the CUDA tests (tests/runtime/test_gpu_checks.py does, so the commands cannot rot).
 #
-# It uses the machine's python3 and torch. Wheels the machine lacks (grpcio >= 1.85.1,
-# grpcio-health-checking) are installed from .whl/ when present; get them where PyPI is reachable:
+# It uses the machine's python3 and torch. Wheels the machine lacks (grpcio >= 1.85.4, the stubs'
+# runtime, and grpcio-health-checking: the versions of requirements/lock.txt) are installed from
+# .whl/ when present; get them where PyPI is reachable:
 #   pip download --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
-#       --platform manylinux_2_17_x86_64 -d .whl grpcio==1.85.3 grpcio-health-checking==1.85.1
+#       --platform manylinux_2_17_x86_64 -d .whl grpcio==1.85.4 grpcio-health-checking==1.85.1
 set -uo pipefail
 cd "$(dirname "$0")/.."
 out=${OUT:-gpu-checks}
@@ -44,18 +46,21 @@ export PYTHONPATH="/tmp/lopa-site:$PWD/runtime${PYTHONPATH:+:$PYTHONPATH}" PYTHO
 slack=1  # the time limits' factor
 if [ "${GPU_CHECKS_SCALE:-full}" = tiny ]; then
     slack=8  # a CPU's runs are the interpreter's and torch's start-up, not the GPU's work
-    checkpoint="$out/tiny-checkpoint" preset=tiny dtype=bfloat16
+    checkpoint="$out/tiny-checkpoint" preset=tiny llada_preset=tiny-llada dtype=bfloat16
     step_grid=(--rows 1 --widths 8 --caches 0 --ks 0,1 --step-widths 8 --step-cache 16 --batches 1,2
                --repeat 2 --copy-gb 0.01)
+    llada_grid=("${step_grid[@]}")
     unfused_grid=("${step_grid[@]}")
     products=(--tokens 8,32 --repeat 2)
     sweep=(--levels 1,2 --requests 2 --max-new-tokens 4 --passes 2)
     lone=(--levels 1 --requests 1 --max-new-tokens 8)
     limit=1
 else
-    checkpoint=/tmp/lopa-d7b preset=dream-7b dtype=bfloat16
+    checkpoint=/tmp/lopa-d7b preset=dream-7b llada_preset=llada-8b dtype=bfloat16
     step_grid=(--rows 1,8 --widths 32,64 --caches 512 --ks 0,1,3,7 --step-widths 32,64 --step-cache 512
                --batches 1,8 --no-eager)
+    llada_grid=(--rows 1 --widths 32 --caches 512 --ks 0,1,3,7 --step-widths 32 --step-cache 512 --batches 1
+                --no-eager)
     unfused_grid=(--rows 1 --widths 32 --caches 512 --ks 0,7 --step-widths 32 --step-cache 512 --batches 1
                   --no-eager)
     products=(--tokens 32,64,128,256)
@@ -91,6 +96,8 @@ step step-bf16 40 lopa bench step --preset "$preset" --device "$device" --dtype 
     --json "$logs/step-bf16.json"
 step step-fp8 50 lopa bench step --preset "$preset" --device "$device" --dtype "$dtype" --weights fp8 \
     "${step_grid[@]}" --json "$logs/step-fp8.json"
+step step-llada 40 lopa bench step --preset "$llada_preset" --device "$device" --dtype "$dtype" \
+    "${llada_grid[@]}" --json "$logs/step-llada.json"
 step products 45 lopa bench products --preset "$preset" --device "$device" --dtype "$dtype" "${products[@]}" \
     --kernels "$([ "$device" = cuda ] && echo dtype,triton,scaled_mm || echo dtype,scaled_mm)" \
     --json "$logs/products.json"

@@ -19,6 +19,20 @@ def tiny_checkpoint(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return directory
 
 
+@pytest.fixture(scope="session")
+def tiny_llada_checkpoint(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A random LLaDA-format checkpoint (its config keys, tensor names, no q/k/v bias)."""
+    directory = tmp_path_factory.mktemp("tiny-llada-checkpoint")
+    write_random_checkpoint(directory, tiny_config(family="llada"), shards=2, seed=0)
+    return directory
+
+
+@pytest.fixture(params=["dream", "llada"])
+def family_checkpoint(request: pytest.FixtureRequest) -> Path:
+    """A random checkpoint of each model family in turn (Dream's format, then LLaDA's)."""
+    return request.getfixturevalue("tiny_checkpoint" if request.param == "dream" else "tiny_llada_checkpoint")
+
+
 @pytest.fixture(scope="module")
 def bundled_engine() -> LocalEngine:
     """The bundled model on a LocalEngine (one per test module, as each module had its own)."""

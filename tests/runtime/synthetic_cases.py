@@ -78,8 +78,10 @@ def hash_choice(
     return choice
 
 
-def synthetic_model(choice: Choice, vocab: int = VOCAB, max_length: int = MAX_LENGTH) -> SyntheticModel:
-    return SyntheticModel(vocab, max_length, rule_from(choice, vocab))
+def synthetic_model(
+    choice: Choice, vocab: int = VOCAB, max_length: int = MAX_LENGTH, logit_shift: int = 1
+) -> SyntheticModel:
+    return SyntheticModel(vocab, max_length, rule_from(choice, vocab), logit_shift=logit_shift)
 
 
 @dataclass
@@ -123,6 +125,10 @@ class RecordingModel:
     @property
     def vocab_size(self) -> int:
         return self.inner.vocab_size
+
+    @property
+    def logit_shift(self) -> int:
+        return self.inner.logit_shift
 
     @property
     def max_length(self) -> int:

@@ -22,7 +22,7 @@ from lopa.engine import LocalEngine, bundled_model_dir
 from lopa.execution.local import LocalExecutor, OutputPlan
 from lopa.model.layer_steps import COMPILE_ENV
 from lopa.model.loader import load_model
-from lopa.model.window import GRAPH_TOKENS_ENV, GRAPHS_ENV, GRAPHS_UNCAPTURED, DreamWindowModel
+from lopa.model.window import GRAPH_TOKENS_ENV, GRAPHS_ENV, GRAPHS_UNCAPTURED, WindowedLM
 from lopa.params import DecodingParams
 from lopa.scheduling.scheduler import Observer
 
@@ -47,9 +47,9 @@ def greedy_outputs(executor: LocalExecutor, loaded, max_length: int, params_list
     return engine_ids
 
 
-def test_bf16_cuda_forward_is_close_to_fp32_cpu(tiny_checkpoint: Path) -> None:
-    cpu = load_model(tiny_checkpoint, dtype="float32", device="cpu")
-    gpu = load_model(tiny_checkpoint, dtype="bfloat16", device="cuda")
+def test_bf16_cuda_forward_is_close_to_fp32_cpu(family_checkpoint: Path) -> None:
+    cpu = load_model(family_checkpoint, dtype="float32", device="cpu")
+    gpu = load_model(family_checkpoint, dtype="bfloat16", device="cuda")
     tokens = torch.randint(0, cpu.config.vocab_size, (3, 20), generator=torch.Generator().manual_seed(1))
     positions = torch.arange(20)
     with torch.no_grad():
@@ -71,16 +71,16 @@ def _ragged_batch(executor: LocalExecutor, start: int, vocab: int, mask: int):
         tokens[-4:] = [mask] * 4
         blocks = [1] * (length // 2) + [2] * (length - length // 2)
         windows.append(BranchWindow(tokens, blocks, [start + length - 4 + i for i in range(4)]))
-    plan = OutputPlan(start, 6, windows)
+    plan = OutputPlan(start, 6, windows, executor.logit_shift)
     return executor.batch(start, 6, windows, plan.outputs)
 
 
 @pytest.mark.parametrize("mode", ["full", "block_causal"])
-def test_graph_replay_equals_eager_forward(tiny_checkpoint: Path, mode: str) -> None:
-    loaded = load_model(tiny_checkpoint, dtype="float32", device="cuda")
+def test_graph_replay_equals_eager_forward(family_checkpoint: Path, mode: str) -> None:
+    loaded = load_model(family_checkpoint, dtype="float32", device="cuda")
     outputs = []
     for graphs in (True, False):
-        window = DreamWindowModel(loaded.model, 128, cuda_graphs=graphs)
+        window = WindowedLM(loaded.model, 128, cuda_graphs=graphs)
         executor = LocalExecutor(window, device="cuda")
         executor.begin(DecodingParams(attention=mode), 3)
         prefill = _ragged_batch(executor, 0, loaded.config.vocab_size, loaded.special.mask)
@@ -134,11 +134,11 @@ def test_bundled_greedy_graphs_equal_eager_on_cuda() -> None:
     assert outputs[0] == outputs[1]
 
 
-def test_graphs_survive_a_staging_reallocation(tiny_checkpoint: Path) -> None:
+def test_graphs_survive_a_staging_reallocation(family_checkpoint: Path) -> None:
     # Growing the staging area drops every graph (they hold its address) and releases their memory
     # pool; the next forwards must capture into a new pool and still match.
-    loaded = load_model(tiny_checkpoint, dtype="float32", device="cuda")
-    window = DreamWindowModel(loaded.model, 512)
+    loaded = load_model(family_checkpoint, dtype="float32", device="cuda")
+    window = WindowedLM(loaded.model, 512)
     executor = LocalExecutor(window, device="cuda")
     executor.begin(DecodingParams(), 3)
     batch = _ragged_batch(executor, 0, loaded.config.vocab_size, loaded.special.mask)
@@ -154,8 +154,8 @@ def test_batched_rounds_replay_graphs_and_equal_eager_rounds() -> None:
     # Rounds of 1-4 requests joining and leaving (tests/runtime/test_model_round_graphs.py runs the
     # same rounds through the uncaptured body on the CPU): captured and replayed here.
     loaded = load_model(bundled_model_dir(), dtype="float32", device="cuda")
-    graphed = DreamWindowModel(loaded.model, MAX_LENGTH, max_batch=4)
-    eager = DreamWindowModel(loaded.model, MAX_LENGTH, max_batch=4, cuda_graphs=False)
+    graphed = WindowedLM(loaded.model, MAX_LENGTH, max_batch=4)
+    eager = WindowedLM(loaded.model, MAX_LENGTH, max_batch=4, cuda_graphs=False)
 
     def no_eager(*args: object) -> None:
         raise AssertionError("an eager forward where a graph replay was expected")
@@ -172,8 +172,8 @@ def test_rounds_replay_the_graph_of_a_padded_request_count() -> None:
     # sequence's prefix, read by the last round (the CPU runs the same rounds uncaptured in
     # tests/runtime/test_model_round_graphs.py).
     loaded = load_model(bundled_model_dir(), dtype="float32", device="cuda")
-    graphed = DreamWindowModel(loaded.model, MAX_LENGTH, max_batch=8)
-    eager = DreamWindowModel(loaded.model, MAX_LENGTH, max_batch=8, cuda_graphs=False)
+    graphed = WindowedLM(loaded.model, MAX_LENGTH, max_batch=8)
+    eager = WindowedLM(loaded.model, MAX_LENGTH, max_batch=8, cuda_graphs=False)
     play_rounds(eager, graphed, [[5, 6], [0, 1, 2, 3, 4], [4, 2, 0, 1, 3], [5, 6, 0]])
     assert graphed.graphs is not None and not graphed.graphs.disabled
     assert {bucket.requests for bucket in graphed.graphs.graphs} == {2, 6, 3}
@@ -185,8 +185,8 @@ def test_uncaptured_graph_rounds_run_the_same_rounds_eagerly(monkeypatch: pytest
     # graphs' path, buckets and compact layout, without capturing.
     monkeypatch.setenv(GRAPHS_ENV, GRAPHS_UNCAPTURED)
     loaded = load_model(bundled_model_dir(), dtype="float32", device="cuda")
-    uncaptured = DreamWindowModel(loaded.model, MAX_LENGTH, max_batch=4)
-    eager = DreamWindowModel(loaded.model, MAX_LENGTH, max_batch=4, cuda_graphs=False)
+    uncaptured = WindowedLM(loaded.model, MAX_LENGTH, max_batch=4)
+    eager = WindowedLM(loaded.model, MAX_LENGTH, max_batch=4, cuda_graphs=False)
     play_rounds(eager, uncaptured, ROUNDS)
     assert uncaptured.graphs is not None and not uncaptured.graphs.capture
     assert uncaptured.forwards["eager"] == 0 and uncaptured.graphs.graphs
@@ -197,8 +197,8 @@ def test_rounds_past_the_capture_limit_run_uncaptured(monkeypatch: pytest.Monkey
     # capture counted), smaller ones replay captured graphs; every round equals the eager model's.
     monkeypatch.setenv(GRAPH_TOKENS_ENV, "64")
     loaded = load_model(bundled_model_dir(), dtype="float32", device="cuda")
-    hybrid = DreamWindowModel(loaded.model, MAX_LENGTH, max_batch=4)
-    eager = DreamWindowModel(loaded.model, MAX_LENGTH, max_batch=4, cuda_graphs=False)
+    hybrid = WindowedLM(loaded.model, MAX_LENGTH, max_batch=4)
+    eager = WindowedLM(loaded.model, MAX_LENGTH, max_batch=4, cuda_graphs=False)
     play_rounds(eager, hybrid, ROUNDS)
     assert hybrid.graphs is not None and not hybrid.graphs.disabled
     graphs = hybrid.graphs.graphs
@@ -216,11 +216,11 @@ def test_compiled_layer_steps_replay_in_graphs_and_equal_eager_rounds(
     torch._dynamo.reset()
     monkeypatch.setenv(COMPILE_ENV, "1")
     compiled = load_model(bundled_model_dir(), dtype="float32", device="cuda")
-    window = DreamWindowModel(compiled.model, MAX_LENGTH, max_batch=4)
+    window = WindowedLM(compiled.model, MAX_LENGTH, max_batch=4)
     assert compiled.model.steps.compiled
     monkeypatch.delenv(COMPILE_ENV)
     plain = load_model(bundled_model_dir(), dtype="float32", device="cuda")
-    eager = DreamWindowModel(plain.model, MAX_LENGTH, max_batch=4, cuda_graphs=False)
+    eager = WindowedLM(plain.model, MAX_LENGTH, max_batch=4, cuda_graphs=False)
     try:
         play_rounds(eager, window, ROUNDS)
         assert window.graphs is not None and not window.graphs.disabled and window.forwards["eager"] == 0
@@ -286,7 +286,7 @@ def _kernel_cases(dtype: torch.dtype) -> dict:
 def test_triton_kernels_equal_their_references_on_cuda(dtype: torch.dtype) -> None:
     from lopa.kernels import fp8, fp8_linear, rms_norm, rotary, swiglu, vocab_stats
     from lopa.kernels.fp8_products import scaled_mm_linear
-    from lopa.model.dream import rotary_cos_sin, signed_sin
+    from lopa.model.transformer import rotary_cos_sin, signed_sin
     from lopa.params import ConfKind
 
     tolerance = {"rtol": 2e-2, "atol": 2e-2} if dtype == torch.bfloat16 else {"rtol": 1e-4, "atol": 1e-4}
@@ -329,11 +329,11 @@ def test_rounds_on_the_kernels_equal_rounds_on_the_references_on_cuda(
     replaying graphs, over rounds of 1-4 requests."""
     from lopa.kernels.dispatch import KERNELS_ENV
 
-    fused = DreamWindowModel(load_model(bundled_model_dir(), dtype="float32", device="cuda").model,
+    fused = WindowedLM(load_model(bundled_model_dir(), dtype="float32", device="cuda").model,
                              MAX_LENGTH, max_batch=4)
     assert fused.model.steps.kernels and fused.vocab_pass
     monkeypatch.setenv(KERNELS_ENV, "torch")
-    plain = DreamWindowModel(load_model(bundled_model_dir(), dtype="float32", device="cuda").model,
+    plain = WindowedLM(load_model(bundled_model_dir(), dtype="float32", device="cuda").model,
                              MAX_LENGTH, max_batch=4)
     assert not plain.model.steps.kernels and not plain.vocab_pass
     play_rounds(plain, fused, ROUNDS)
@@ -364,20 +364,20 @@ def _fp8_supported() -> bool:
 
 
 def test_fp8_weights_are_refused_below_compute_capability_8_9_and_close_to_bf16_above(
-    tiny_checkpoint: Path,
+    family_checkpoint: Path,
 ) -> None:
     if not _fp8_supported():
         with pytest.raises(ValueError, match=r"weights: fp8 weights need a GPU of compute capability 8\.9"):
-            load_model(tiny_checkpoint, dtype="bfloat16", device="cuda", weights="fp8")
+            load_model(family_checkpoint, dtype="bfloat16", device="cuda", weights="fp8")
         return
-    plain = load_model(tiny_checkpoint, dtype="bfloat16", device="cuda")
-    quantized = load_model(tiny_checkpoint, dtype="bfloat16", device="cuda", weights="fp8")
+    plain = load_model(family_checkpoint, dtype="bfloat16", device="cuda")
+    quantized = load_model(family_checkpoint, dtype="bfloat16", device="cuda", weights="fp8")
     tokens = torch.randint(0, plain.config.vocab_size, (3, 40), generator=torch.Generator().manual_seed(1))
     positions = torch.arange(40, device="cuda")
     with torch.no_grad():
         want = plain.model(tokens.cuda(), positions).float()
         got = quantized.model(tokens.cuda(), positions).float()
-        on_cpu = load_model(tiny_checkpoint, dtype="bfloat16", weights="fp8")  # the reference path
+        on_cpu = load_model(family_checkpoint, dtype="bfloat16", weights="fp8")  # the reference path
         reference = on_cpu.model(tokens, positions.cpu())
     error = relative_error(got.cpu(), want.cpu())
     print(f"fp8 vs bf16 logits on CUDA: relative error {error:.3f}; "
@@ -388,8 +388,8 @@ def test_fp8_weights_are_refused_below_compute_capability_8_9_and_close_to_bf16_
 @pytest.mark.skipif(not _fp8_supported(), reason="needs FP8 (compute capability 8.9)")
 def test_fp8_rounds_replay_graphs_and_equal_eager_rounds() -> None:
     loaded = load_model(bundled_model_dir(), dtype="float32", device="cuda", weights="fp8")
-    graphed = DreamWindowModel(loaded.model, MAX_LENGTH, max_batch=4)
-    eager = DreamWindowModel(loaded.model, MAX_LENGTH, max_batch=4, cuda_graphs=False)
+    graphed = WindowedLM(loaded.model, MAX_LENGTH, max_batch=4)
+    eager = WindowedLM(loaded.model, MAX_LENGTH, max_batch=4, cuda_graphs=False)
     play_rounds(eager, graphed, ROUNDS)
     assert graphed.graphs is not None and not graphed.graphs.disabled and graphed.forwards["eager"] == 0
 

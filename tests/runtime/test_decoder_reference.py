@@ -3,15 +3,15 @@
 `reference_d2f` below is written from the consts only (its own block list, its own loop,
 its own logit shift, stored last logit, softmax and Conf) and calls the WindowModel
 directly, one row per forward. The Decoder (branches=0, LocalExecutor) must produce the
-same tokens with the same number of forwards on synthetic models and on a small random
-real checkpoint, in both attention modes.
+same tokens with the same number of forwards on synthetic models and on small random
+real checkpoints of both families (Dream's shifted logits, LLaDA's own-position logits),
+in both attention modes.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from pathlib import Path
 
 import pytest
 import torch
@@ -64,7 +64,9 @@ def reference_d2f(
     eos_ids: Sequence[int],
     max_length: int,
 ) -> RefResult:
-    """docs/decoding.md section 3, literally, greedy only."""
+    """docs/decoding.md section 3, literally, greedy only; a masked position's logits are the
+    output `shift` positions before it (the model's logit_shift: 1 for Dream, 0 for LLaDA)."""
+    shift = getattr(model, "logit_shift", 1)
     B = params.block_size
     seq = list(prompt)
     blocks = [RefBlock(0, len(prompt), "to_cache", True)]
@@ -115,7 +117,7 @@ def reference_d2f(
         new_stored = stored
         if u > 0:
             model.commit(0, u)
-            new_stored = raw[u - 1].clone()
+            new_stored = raw[u - 1].clone() if shift else None
         # 5. fills, block by block, from this forward's distributions
         round_eos = False
         for b in blocks:
@@ -128,8 +130,8 @@ def reference_d2f(
                 semi_rounds += 1
             cands = []  # (position, token, P, Conf)
             for p in masked:
-                if p - start - 1 >= 0:
-                    logits = raw[p - start - 1]
+                if p - start - shift >= 0:
+                    logits = raw[p - start - shift]
                 elif stored is not None:
                     logits = stored
                 else:
@@ -186,15 +188,16 @@ SYNTHETIC_CASES = {
 }
 
 
+@pytest.mark.parametrize("shift", [1, 0], ids=["shifted", "own_position"])
 @pytest.mark.parametrize("attention", [AttentionMode.FULL, AttentionMode.BLOCK_CAUSAL])
 @pytest.mark.parametrize("case", sorted(SYNTHETIC_CASES))
-def test_k0_matches_reference_on_synthetic_models(case: str, attention: AttentionMode) -> None:
+def test_k0_matches_reference_on_synthetic_models(case: str, attention: AttentionMode, shift: int) -> None:
     eos_at, params = SYNTHETIC_CASES[case]
     params = params.with_overrides(attention=attention)
     choice = hash_choice(len(PROMPT), eos_at=eos_at)
 
-    ref = reference_d2f(synthetic_model(choice), PROMPT, params, MASK, [EOS], MAX_LENGTH)
-    model = synthetic_model(choice)
+    ref = reference_d2f(synthetic_model(choice, logit_shift=shift), PROMPT, params, MASK, [EOS], MAX_LENGTH)
+    model = synthetic_model(choice, logit_shift=shift)
     result, _ = generate(model, PROMPT, params)
 
     assert result.generated_ids == ref.generated
@@ -240,6 +243,7 @@ def test_the_hash_model_really_depends_on_order() -> None:
 # -- a small random real checkpoint ----------------------------------------------------------------
 
 
+@pytest.mark.parametrize("family", ["dream", "llada"])
 @pytest.mark.parametrize("attention", [AttentionMode.FULL, AttentionMode.BLOCK_CAUSAL])
 @pytest.mark.parametrize(
     "params",
@@ -250,10 +254,12 @@ def test_the_hash_model_really_depends_on_order() -> None:
     ids=["neg_entropy_b8", "prob_b4"],
 )
 def test_k0_matches_reference_on_a_random_checkpoint(
-    tiny_checkpoint: Path, params: DecodingParams, attention: AttentionMode
+    request: pytest.FixtureRequest, params: DecodingParams, attention: AttentionMode, family: str
 ) -> None:
     loader = pytest.importorskip("lopa.model.loader")
-    loaded = loader.load_model(tiny_checkpoint, dtype="float32")
+    checkpoint = request.getfixturevalue("tiny_checkpoint" if family == "dream" else "tiny_llada_checkpoint")
+    loaded = loader.load_model(checkpoint, dtype="float32")
+    assert loaded.config.logit_shift == (1 if family == "dream" else 0)
     # Sharpen the random head (it is near-uniform) so that some P exceed tau_conf: rounds then mix
     # threshold fills, fallbacks and semi-activated blocks.
     loaded.model.lm_head.weight.mul_(16.0)

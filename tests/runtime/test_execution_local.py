@@ -10,7 +10,7 @@ import torch
 from lopa.decoding.executor import BranchWindow, VerifyPart
 from lopa.engine import bundled_model_dir
 from lopa.execution.local import LocalExecutor
-from lopa.model import DreamWindowModel
+from lopa.model import WindowedLM
 from lopa.model.loader import load_model
 from lopa.params import ConfKind, DecodingParams
 from lopa.synthetic import tiny_config
@@ -64,7 +64,7 @@ def test_a_lone_masked_position_of_a_large_vocabulary_gets_its_own_bits(thread_c
     lone = [VerifyPart(s, 0, 0, [BranchWindow([5 + s, 6, 7, 8], [1] * 4, [2])]) for s in range(8)]
     parts = [*lone, VerifyPart(8, 0, 0, _windows(11, 2))]
     thread_count(2)
-    together, alone = (LocalExecutor(DreamWindowModel(model, 64, max_batch=len(parts))) for _ in range(2))
+    together, alone = (LocalExecutor(WindowedLM(model, 64, max_batch=len(parts))) for _ in range(2))
     for executor in (together, alone):
         for part in parts:
             executor.begin(params, 3, part.sequence)

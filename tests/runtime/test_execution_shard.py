@@ -13,10 +13,11 @@ from lopa.model.loader import load_model
 from lopa.params import DecodingParams
 
 
-def test_fused_commit_buffer_round_trips(tiny_checkpoint: Path) -> None:
+def test_fused_commit_buffer_round_trips(family_checkpoint: Path) -> None:
     """Two requests won on one rank travel in ONE broadcast (each request's K/V of every layer + its
-    fp32 last logit) and rebuild, on the receiver, the state of running each request locally."""
-    loaded = load_model(tiny_checkpoint)
+    fp32 last logit with Dream's shift; K/V alone for LLaDA, which stores no logit) and rebuild, on
+    the receiver, the state of running each request locally."""
+    loaded = load_model(family_checkpoint)
     sent: list[torch.Tensor] = []
     winner = ShardExecutor(loaded.window_model(64, max_batch=3), 0, lambda buf, src: sent.append(buf.clone()))
     receiver = ShardExecutor(loaded.window_model(64, max_batch=3), 1, lambda buf, src: buf.copy_(sent[-1]))
@@ -44,4 +45,12 @@ def test_fused_commit_buffer_round_trips(tiny_checkpoint: Path) -> None:
         kv, ref_kv = receiver.model.caches[sequence], reference.model.caches[sequence]
         assert kv.length == ref_kv.length == n
         assert torch.equal(kv.cache[:, :, :n], ref_kv.cache[:, :, :n])
-        assert torch.equal(receiver.local.state(sequence).last_logit, reference.state(sequence).last_logit)
+        received, expected = receiver.local.state(sequence).last_logit, reference.state(sequence).last_logit
+        if loaded.config.logit_shift:
+            assert torch.equal(received, expected)
+        else:
+            assert received is None and expected is None
+    kv = receiver.model.caches[0]
+    logit_bytes = loaded.config.vocab_size * 4 if loaded.config.logit_shift else 0
+    packed = sum(kv.packed_shape(n).numel() * kv.cache.element_size() for n in n_stage.values())
+    assert sent[0].numel() == packed + 2 * logit_bytes

@@ -14,7 +14,7 @@ from lopa.execution.vocab_pass import reductions
 from lopa.params import ConfKind, DecodingParams
 
 CPU = torch.device("cpu")
-GPU_MODEL = SimpleNamespace(vocab_pass=True)  # what a DreamWindowModel running its kernels says
+GPU_MODEL = SimpleNamespace(vocab_pass=True)  # what a WindowedLM running its kernels says
 
 
 def _part(sequence: int, start: int = 10) -> tuple[VerifyPart, OutputPlan]:

@@ -18,8 +18,8 @@ pytestmark = pytest.mark.slow  # one of the longest files: a parallel run starts
 
 REPO = Path(__file__).resolve().parents[2]
 SCRIPT = REPO / "tools" / "gpu-checks.sh"
-BENCH_STEPS = ["checkpoint", "step-bf16", "step-fp8", "products", "sweep-7b", "weights-7b", "bundled-lone-k0",
-               "bundled-lone-k7", "weights-bundled", "step-unfused"]
+BENCH_STEPS = ["checkpoint", "step-bf16", "step-fp8", "step-llada", "products", "sweep-7b", "weights-7b",
+               "bundled-lone-k0", "bundled-lone-k7", "weights-bundled", "step-unfused"]
 
 
 def test_the_script_parses() -> None:
@@ -41,6 +41,8 @@ def test_every_bench_step_runs_on_the_cpu_into_one_tarball(tmp_path: Path) -> No
     assert {f"logs/{step}.log" for step in BENCH_STEPS} <= names
     assert reports["step-bf16"]["setup"]["weights"] == "dtype"
     assert reports["step-fp8"]["setup"]["weights"] == "fp8"
+    assert reports["step-llada"]["setup"]["model"] == "preset tiny-llada (random weights)"
+    assert reports["step-llada"]["setup"]["family"] == "llada"
     assert reports["step-unfused"]["setup"]["layer_steps"] == "torch"
     products = reports["products"]
     assert products["choices"] and {r["kind"] for r in products["rows"]} == {"product", "step"}

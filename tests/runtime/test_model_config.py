@@ -1,11 +1,11 @@
-"""DreamConfig: reading Dream's config.json and rejecting inconsistent fields by name."""
+"""ModelConfig: reading Dream's config.json and rejecting inconsistent fields by name."""
 
 import json
 from pathlib import Path
 
 import pytest
 
-from lopa.model import CheckpointError, DreamConfig
+from lopa.model import CheckpointError, ModelConfig
 from lopa.synthetic import tiny_config
 
 DREAM_7B = {
@@ -32,7 +32,7 @@ DREAM_7B = {
 
 
 def test_reads_dream_7b_config() -> None:
-    config = DreamConfig.from_dict(DREAM_7B)
+    config = ModelConfig.from_dict(DREAM_7B)
     assert config.head_dim == 128
     assert config.num_key_value_heads == 4
     assert config.mask_token_id == 151666
@@ -45,9 +45,9 @@ def test_eos_list_and_json_round_trip(tmp_path: Path) -> None:
     path = tmp_path / "config.json"
     config.to_json(path)
     assert json.loads(path.read_text())["eos_token_id"] == [97, 99]
-    assert DreamConfig.from_file(path) == config
+    assert ModelConfig.from_file(path) == config
     single = tiny_config()
-    assert DreamConfig.from_dict(json.loads(single.to_json())) == single
+    assert ModelConfig.from_dict(json.loads(single.to_json())) == single
 
 
 @pytest.mark.parametrize(
@@ -67,7 +67,7 @@ def test_bad_field_is_named(tmp_path: Path, overrides: dict, field: str) -> None
     path = tmp_path / "config.json"
     path.write_text(json.dumps({**DREAM_7B, **overrides}))
     with pytest.raises(CheckpointError, match=field) as info:
-        DreamConfig.from_file(path)
+        ModelConfig.from_file(path)
     assert info.value.path == str(path)
 
 
@@ -75,12 +75,12 @@ def test_missing_field_is_named(tmp_path: Path) -> None:
     raw = dict(DREAM_7B)
     del raw["intermediate_size"]
     with pytest.raises(CheckpointError, match=r"intermediate_size"):
-        DreamConfig.from_dict(raw, tmp_path / "config.json")
+        ModelConfig.from_dict(raw, tmp_path / "config.json")
 
 
 def test_missing_or_broken_file(tmp_path: Path) -> None:
     with pytest.raises(CheckpointError, match=r"config.json: file not found"):
-        DreamConfig.from_dir(tmp_path)
+        ModelConfig.from_dir(tmp_path)
     (tmp_path / "config.json").write_text("{not json")
     with pytest.raises(CheckpointError, match=r"not valid JSON"):
-        DreamConfig.from_dir(tmp_path)
+        ModelConfig.from_dir(tmp_path)

@@ -148,7 +148,7 @@ def test_rows_forwarded_one_at_a_time_keep_slot_0_in_the_cache() -> None:
 
 
 def test_caches_stored_in_one_tensor_commit_into_their_own_slice() -> None:
-    # How DreamWindowModel stores its caches: a batched CUDA-graph round reads them all at once.
+    # How WindowedLM stores its caches: a batched CUDA-graph round reads them all at once.
     stacked = torch.zeros(2, LAYERS, 2, 40, HEADS, DIM)
     first, second = (
         KVCache(LAYERS, HEADS, DIM, 40, num_slots=2, storage=stacked[index]) for index in range(2)

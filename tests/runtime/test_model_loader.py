@@ -8,7 +8,7 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
-from lopa.model import CheckpointError, DreamWindowModel, load_model
+from lopa.model import CheckpointError, WindowedLM, load_model
 from lopa.synthetic import special_token_id, tiny_config, write_random_checkpoint, write_random_lora_adapter
 
 
@@ -44,7 +44,7 @@ def test_dtype_and_window_model(checkpoint: tuple[Path, dict[str, torch.Tensor]]
     name = "model.layers.1.mlp.down_proj.weight"
     assert torch.equal(loaded.model.state_dict()[name], written[name].bfloat16())
     window = loaded.window_model(max_length=32, num_slots=2)
-    assert isinstance(window, DreamWindowModel)
+    assert isinstance(window, WindowedLM)
     assert window.kv.cache.dtype == torch.bfloat16
     assert (window.vocab_size, window.max_length, window.cache_length()) == (128, 32, 0)
     with pytest.raises(ValueError, match=r"dtype"):

@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from lopa.engine import bundled_model_dir
-from lopa.model import DreamModel, DreamWindowModel
+from lopa.model import DiffusionLM, WindowedLM
 from lopa.model.invariant import tiled_linear
 from lopa.model.loader import load_model
 from lopa.model.protocol import WindowBatch
@@ -22,7 +22,7 @@ MAX_LENGTH = 64
 
 
 @pytest.fixture(scope="module")
-def model() -> DreamModel:
+def model() -> DiffusionLM:
     # The bundled model's shapes: small enough to be quick, wide enough that a plain CPU GEMM's
     # blocking changes with the row count (the tiny test config's does not).
     return load_model(bundled_model_dir()).model
@@ -61,9 +61,9 @@ def test_tiled_linear_is_row_invariant() -> None:
         assert torch.allclose(whole, torch.nn.functional.linear(x, weight, bias), atol=1e-5)
 
 
-def test_ragged_forward_equals_each_sequence_alone(model: DreamModel) -> None:
-    together = DreamWindowModel(model, MAX_LENGTH, max_batch=3)
-    alone = DreamWindowModel(model, MAX_LENGTH, max_batch=3)
+def test_ragged_forward_equals_each_sequence_alone(model: DiffusionLM) -> None:
+    together = WindowedLM(model, MAX_LENGTH, max_batch=3)
+    alone = WindowedLM(model, MAX_LENGTH, max_batch=3)
     modes = [AttentionMode.FULL, AttentionMode.BLOCK_CAUSAL, AttentionMode.FULL]
     starts = [0, 0, 0]
     for round_ in range(3):
@@ -100,8 +100,8 @@ def test_ragged_forward_equals_each_sequence_alone(model: DreamModel) -> None:
         assert torch.equal(together.caches[sequence].cache[:, :, :n], alone.caches[sequence].cache[:, :, :n])
 
 
-def test_forward_many_refuses_a_sequence_twice_and_bad_sequences(model: DreamModel) -> None:
-    window = DreamWindowModel(model, MAX_LENGTH, max_batch=2)
+def test_forward_many_refuses_a_sequence_twice_and_bad_sequences(model: DiffusionLM) -> None:
+    window = WindowedLM(model, MAX_LENGTH, max_batch=2)
     batch = _batch(0, 1, 6, 0, 2, AttentionMode.FULL, 0, 3)
     with pytest.raises(ValueError, match="two batches for one sequence"):
         window.forward_many([batch, batch])
@@ -110,11 +110,11 @@ def test_forward_many_refuses_a_sequence_twice_and_bad_sequences(model: DreamMod
 
 
 @pytest.mark.parametrize("mode", list(AttentionMode))
-def test_a_rows_bits_do_not_depend_on_the_rows_beside_it(model: DreamModel, mode: AttentionMode) -> None:
+def test_a_rows_bits_do_not_depend_on_the_rows_beside_it(model: DiffusionLM, mode: AttentionMode) -> None:
     """A candidate row gives the same logits alone, first or third among others, and padded to a
     wider row's width: so a request's rows split over 1, 2 or 3 workers, or cut by the branch
     budget, verify to the same bits (folded into one sequence they differed in the last bits)."""
-    window = DreamWindowModel(model, MAX_LENGTH)
+    window = WindowedLM(model, MAX_LENGTH)
     window.reset(4)
     prompt = torch.randint(0, 90, (1, 12), generator=torch.Generator().manual_seed(3))
     blocks = torch.zeros(1, 12, dtype=torch.long)
@@ -138,7 +138,7 @@ def test_a_rows_bits_do_not_depend_on_the_rows_beside_it(model: DreamModel, mode
 
 
 @pytest.mark.parametrize("mode", list(AttentionMode))
-def test_a_rows_bits_follow_from_the_row_alone(model: DreamModel, mode: AttentionMode, thread_count) -> None:
+def test_a_rows_bits_follow_from_the_row_alone(model: DiffusionLM, mode: AttentionMode, thread_count) -> None:
     """A row's logits and staged K/V are the same whatever its executor pads it to, whichever rows
     share its forward and on 1 or 2 threads: a worker holding some of a request's rows (padded to
     their own width, on its own thread count) verifies them as the local engine does. In
@@ -154,7 +154,7 @@ def test_a_rows_bits_follow_from_the_row_alone(model: DreamModel, mode: Attentio
     for threads in (1, 2):
         thread_count(threads)
         for order in ([0], [1], [2], [3], [1, 2], [3, 1], [0, 1, 2, 3], [2, 0, 3]):
-            window = DreamWindowModel(model, MAX_LENGTH)
+            window = WindowedLM(model, MAX_LENGTH)
             window.reset(4)
             window.forward(WindowBatch(prompt, [12], torch.zeros(1, 12, dtype=torch.long), 0, 12, mode))
             window.commit(0, 12)

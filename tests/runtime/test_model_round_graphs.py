@@ -17,7 +17,7 @@ from round_cases import MAX_LENGTH, ROUNDS, play_rounds, round_batch
 
 from lopa.bench.concurrency import captures_of
 from lopa.engine import bundled_model_dir
-from lopa.model import DreamModel, DreamWindowModel
+from lopa.model import DiffusionLM, WindowedLM
 from lopa.model.cuda_graphs import WindowGraphs, round_staging
 from lopa.model.graph_layout import MAX_LAYOUT_TOKENS, Bucket
 from lopa.model.loader import load_model
@@ -28,14 +28,14 @@ from lopa.synthetic.checkpoint import random_model, tiny_config
 
 
 @pytest.fixture(scope="module")
-def model() -> DreamModel:
+def model() -> DiffusionLM:
     return load_model(bundled_model_dir()).model
 
 
 def _graphed(
-    model: DreamModel, max_length: int = MAX_LENGTH, max_batch: int = 4, capture_tokens: int | None = None
-) -> DreamWindowModel:
-    window = DreamWindowModel(model, max_length, max_batch=max_batch)
+    model: DiffusionLM, max_length: int = MAX_LENGTH, max_batch: int = 4, capture_tokens: int | None = None
+) -> WindowedLM:
+    window = WindowedLM(model, max_length, max_batch=max_batch)
     window.graphs = WindowGraphs(model, window._physical, window.kv_storage, capture=False,
                                  capture_tokens=capture_tokens)
 
@@ -47,8 +47,8 @@ def _graphed(
     return window
 
 
-def test_rounds_through_the_graph_path_equal_eager_rounds(model: DreamModel) -> None:
-    eager, graphed = DreamWindowModel(model, MAX_LENGTH, max_batch=4), _graphed(model)
+def test_rounds_through_the_graph_path_equal_eager_rounds(model: DiffusionLM) -> None:
+    eager, graphed = WindowedLM(model, MAX_LENGTH, max_batch=4), _graphed(model)
 
     def placed_in_front(sequences: Sequence[int]) -> None:
         # The round's requests now sit in the first physical caches, in some order.
@@ -64,11 +64,11 @@ def test_rounds_through_the_graph_path_equal_eager_rounds(model: DreamModel) -> 
                                    rtol=1e-4, atol=1e-4)
 
 
-def test_rounds_larger_than_the_capture_limit_run_their_bucket_uncaptured(model: DreamModel) -> None:
+def test_rounds_larger_than_the_capture_limit_run_their_bucket_uncaptured(model: DiffusionLM) -> None:
     # LOPA_CUDA_GRAPH_TOKENS: a bucket of more linear tokens than the limit is never captured (its
     # body runs eagerly on every round, no capture counted); the others are, and every round still
     # equals the eager model's.
-    eager, graphed = DreamWindowModel(model, MAX_LENGTH, max_batch=4), _graphed(model, capture_tokens=64)
+    eager, graphed = WindowedLM(model, MAX_LENGTH, max_batch=4), _graphed(model, capture_tokens=64)
     play_rounds(eager, graphed, ROUNDS)
     assert graphed.graphs is not None
     captured = [b for b in graphed.graphs.graphs if b.linear_tokens <= 64]
@@ -95,7 +95,7 @@ def test_graph_rounds_read_a_cache_width_inside_longer_caches() -> None:
     # 0 or the whole cache; here the bucket reads 512 of 700 positions of caches holding 5-410
     # tokens, with garbage past each length (the masks must hide it).
     model = random_model(tiny_config(max_position_embeddings=1024), torch.float32, "cpu")
-    eager, graphed = DreamWindowModel(model, 700, max_batch=4), _graphed(model, 700)
+    eager, graphed = WindowedLM(model, 700, max_batch=4), _graphed(model, 700)
     for sequence, length in enumerate([260, 300, 5, 410]):
         packed = torch.randn(eager.caches[sequence].packed_shape(length),
                              generator=torch.Generator().manual_seed(sequence))
@@ -105,11 +105,11 @@ def test_graph_rounds_read_a_cache_width_inside_longer_caches() -> None:
     play_rounds(eager, graphed, [[3, 0, 1], [1, 2], [0, 1, 2, 3]])
     assert graphed.graphs is not None and {b.cache_width for b in graphed.graphs.graphs} == {512}
 
-def test_a_round_replays_the_graph_of_a_padded_request_count(model: DreamModel) -> None:
+def test_a_round_replays_the_graph_of_a_padded_request_count(model: DiffusionLM) -> None:
     # 5 requests replay the graph of 6 and 3 of 8 the one of 3: the padding request runs over a
     # cache holding another sequence's prefix (5 or 6, from the first round), which the last round
     # then reads: its logits and every cache must still equal the eager model's.
-    eager, graphed = DreamWindowModel(model, MAX_LENGTH, max_batch=8), _graphed(model, max_batch=8)
+    eager, graphed = WindowedLM(model, MAX_LENGTH, max_batch=8), _graphed(model, max_batch=8)
     play_rounds(eager, graphed, [[5, 6], [0, 1, 2, 3, 4], [4, 2, 0, 1, 3], [5, 6, 0]])
     assert graphed.graphs is not None
     assert {b.requests for b in graphed.graphs.graphs} == {2, 6, 3}
@@ -121,7 +121,7 @@ def test_a_round_replays_the_graph_of_a_padded_request_count(model: DreamModel) 
                                    rtol=1e-4, atol=1e-4)
 
 
-def test_a_padded_round_leaves_the_padding_caches_staging_alone(model: DreamModel) -> None:
+def test_a_padded_round_leaves_the_padding_caches_staging_alone(model: DiffusionLM) -> None:
     # The padding request stages only in the round's own buffer: what the cache beyond the round
     # had staged is still its own, and a commit of it still takes it.
     window = _graphed(model, max_batch=8)
@@ -139,7 +139,7 @@ def test_a_padded_round_leaves_the_padding_caches_staging_alone(model: DreamMode
     assert torch.equal(kv.cache[:, 1, :2], -staged[:, 0, :2])
 
 
-def test_a_batched_round_forgets_what_the_previous_one_staged_for_others(model: DreamModel) -> None:
+def test_a_batched_round_forgets_what_the_previous_one_staged_for_others(model: DiffusionLM) -> None:
     # Rounds of several requests share one staging buffer: a cache that staged there in one round
     # and was left out of the next cannot commit what the next overwrote.
     window = _graphed(model)
@@ -151,7 +151,7 @@ def test_a_batched_round_forgets_what_the_previous_one_staged_for_others(model: 
         window.commit(0, 1, sequence=2)
 
 
-def test_a_round_forgets_what_its_bucket_s_padding_rows_overwrote(model: DreamModel) -> None:
+def test_a_round_forgets_what_its_bucket_s_padding_rows_overwrote(model: DiffusionLM) -> None:
     # A request of 1 row beside one of 4 runs in a bucket of 4 rows: its slots 1-3 were staged by
     # its previous round, and the padding rows overwrote them, so committing one must fail loudly.
     window = _graphed(model)
@@ -170,7 +170,7 @@ def test_a_round_forgets_what_its_bucket_s_padding_rows_overwrote(model: DreamMo
         window.commit(3, 3, sequence=0)
 
 
-def test_batched_rounds_stage_in_their_own_buffer_whatever_their_width(model: DreamModel) -> None:
+def test_batched_rounds_stage_in_their_own_buffer_whatever_their_width(model: DiffusionLM) -> None:
     # A staging area that grows drops the graphs holding its address. Batched rounds stage in one
     # buffer of the largest layout, so no batched window grows any cache's staging, and only cache
     # 0 (lone rounds) reserves some when graphs are on.
@@ -191,7 +191,7 @@ def test_batched_rounds_stage_in_their_own_buffer_whatever_their_width(model: Dr
     assert window.caches[1].staged_count(3) == 5
 
 
-def test_rounds_of_several_requests_replay_padded_request_counts(model: DreamModel) -> None:
+def test_rounds_of_several_requests_replay_padded_request_counts(model: DiffusionLM) -> None:
     # A compact round's padding requests have no tokens in the linear products, so a round of 5
     # always replays the graph of 6 (fewer graphs); never past the caches there are, nor the
     # largest attention layout; a lone request has its own.
@@ -208,7 +208,7 @@ def test_rounds_of_several_requests_replay_padded_request_counts(model: DreamMod
     assert graphs.choose(Bucket(4, 32, 0)) == Bucket(4, 32, 0)
 
 
-def test_a_compact_round_runs_its_linear_products_on_its_real_tokens(model: DreamModel) -> None:
+def test_a_compact_round_runs_its_linear_products_on_its_real_tokens(model: DiffusionLM) -> None:
     # Requests of 1, 2 and 3 rows of different widths: attention pads each to 4 rows of the widest
     # window, the linear products run on the 3 requests' real tokens only (rounded up to 64).
     window = _graphed(model)
@@ -232,15 +232,15 @@ def test_a_compact_round_runs_its_linear_products_on_its_real_tokens(model: Drea
     assert ran == [64]
 
 
-def test_the_concurrency_bench_reads_the_captures_of_a_graphed_window_model(model: DreamModel) -> None:
-    graphed, plain = _graphed(model), DreamWindowModel(model, MAX_LENGTH, max_batch=4)
+def test_the_concurrency_bench_reads_the_captures_of_a_graphed_window_model(model: DiffusionLM) -> None:
+    graphed, plain = _graphed(model), WindowedLM(model, MAX_LENGTH, max_batch=4)
     probe = captures_of(graphed)
     assert probe is not None and probe() == (0, 0.0)
     graphed.forward_many([round_batch(s, s, 0) for s in (0, 1)])
     assert probe()[0] == 1 and captures_of(plain) is None
 
 
-def test_a_lone_request_moves_to_physical_cache_0(model: DreamModel) -> None:
+def test_a_lone_request_moves_to_physical_cache_0(model: DiffusionLM) -> None:
     graphed = _graphed(model)
     batch = round_batch(7, 3, 0)
     graphed.forward(batch)
@@ -248,7 +248,7 @@ def test_a_lone_request_moves_to_physical_cache_0(model: DreamModel) -> None:
     assert graphed.caches[0] is graphed._physical[3]  # the sequence it displaced took its place
 
 
-def test_a_reallocated_staging_area_drops_the_graphs_that_write_it(model: DreamModel) -> None:
+def test_a_reallocated_staging_area_drops_the_graphs_that_write_it(model: DiffusionLM) -> None:
     # A lone round's graph writes cache 0's staging; a batched round's does not.
     graphed = _graphed(model)
     batches = [round_batch(s, s, 0) for s in (0, 1)]
@@ -267,15 +267,15 @@ def test_a_reallocated_staging_area_drops_the_graphs_that_write_it(model: DreamM
         assert torch.equal(a, b)
 
 
-def test_a_graph_round_after_a_prompt_staged_in_the_cache(model: DreamModel) -> None:
+def test_a_graph_round_after_a_prompt_staged_in_the_cache(model: DiffusionLM) -> None:
     # An eager one-row forward wider than the staging stages into the cache (a prompt's first
     # round); a graphed round before any commit must stage into the slots and commit from them.
-    graphed, plain = _graphed(model), DreamWindowModel(model, MAX_LENGTH, max_batch=4)
+    graphed, plain = _graphed(model), WindowedLM(model, MAX_LENGTH, max_batch=4)
     plain.caches[0].ensure_staging(2, MAX_LENGTH)  # never stages in the cache: the reference
     generator = torch.Generator().manual_seed(11)
     prompt = WindowBatch(torch.randint(0, 90, (1, 70), generator=generator), [70],
                          torch.zeros(1, 70, dtype=torch.long), 0, 70, AttentionMode.FULL, outputs=(69,))
-    DreamWindowModel._eager(graphed, prompt)  # what the graph path would not run: the eager forward
+    WindowedLM._eager(graphed, prompt)  # what the graph path would not run: the eager forward
     plain._eager(prompt)
     assert graphed.caches[0].staging_capacity < 70 <= plain.caches[0].staging_capacity
     rows = WindowBatch(torch.randint(0, 90, (2, 20), generator=generator), [20, 17],
@@ -287,8 +287,8 @@ def test_a_graph_round_after_a_prompt_staged_in_the_cache(model: DreamModel) -> 
                                rtol=1e-4, atol=1e-4)
 
 
-def test_a_failed_batched_capture_keeps_the_lone_graphs(model: DreamModel) -> None:
-    window = DreamWindowModel(model, MAX_LENGTH, max_batch=4)
+def test_a_failed_batched_capture_keeps_the_lone_graphs(model: DiffusionLM) -> None:
+    window = WindowedLM(model, MAX_LENGTH, max_batch=4)
     graphs = window.graphs = WindowGraphs(model, window._physical, window.kv_storage, capture=False)
     window.forward_many([round_batch(s, s, 0) for s in (2, 3)])  # they stage in the round's buffer
     for sequence in (2, 3):
@@ -298,7 +298,7 @@ def test_a_failed_batched_capture_keeps_the_lone_graphs(model: DreamModel) -> No
     graphs._capture = lambda bucket: None if bucket.requests > 1 else capture(bucket)  # type: ignore[method-assign]
     graphs.graphs.clear()
     batches = [round_batch(s, s, 0) for s in (0, 1)]
-    eager = DreamWindowModel(model, MAX_LENGTH, max_batch=4).forward_many(batches)
+    eager = WindowedLM(model, MAX_LENGTH, max_batch=4).forward_many(batches)
     for got, want in zip(window.forward_many(batches), eager, strict=True):
         assert torch.equal(got, want)  # the eager ragged forward, bit for bit
     assert graphs.batched_disabled and not graphs.disabled
@@ -309,8 +309,8 @@ def test_a_failed_batched_capture_keeps_the_lone_graphs(model: DreamModel) -> No
     assert [bucket.requests for bucket in graphs.graphs] == [1]
 
 
-def _filled(model: DreamModel) -> tuple[DreamWindowModel, list[torch.Tensor]]:
-    window = DreamWindowModel(model, MAX_LENGTH, max_batch=4)
+def _filled(model: DiffusionLM) -> tuple[WindowedLM, list[torch.Tensor]]:
+    window = WindowedLM(model, MAX_LENGTH, max_batch=4)
     prefixes = []
     for sequence in range(4):
         kv = window.caches[sequence]
@@ -321,7 +321,7 @@ def _filled(model: DreamModel) -> tuple[DreamWindowModel, list[torch.Tensor]]:
     return window, prefixes
 
 
-def test_placement_moves_every_sequence_with_its_prefix(model: DreamModel) -> None:
+def test_placement_moves_every_sequence_with_its_prefix(model: DiffusionLM) -> None:
     window, prefixes = _filled(model)
     physical = window._place_front([3, 1])
     assert physical is not None and sorted(physical) == [0, 1]
@@ -332,7 +332,7 @@ def test_placement_moves_every_sequence_with_its_prefix(model: DreamModel) -> No
         assert torch.equal(kv.cache[:, :, : kv.length], prefix)
 
 
-def test_a_move_discards_staged_kv_so_a_late_commit_fails_loudly(model: DreamModel) -> None:
+def test_a_move_discards_staged_kv_so_a_late_commit_fails_loudly(model: DiffusionLM) -> None:
     # What is staged when another round starts was never to be committed (a round commits before
     # the next one runs), e.g. a request that ended after its forward: it must not block a move,
     # and a commit after the move must not take the other cache's K/V.
@@ -344,8 +344,8 @@ def test_a_move_discards_staged_kv_so_a_late_commit_fails_loudly(model: DreamMod
         window.commit(0, 2, sequence=2)
 
 
-def test_forwards_are_counted_by_path(model: DreamModel) -> None:
-    graphed, plain = _graphed(model), DreamWindowModel(model, MAX_LENGTH, max_batch=4)
+def test_forwards_are_counted_by_path(model: DiffusionLM) -> None:
+    graphed, plain = _graphed(model), WindowedLM(model, MAX_LENGTH, max_batch=4)
     for window in (graphed, plain):
         window.forward_many([round_batch(s, s, 0) for s in (0, 1)])
         window.forward(round_batch(5, 2, 0))

@@ -22,7 +22,7 @@ from lopa.kernels.fp8_products import (
     parse_table,
     scaled_mm_linear,
 )
-from lopa.model import DreamWindowModel
+from lopa.model import WindowedLM
 from lopa.model.loader import load_model
 from lopa.model.products import SCALE
 from lopa.model.protocol import WindowBatch
@@ -96,7 +96,7 @@ def test_a_rows_fp8_bits_do_not_depend_on_the_rows_beside_it() -> None:
     """The CPU's FP8 products go through the batch-invariant product: a ragged forward of two
     sequences gives each the bits of its lone forward."""
     model = load_model(bundled_model_dir(), weights="fp8").model
-    together, alone = DreamWindowModel(model, 64, max_batch=2), DreamWindowModel(model, 64, max_batch=2)
+    together, alone = WindowedLM(model, 64, max_batch=2), WindowedLM(model, 64, max_batch=2)
     generator = torch.Generator().manual_seed(2)
     batches = []
     for sequence, (rows, width) in enumerate(((1, 5), (3, 11))):

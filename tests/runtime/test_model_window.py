@@ -1,9 +1,9 @@
-"""DreamWindowModel: incremental forwards equal full recomputes; ragged batches equal rows alone."""
+"""WindowedLM: incremental forwards equal full recomputes; ragged batches equal rows alone."""
 
 import pytest
 import torch
 
-from lopa.model import DreamModel, DreamWindowModel, build_window_mask
+from lopa.model import DiffusionLM, WindowedLM, build_window_mask
 from lopa.model.protocol import WindowBatch
 from lopa.params import AttentionMode
 from lopa.synthetic import tiny_config
@@ -17,9 +17,9 @@ FULL, BLOCK_CAUSAL = AttentionMode.FULL, AttentionMode.BLOCK_CAUSAL
 
 
 @pytest.fixture(scope="module")
-def model() -> DreamModel:
+def model() -> DiffusionLM:
     config = tiny_config()
-    model = DreamModel(config)
+    model = DiffusionLM(config)
     model.load_state_dict(random_weights(config, seed=7))
     return model.eval()
 
@@ -37,7 +37,7 @@ def _batch(tokens, blocks, start, n_stage, mode, lengths=None) -> WindowBatch:
     return WindowBatch(tokens, lengths, blocks, start, n_stage, mode)
 
 
-def _recompute(model: DreamModel, tokens, blocks, mode) -> torch.Tensor:
+def _recompute(model: DiffusionLM, tokens, blocks, mode) -> torch.Tensor:
     """Logits of the whole sequence in one forward, no cache."""
     mask = build_window_mask([tokens.shape[0]], blocks[None], 0, mode)
     with torch.no_grad():
@@ -47,7 +47,7 @@ def _recompute(model: DreamModel, tokens, blocks, mode) -> torch.Tensor:
 def test_block_causal_incremental_equals_recompute(model, sequence) -> None:
     tokens, blocks = sequence
     expected = _recompute(model, tokens, blocks, BLOCK_CAUSAL)
-    window = DreamWindowModel(model, max_length=TOTAL)
+    window = WindowedLM(model, max_length=TOTAL)
     window.reset(1)
     # Round 1: prompt (TO_CACHE) + block 1; then each round caches the previous block.
     start, n_stage = 0, PROMPT
@@ -63,7 +63,7 @@ def test_full_mode_whole_remaining_sequence_equals_recompute(model, sequence) ->
     # Exact only because the prompt's K/V were computed seeing the same whole sequence.
     tokens, blocks = sequence
     expected = _recompute(model, tokens, blocks, FULL)
-    window = DreamWindowModel(model, max_length=TOTAL)
+    window = WindowedLM(model, max_length=TOTAL)
     window.reset(1)
     first = window.forward(_batch(tokens, blocks, 0, PROMPT, FULL))
     torch.testing.assert_close(first[0], expected, rtol=1e-5, atol=1e-5)
@@ -72,7 +72,7 @@ def test_full_mode_whole_remaining_sequence_equals_recompute(model, sequence) ->
     torch.testing.assert_close(rest[0], expected[PROMPT:], rtol=1e-5, atol=1e-5)
 
 
-def _prefill(window: DreamWindowModel, tokens, blocks, mode) -> None:
+def _prefill(window: WindowedLM, tokens, blocks, mode) -> None:
     window.reset(3)
     window.forward(_batch(tokens[:PROMPT], blocks[:PROMPT], 0, PROMPT, mode))
     window.commit(0, PROMPT)
@@ -82,7 +82,7 @@ def _prefill(window: DreamWindowModel, tokens, blocks, mode) -> None:
 @pytest.mark.parametrize(("lengths", "n_stage"), [([12, 5, 9], 4), ([12, 1, 6], 1)])
 def test_ragged_batch_equals_rows_alone(model, sequence, mode, lengths, n_stage) -> None:
     tokens, blocks = sequence
-    window = DreamWindowModel(model, max_length=TOTAL)
+    window = WindowedLM(model, max_length=TOTAL)
     _prefill(window, tokens, blocks, mode)
     rows, length = len(lengths), max(lengths)
     # Row r: a different branch (its own tokens), padded after lengths[r] with junk tokens/blocks.
@@ -108,7 +108,7 @@ def test_ragged_batch_equals_rows_alone(model, sequence, mode, lengths, n_stage)
 
 def test_staged_kv_is_each_rows_own_and_commit_appends_it(model, sequence) -> None:
     tokens, blocks = sequence
-    window = DreamWindowModel(model, max_length=TOTAL)
+    window = WindowedLM(model, max_length=TOTAL)
     _prefill(window, tokens, blocks, FULL)
     two = torch.stack([tokens[PROMPT : PROMPT + 8], tokens[PROMPT : PROMPT + 8].flip(0)])
     window.forward(_batch(two, blocks[PROMPT : PROMPT + 8].repeat(2, 1), PROMPT, BLOCK, FULL))
@@ -123,7 +123,7 @@ def test_staged_kv_is_each_rows_own_and_commit_appends_it(model, sequence) -> No
 
 def test_forward_rejects_inconsistent_batches(model, sequence) -> None:
     tokens, blocks = sequence
-    window = DreamWindowModel(model, max_length=TOTAL)
+    window = WindowedLM(model, max_length=TOTAL)
     window.reset(1)
     with pytest.raises(ValueError, match="cache length"):
         window.forward(_batch(tokens[:4], blocks[:4], 3, 0, FULL))
@@ -132,16 +132,16 @@ def test_forward_rejects_inconsistent_batches(model, sequence) -> None:
     with pytest.raises(ValueError, match="max_length"):
         window.forward(_batch(torch.cat([tokens, tokens[:1]]), torch.cat([blocks, blocks[:1]]), 0, 0, FULL))
     with pytest.raises(ValueError, match="max_position_embeddings"):
-        DreamWindowModel(model, max_length=10_000)
+        WindowedLM(model, max_length=10_000)
 
 
 def test_bfloat16_forward_is_close_to_float32(model, sequence) -> None:
     tokens, blocks = sequence
-    low = DreamModel(model.config).to(torch.bfloat16)
+    low = DiffusionLM(model.config).to(torch.bfloat16)
     low.load_state_dict(model.state_dict())
     outputs = []
     for m in (model, low):
-        window = DreamWindowModel(m, max_length=TOTAL)
+        window = WindowedLM(m, max_length=TOTAL)
         window.reset(1)
         window.forward(_batch(tokens[:PROMPT], blocks[:PROMPT], 0, PROMPT, FULL))
         window.commit(0, PROMPT)

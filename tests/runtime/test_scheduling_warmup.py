@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from lopa.engine import bundled_model_dir
-from lopa.model import DreamWindowModel
+from lopa.model import WindowedLM
 from lopa.model.cuda_graphs import WindowGraphs
 from lopa.model.loader import load_model
 from lopa.model.protocol import WindowBatch
@@ -38,7 +38,7 @@ def test_the_plan_holds_lone_and_batched_rounds_of_the_defaults() -> None:
     assert len(budgeted) == len(set(budgeted))
 
 
-def _prefilled(window: DreamWindowModel, sequences: int) -> None:
+def _prefilled(window: WindowedLM, sequences: int) -> None:
     """One committed token in each sequence's cache (the first cache bucket)."""
     for sequence in range(sequences):
         batch = WindowBatch(torch.tensor([[5]]), [1], torch.zeros(1, 1, dtype=torch.long), 0, 1,
@@ -58,7 +58,7 @@ def _round(shape: RoundShape, sequence: int) -> WindowBatch:
 
 def test_rounds_of_the_plan_replay_graphs_captured_at_start() -> None:
     model = load_model(bundled_model_dir()).model
-    window = DreamWindowModel(model, 128, max_batch=4)
+    window = WindowedLM(model, 128, max_batch=4)
     window.graphs = WindowGraphs(model, window._physical, window.kv_storage, capture=False)
     captured, _ = warm_graphs(window, PARAMS, budget_tokens=None)
     assert captured == window.graph_captures()[0] > 0
@@ -75,7 +75,7 @@ def test_rounds_of_the_plan_replay_graphs_captured_at_start() -> None:
 
 
 def test_a_cpu_window_has_no_graphs_to_capture_and_says_so(caplog: pytest.LogCaptureFixture) -> None:
-    window = DreamWindowModel(load_model(bundled_model_dir()).model, 128, max_batch=4)
+    window = WindowedLM(load_model(bundled_model_dir()).model, 128, max_batch=4)
     with caplog.at_level(logging.INFO, logger="lopa.execution"):
         assert warm_graphs(window, PARAMS, budget_tokens=None) == (0, 0.0)
     assert "no CUDA graphs on cpu: no graph buckets to capture before serving" in caplog.text

@@ -13,7 +13,7 @@ from lopa.engine import LocalEngine
 from lopa.model import load_model
 from lopa.params import DecodingParams
 from lopa.training.data import MASK, make_batch
-from lopa.training.objective import attention_mask, block_ratios, noise
+from lopa.training.objective import attention_mask, block_ratios, diffusion_loss, noise
 
 TINY = [
     "--hidden-size",
@@ -50,6 +50,27 @@ def test_train_bundled_writes_a_loadable_checkpoint(tmp_path: Path, capsys) -> N
         tasks.held_out(1)[0].prompt, DecodingParams(block_size=8, max_new_tokens=16)
     )
     assert completion.result.forwards >= 1
+
+
+def test_train_bundled_writes_a_llada_checkpoint_whose_loss_reads_own_position_logits(tmp_path: Path) -> None:
+    out = tmp_path / "llada"
+    args = ["train-bundled", "--out", str(out), "--steps", "2", "--batch-size", "4", "--family", "llada"]
+    assert main([*args, *TINY]) == 0
+    raw = json.loads((out / "config.json").read_text())
+    assert raw["model_type"] == "llada" and raw["d_model"] == 32 and not raw["include_qkv_bias"]
+    loaded = load_model(out)
+    assert loaded.config.family == "llada" and loaded.config.logit_shift == 0
+    assert json.loads((out / "training.json").read_text())["recipe"]["family"] == "llada"
+    # The objective reads each masked position's own output (no shift): cross-entropy at p for token p.
+    batch = make_batch(tasks.held_out(8), block_size=8, gen_blocks=4)
+    generator = torch.Generator().manual_seed(1)
+    noisy, masked = noise(batch, 4, generator)
+    full_rows = torch.rand(noisy.shape[0], generator=generator) < 0.5
+    with torch.no_grad():
+        logits = loaded.model(noisy, torch.arange(noisy.shape[1]), attention_mask(batch.block_ids, full_rows))
+        expected = torch.nn.functional.cross_entropy(logits[masked].float(), batch.tokens[masked])
+        got = diffusion_loss(loaded.model, batch, 4, 0.5, torch.Generator().manual_seed(1))
+    torch.testing.assert_close(got, expected)
 
 
 def test_training_is_deterministic(tmp_path: Path) -> None:

@@ -19,6 +19,7 @@ from safetensors.torch import save_file
 
 from lopa.bench.attacks import collect, spawn
 from lopa.decoding.decoder import Decoder
+from lopa.model.families import family_named
 from lopa.model.loader import load_model
 from lopa.serving.launcher import LocalCluster, free_ports
 from lopa.serving.master.group.distributed import DistributedExecutor
@@ -30,15 +31,27 @@ REPO = Path(__file__).resolve().parents[2]
 torch.set_num_threads(1)  # tiny models; the CI box has 2 cores shared with the worker processes
 
 
-@pytest.fixture(scope="session")
-def checkpoint(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """A tiny random model with a sharpened head: confident distributions, so branch scores are
-    not float-noise ties (a near-uniform random model makes winners depend on the last ulp)."""
-    directory = tmp_path_factory.mktemp("serving-checkpoint")
-    weights = write_random_checkpoint(directory, tiny_config(), seed=3)
-    weights["lm_head.weight"] = weights["lm_head.weight"] * 8.0
+def sharpened_checkpoint(directory: Path, family: str) -> Path:
+    """A tiny random model of `family` with a sharpened head: confident distributions, so branch
+    scores are not float-noise ties (a near-uniform random model makes winners depend on the last
+    ulp)."""
+    config = tiny_config(family=family)
+    weights = write_random_checkpoint(directory, config, seed=3)
+    head = family_named(family).checkpoint_name("lm_head.weight")
+    weights[head] = weights[head] * 8.0
     save_file(weights, str(directory / "model.safetensors"))
     return directory
+
+
+@pytest.fixture(scope="session")
+def checkpoint(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return sharpened_checkpoint(tmp_path_factory.mktemp("serving-checkpoint"), "dream")
+
+
+@pytest.fixture(scope="session")
+def llada_checkpoint(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The same, in the LLaDA format (own-position logits, no q/k/v bias)."""
+    return sharpened_checkpoint(tmp_path_factory.mktemp("serving-llada-checkpoint"), "llada")
 
 
 def write_config(

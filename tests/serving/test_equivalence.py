@@ -1,8 +1,10 @@
 """Greedy outputs of the distributed executor are token-identical to the local one.
 
 Real worker subprocesses, real gloo, real gRPC on loopback: 1, 2 and 3 workers, k in
-{0, 1, 3, 5} (more candidates than workers included), both attention modes; and sampling with a
-seed, which reproduces whichever worker verifies a candidate.
+{0, 1, 3, 5} (more candidates than workers included), both attention modes, both model families
+(Dream's shifted logits, whose commit carries the stored last logit, and LLaDA's own-position
+logits, whose commit carries none); and sampling with a seed, which reproduces whichever worker
+verifies a candidate.
 """
 
 from __future__ import annotations
@@ -34,9 +36,14 @@ def cases() -> itertools.product:
     return itertools.product(itertools.product(BRANCHES, MODES), enumerate(PROMPTS))
 
 
+@pytest.fixture(scope="module", params=["dream", "llada"])
+def family_checkpoint(request: pytest.FixtureRequest) -> Path:
+    return request.getfixturevalue("checkpoint" if request.param == "dream" else "llada_checkpoint")
+
+
 @pytest.fixture(scope="module")
-def local_outputs(checkpoint: Path) -> dict[tuple[int, str, int], list[int]]:
-    loaded = load_model(checkpoint)
+def local_outputs(family_checkpoint: Path) -> dict[tuple[int, str, int], list[int]]:
+    loaded = load_model(family_checkpoint)
     max_length = 64 + 64
     decoder = Decoder(
         LocalExecutor(loaded.window_model(max_length), pad_id=loaded.special.pad),
@@ -61,10 +68,13 @@ def sampled(k: int) -> DecodingParams:
 
 @pytest.mark.parametrize("workers", [1, 2, 3])
 def test_greedy_matches_local(
-    workers: int, checkpoint: Path, tmp_logs: Path, local_outputs: dict[tuple[int, str, int], list[int]]
+    workers: int,
+    family_checkpoint: Path,
+    tmp_logs: Path,
+    local_outputs: dict[tuple[int, str, int], list[int]],
 ) -> None:
-    config_path = write_config(tmp_logs, checkpoint, workers)
-    with distributed_decoder(config_path, checkpoint, tmp_logs) as decoder:
+    config_path = write_config(tmp_logs, family_checkpoint, workers)
+    with distributed_decoder(config_path, family_checkpoint, tmp_logs) as decoder:
         mismatches = []
         for (k, mode), (i, prompt) in cases():
             result = decoder.generate(prompt, params(k, mode))

@@ -24,14 +24,14 @@ def test_kv_caches_that_cannot_fit_fail_at_start_naming_max_batch() -> None:
 def test_the_fit_check_counts_the_staging_a_graphed_window_model_reserves() -> None:
     # Graphs are CUDA-only; their reservation is applied by hand to a CPU window model here, so
     # the formula the check uses is compared with the bytes the caches really allocate.
-    from lopa.model import DreamWindowModel
+    from lopa.model import WindowedLM
     from lopa.model.cuda_graphs import WindowGraphs
     from lopa.model.graph_layout import MAX_LAYOUT_TOKENS
     from lopa.model.window import graph_staging, reserved_staging_tokens
     from lopa.synthetic.checkpoint import random_model
 
     model = random_model(tiny_config(max_position_embeddings=256), torch.float32, "cpu")
-    window = DreamWindowModel(model, 200, max_batch=3)
+    window = WindowedLM(model, 200, max_batch=3)
     for index, kv in enumerate(window._physical):
         kv.ensure_staging(*graph_staging(index, 1, 200))
     window.graphs = WindowGraphs(model, window._physical, window.kv_storage, capture=False)

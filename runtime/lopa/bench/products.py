@@ -26,7 +26,7 @@ import torch.nn.functional as F
 from lopa.bench.step import kernel_ms
 from lopa.kernels import fp8, fp8_linear
 from lopa.kernels.fp8_products import ANY_ROWS, DEQUANT, DTYPE, SCALED_MM, TRITON, Choice, scaled_mm_linear
-from lopa.model.config import DreamConfig
+from lopa.model.config import ModelConfig
 
 KERNELS = (DTYPE, TRITON, SCALED_MM, DEQUANT)
 Product = Callable[[torch.Tensor], torch.Tensor]
@@ -40,7 +40,7 @@ class Shape:
     per_step: int  # how many products of this shape one step runs
 
 
-def step_shapes(config: DreamConfig) -> list[Shape]:
+def step_shapes(config: ModelConfig) -> list[Shape]:
     """The product shapes of one forward, fused as the model runs them."""
     hidden, heads, kv = config.hidden_size, config.num_attention_heads, config.num_key_value_heads
     layers, dim = config.num_hidden_layers, config.head_dim

@@ -28,8 +28,8 @@ import torch.nn.functional as F
 
 from lopa.decoding.executor import BranchWindow, VerifyPart
 from lopa.execution.local import LocalExecutor, OutputPlan
-from lopa.model.dream import DreamModel
-from lopa.model.window import DreamWindowModel
+from lopa.model.transformer import DiffusionLM
+from lopa.model.window import WindowedLM
 from lopa.params import DecodingParams
 from lopa.scheduling.calibration import COST_FACTOR, TOKENS, largest_within
 
@@ -91,7 +91,7 @@ def copy_bandwidth(device: torch.device, nbytes: int = COPY_BYTES) -> float:
     return 2 * nbytes / (ms / 1e3) / 1e12
 
 
-def memory_floor(model: DreamModel, device: torch.device, copy_bytes: int = COPY_BYTES) -> Floor:
+def memory_floor(model: DiffusionLM, device: torch.device, copy_bytes: int = COPY_BYTES) -> Floor:
     config = model.config
     weights = sum(p.numel() * p.element_size() for p in model.parameters())
     embed = model.model.embed_tokens.weight
@@ -123,10 +123,10 @@ class StepBench:
     them replays a graph when it fits one (lopa.model.cuda_graphs)."""
 
     def __init__(
-        self, model: DreamModel, max_length: int, mask_id: int, repeat: int, graphs: bool, sequences: int = 1
+        self, model: DiffusionLM, max_length: int, mask_id: int, repeat: int, graphs: bool, sequences: int = 1
     ) -> None:
         self.device = model.device
-        self.window = DreamWindowModel(
+        self.window = WindowedLM(
             model, max_length, num_slots=1, cuda_graphs=graphs, max_batch=sequences
         )
         self.executor = LocalExecutor(self.window, device=self.device)
@@ -152,7 +152,8 @@ class StepBench:
     def forward_ms(self, rows: int, width: int, n_stage: int) -> float:
         start = self.window.kv.length
         windows = windows_for(rows, width, start, n_stage, self.vocab, self.mask_id)
-        batch = self.executor.batch(start, n_stage, windows, OutputPlan(start, n_stage, windows).outputs)
+        plan = OutputPlan(start, n_stage, windows, self.executor.logit_shift)
+        batch = self.executor.batch(start, n_stage, windows, plan.outputs)
         return median_ms(lambda: self.window.forward(batch), self.device, self.repeat)
 
     def step_ms(self, rows: int, width: int, n_stage: int) -> float:
@@ -175,7 +176,7 @@ class StepBench:
         return median_ms(lambda: _one_round(self, parts), self.device, self.repeat)
 
 
-def gemm_rows(model: DreamModel, tokens: list[int], repeat: int, autotune: bool = False) -> list[dict]:
+def gemm_rows(model: DiffusionLM, tokens: list[int], repeat: int, autotune: bool = False) -> list[dict]:
     """The matrix products of layer 0 (fused as the forward runs them) and the lm_head alone; with
     autotune, also torch.compile's max-autotune choice (Triton templates against the BLAS) for the
     first token count: how much the BLAS leaves on the table for these skinny shapes."""

@@ -15,7 +15,7 @@ import torch
 
 from lopa.bundled.tasks import Example, score
 from lopa.engine import LocalEngine
-from lopa.model.dream import DreamModel
+from lopa.model.transformer import DiffusionLM
 from lopa.params import DecodingParams
 
 
@@ -64,7 +64,7 @@ def decode_row(k: int, dtype: Decoded, fp8: Decoded) -> dict:
 
 @torch.no_grad()
 def logits_row(
-    dtype: DreamModel, fp8: DreamModel, prompts: Sequence[Sequence[int]], length: int = 64
+    dtype: DiffusionLM, fp8: DiffusionLM, prompts: Sequence[Sequence[int]], length: int = 64
 ) -> dict:
     """One forward of each prompt's first `length` tokens (shorter ones padded with their last
     token) through both models: the relative error of the logits and their argmax agreement."""

@@ -1,4 +1,8 @@
-"""The bundled model and its task suite (see bundled/model/MODEL_CARD.md)."""
+"""The bundled models and their task suite (see bundled/model/MODEL_CARD.md).
+
+`model/` is the embedded default, a Dream-format model; `llada/` the same recipe in the LLaDA
+format (own-position logits, LLaDA's names and config keys), trained on the same data.
+"""
 
 from pathlib import Path
 
@@ -6,3 +10,8 @@ from pathlib import Path
 def bundled_model_dir() -> Path:
     """The small D2F model shipped inside the package (the embedded default)."""
     return Path(__file__).resolve().parent / "model"
+
+
+def bundled_llada_dir() -> Path:
+    """The small LLaDA-format D2F model shipped beside it (bundled/llada/MODEL_CARD.md)."""
+    return Path(__file__).resolve().parent / "llada"

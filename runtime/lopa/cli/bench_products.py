@@ -14,7 +14,7 @@ from lopa.bench.step import synchronize
 from lopa.cli.bench_step import _ints
 from lopa.cli.preflight import device_problem
 from lopa.kernels.fp8_products import TABLE_ENV, describe
-from lopa.model.config import DreamConfig
+from lopa.model.config import ModelConfig
 from lopa.model.loader import parse_dtype
 from lopa.params import InvalidParameter
 from lopa.serving.shared.config import DTYPES
@@ -64,7 +64,7 @@ def run(args: argparse.Namespace) -> int:
     if problem:
         raise InvalidParameter("device", problem)
     device, dtype = torch.device(args.device), parse_dtype(args.dtype)
-    config = PRESETS[args.preset]() if args.preset else DreamConfig.from_dir(args.model)
+    config = PRESETS[args.preset]() if args.preset else ModelConfig.from_dir(args.model)
     shapes = products.step_shapes(config)
     setup = {
         "device": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",

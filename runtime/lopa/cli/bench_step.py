@@ -17,9 +17,9 @@ from lopa.bench.rows import check_json, markdown_table, show_row
 from lopa.cli.generate import add_weights_flag, check_weights
 from lopa.cli.preflight import device_problem
 from lopa.host.device import resolve_device
-from lopa.model.dream import DreamModel
 from lopa.model.layer_steps import compile_wanted, kernels_wanted
 from lopa.model.loader import load_model, parse_dtype
+from lopa.model.transformer import DiffusionLM
 from lopa.model.weight_formats import FP8, quantize_fp8
 from lopa.params import MAX_BRANCHES, InvalidParameter
 from lopa.scheduling.calibration import COST_FACTOR
@@ -194,7 +194,9 @@ def check_args(args: argparse.Namespace) -> Grids:
     return grids
 
 
-def _load(args: argparse.Namespace, device: torch.device, dtype: torch.dtype) -> tuple[DreamModel, int, dict]:
+def _load(
+    args: argparse.Namespace, device: torch.device, dtype: torch.dtype
+) -> tuple[DiffusionLM, int, dict]:
     """(the model, its mask id, the setup the report starts with)."""
     began = time.perf_counter()
     if args.preset:
@@ -213,6 +215,7 @@ def _load(args: argparse.Namespace, device: torch.device, dtype: torch.dtype) ->
         "weights": args.weights,
         "layer_steps": layer_steps(device),
         "model": args.model or f"preset {args.preset} (random weights)",
+        "family": model.config.family,
         "adapter": args.adapter,
         "load_s": round(time.perf_counter() - began, 1),
         "memory_after_load_GB": (
@@ -285,7 +288,7 @@ def layer_steps(device: torch.device) -> str:
     return "triton" if kernels_wanted(device) else "torch"
 
 
-def _check_positions(model: DreamModel, max_length: int, flag: str) -> None:
+def _check_positions(model: DiffusionLM, max_length: int, flag: str) -> None:
     """Before any timing, one line naming the flag: the longest cache + window must fit the model's
     positions (the bundled model's 256 do not hold the default --caches)."""
     positions = model.config.max_position_embeddings
@@ -295,7 +298,7 @@ def _check_positions(model: DreamModel, max_length: int, flag: str) -> None:
 
 
 def _round_rows(
-    args: argparse.Namespace, model: DreamModel, mask_id: int, eager: bool, floor: step.Floor,
+    args: argparse.Namespace, model: DiffusionLM, mask_id: int, eager: bool, floor: step.Floor,
     batches: list[int], width: int,
 ) -> list[dict]:
     """Batched rounds against as many lone steps: x_lone = the round's time over `requests` lone

@@ -27,14 +27,17 @@ HELP = {
     "log_every": "print progress every N steps",
     "save_every": "write the checkpoint every N steps (0 = only at the end)",
     "max_minutes": "stop and save after this much wall time (0 = no limit)",
+    "family": "checkpoint format and logit reading: dream (shifted logits) or llada (own-position logits)",
 }
+CHOICES = {"family": ("dream", "llada")}
 
 
 def add_parser(subparsers: argparse._SubParsersAction) -> None:
     parser = subparsers.add_parser(
         "train-bundled",
         help="train the bundled D2F model from scratch on the task suite (CPU)",
-        description="Train a small Dream model with D2F's block-wise masked-diffusion objective.",
+        description="Train a small model (Dream or LLaDA format) with D2F's block-wise masked-diffusion "
+        "objective.",
     )
     parser.add_argument("--out", required=True, help="checkpoint directory to write")
     defaults = TrainConfig()
@@ -45,6 +48,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
             dest=field.name,
             type=type(default),
             default=default,
+            choices=CHOICES.get(field.name),
             help=f"{HELP[field.name]} (default: {default})",
         )
     parser.set_defaults(handler=run)

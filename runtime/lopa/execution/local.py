@@ -21,25 +21,29 @@ _STREAM_STRIDE = 0x9E3779B97F4A7C15  # spreads the candidates' seeds over 64 bit
 class OutputPlan:
     """Which logits a verify needs, as flat indices into the padded [R, L] batch.
 
-    The logit of a masked position p is the raw output one position earlier (the Dream shift):
-    window index p - start - 1. The first n_masked outputs follow the windows' masked positions in
-    order (a position at window index 0 has none: its slot is a placeholder, listed in
-    from_stored); then, when n_stage > 0, each row's output at index n_stage - 1, the last logit
-    stored for the next round if that row wins.
+    With the Dream shift (logit_shift 1) the logit of a masked position p is the raw output one
+    position earlier: window index p - start - 1; a position at window index 0 has none in the
+    window (its slot is a placeholder, listed in from_stored), and, when n_stage > 0, each row's
+    output at index n_stage - 1 follows the masked ones: the last logit stored for the next round
+    if that row wins. Without a shift (LLaDA) a position's logit is its own output, p - start, and
+    nothing is stored between rounds.
     """
 
-    def __init__(self, start: int, n_stage: int, windows: Sequence[BranchWindow]) -> None:
+    def __init__(
+        self, start: int, n_stage: int, windows: Sequence[BranchWindow], logit_shift: int = 1
+    ) -> None:
         width = max(len(w.tokens) for w in windows)
         outputs: list[int] = []
         from_stored: list[int] = []
         for row, window in enumerate(windows):
             for position in window.masked:
-                column = position - start - 1
+                column = position - start - logit_shift
                 if column < 0:
                     from_stored.append(len(outputs))
                 outputs.append(row * width + max(column, 0))
         self.n_masked = len(outputs)
-        if n_stage > 0:
+        self.stores_last = n_stage > 0 and logit_shift > 0
+        if self.stores_last:
             outputs.extend(row * width + n_stage - 1 for row in range(len(windows)))
         self.outputs = tuple(outputs)
         self.from_stored = tuple(from_stored)
@@ -91,6 +95,11 @@ class LocalExecutor:
     def max_batch(self) -> int:
         return int(getattr(self.model, "max_batch", 1))
 
+    @property
+    def logit_shift(self) -> int:
+        """The model's (lopa.model.protocol): 1, Dream's shift, unless it says otherwise."""
+        return int(getattr(self.model, "logit_shift", 1))
+
     def ready(self) -> bool:
         return True
 
@@ -123,7 +132,8 @@ class LocalExecutor:
     def verify_many(self, parts: Sequence[VerifyPart]) -> list[PartOutcome]:
         """One forward for every part; a part whose sampling fails gets its error, the others go on
         (a failure of the forward itself fails them all: it raises)."""
-        plans = [OutputPlan(p.start, p.n_stage, p.windows) for p in parts]
+        shift = self.logit_shift
+        plans = [OutputPlan(p.start, p.n_stage, p.windows, shift) for p in parts]
         batches = [
             self.batch(p.start, p.n_stage, p.windows, plan.outputs, p.sequence)
             for p, plan in zip(parts, plans, strict=True)
@@ -246,7 +256,7 @@ class LocalExecutor:
         masked positions' rows first (else only the staged rows': their statistics are `reduced`)."""
         state = self.state(part.sequence)
         state.staged_count = part.n_stage
-        state.staged_last = logits[plan.n_masked if with_masked else 0 :] if part.n_stage > 0 else None
+        state.staged_last = logits[plan.n_masked if with_masked else 0 :] if plan.stores_last else None
         if not plan.n_masked:
             return None
         if reduced is not None:
@@ -274,9 +284,9 @@ class LocalExecutor:
         state = self.state(sequence)
         if state.staged_count > 0:
             self.model.commit(candidate, state.staged_count, sequence)
-            assert state.staged_last is not None
-            # A copy: a view would keep the round's whole logits tensor (every request's) alive.
-            state.last_logit = state.staged_last[candidate].clone()
+            if state.staged_last is not None:  # the Dream shift: the next round reads it
+                # A copy: a view would keep the round's whole logits tensor (every request's) alive.
+                state.last_logit = state.staged_last[candidate].clone()
         self.drop_staged(sequence)
 
     def commit_many(self, commits: Sequence[tuple[int, int]]) -> None:
@@ -304,10 +314,12 @@ class LocalExecutor:
             raise RuntimeError(f"sequence {sequence}: nothing staged")
         return state.staged_last[slot]
 
-    def adopt_commit(self, sequence: int, last_logit: torch.Tensor) -> None:
+    def adopt_commit(self, sequence: int, last_logit: torch.Tensor | None) -> None:
         """The winner's K/V were appended to the sequence's cache from elsewhere (another rank's
-        broadcast): keep the winner's last logit and drop this executor's staging."""
-        self.state(sequence).last_logit = last_logit.clone()  # not a view of a whole broadcast buffer
+        broadcast): keep the winner's last logit (None without the Dream shift: nothing is stored)
+        and drop this executor's staging."""
+        if last_logit is not None:
+            self.state(sequence).last_logit = last_logit.clone()  # not a view of a broadcast buffer
         self.drop_staged(sequence)
 
     def forward(self, batch: WindowBatch) -> torch.Tensor:

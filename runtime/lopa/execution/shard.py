@@ -5,8 +5,9 @@ Transport-free: the worker feeds it decoded step messages and a `Broadcast` call
 LocalExecutor through that executor's public methods only. Commits follow docs/decoding.md
 section 5, for several requests at once:
   - full attention: each winner rank packs, for every request it won, all layers' K/V of the
-    committed range plus the stored last logit into ONE byte buffer; one broadcast per distinct
-    winner rank; every rank appends each request's part to that request's cache;
+    committed range plus the stored last logit (with the Dream shift; a model without it stores
+    none) into ONE byte buffer; one broadcast per distinct winner rank; every rank appends each
+    request's part to that request's cache;
   - block_causal: every rank's own staged K/V (slot 0 of the request) is already the content.
 """
 
@@ -20,7 +21,7 @@ import torch
 from lopa.decoding.executor import PartOutcome, VerifyPart
 from lopa.execution.local import LocalExecutor
 from lopa.execution.placement import candidates_on
-from lopa.model.window import DreamWindowModel
+from lopa.model.window import WindowedLM
 from lopa.params import DecodingParams
 
 # broadcast(buffer, src): in-place broadcast of a uint8 tensor from rank src (a collective).
@@ -42,7 +43,7 @@ class ShardExecutor:
     """This rank's rows on a LocalExecutor, plus the distributed commits."""
 
     def __init__(
-        self, model: DreamWindowModel, rank: int, broadcast: Broadcast, pad_id: int = 0, world_size: int = 1
+        self, model: WindowedLM, rank: int, broadcast: Broadcast, pad_id: int = 0, world_size: int = 1
     ) -> None:
         self.model = model
         self.local = LocalExecutor(model, device=model.device, pad_id=pad_id)
@@ -99,15 +100,21 @@ class ShardExecutor:
         offset = 0
         for c, size in zip(orders, sizes, strict=True):
             kv = self.model.caches[c.sequence]
-            kv_bytes = size - self.model.vocab_size * 4
+            kv_bytes = size - self._logit_bytes
             part = buffer[offset : offset + size]
             kv.append_packed(part[:kv_bytes].view(kv.dtype).view(kv.packed_shape(c.n)), c.n)
-            self.local.adopt_commit(c.sequence, part[kv_bytes:].view(torch.float32).clone())
+            last_logit = part[kv_bytes:].view(torch.float32).clone() if self._logit_bytes else None
+            self.local.adopt_commit(c.sequence, last_logit)
             offset += size
+
+    @property
+    def _logit_bytes(self) -> int:
+        """The stored last logit's share of a commit: fp32 over the vocabulary with the Dream shift."""
+        return self.model.vocab_size * 4 if self.model.logit_shift else 0
 
     def _commit_bytes(self, c: CommitOrder) -> int:
         kv = self.model.caches[c.sequence]
-        return _nbytes(kv.packed_shape(c.n), kv.dtype) + self.model.vocab_size * 4
+        return _nbytes(kv.packed_shape(c.n), kv.dtype) + self._logit_bytes
 
     def _receive_buffer(self, size: int) -> torch.Tensor:
         """A reused uint8 buffer of `size` bytes (grown as needed): no allocation per commit. Its bytes
@@ -117,13 +124,16 @@ class ShardExecutor:
         return self._received[:size]
 
     def pack(self, sequence: int, slot: int, n: int) -> torch.Tensor:
-        """One contiguous uint8 buffer: all layers' K/V of n staged tokens, then the fp32 last logit."""
+        """One contiguous uint8 buffer: all layers' K/V of n staged tokens, then the fp32 last logit
+        (with the Dream shift)."""
         staged = self.local.staged_count(sequence)
         if n != staged or not staged:
             raise RuntimeError(f"sequence {sequence}: commit of {n} tokens but {staged} were staged")
-        packed = self.model.caches[sequence].pack_staged(slot, n)
+        packed = self.model.caches[sequence].pack_staged(slot, n).reshape(-1).view(torch.uint8)
+        if not self._logit_bytes:
+            return packed
         logit = self.local.staged_logit(sequence, slot).to(torch.float32).contiguous()
-        return torch.cat([packed.reshape(-1).view(torch.uint8), logit.view(torch.uint8)])
+        return torch.cat([packed, logit.view(torch.uint8)])
 
     def _commit_own(self, c: CommitOrder) -> None:
         """block_causal: every row staged the same TO_CACHE content; take slot 0."""

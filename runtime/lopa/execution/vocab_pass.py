@@ -1,7 +1,7 @@
 """When a round's statistics come from the model's pass over the vocabulary instead of logits.
 
 A GPU model running its kernels reduces the masked positions' logits to (x_hat, P, Conf) inside the
-lm_head (DreamWindowModel.forward_many_stats, lopa.kernels.vocab_stats): the [positions, vocab]
+lm_head (WindowedLM.forward_many_stats, lopa.kernels.vocab_stats): the [positions, vocab]
 logits never reach memory. That pass computes greedy statistics only, from the model's own logits:
 a round takes it when every part is greedy without top-p / top-k, excludes no token (ignore_eos)
 and has no masked position at window index 0 (D2F's stale logit: its row is the stored logit, not

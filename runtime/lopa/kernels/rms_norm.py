@@ -24,7 +24,7 @@ MAX_HIDDEN = 16384
 def add_rms_norm_reference(
     x: torch.Tensor, delta: torch.Tensor, weight: torch.Tensor, eps: float
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """x + delta (the residual stream) and its RMS norm (lopa.model.dream.RMSNorm's arithmetic)."""
+    """x + delta (the residual stream) and its RMS norm (lopa.model.transformer.RMSNorm's arithmetic)."""
     x = x + delta
     return x, F.rms_norm(x, (x.shape[-1],), weight, eps)
 

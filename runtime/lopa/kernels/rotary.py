@@ -1,6 +1,6 @@
 """Rotary embedding of the queries and keys, and the staging of the window's keys and values.
 
-Where the model uses it: right after a layer's q/k/v product (lopa.model.dream.DreamAttention).
+Where the model uses it: right after a layer's q/k/v product (lopa.model.transformer.Attention).
 The reference rotates q and k together (a product, a roll and an addcmul: three kernels and a
 rolled copy on a GPU); the Triton kernel reads the product's output once per head, rotates in
 registers and writes q and k in the layout the reference returns. Given a staging destination it

@@ -1,5 +1,6 @@
-"""The Dream model (plain torch), its static KV cache, and the window forward (protocol: the
-WindowModel contract the executors drive).
+"""The model of every family (plain torch: families/ says what differs between Dream and LLaDA
+checkpoints, transformer the one forward), its static KV cache, and the window forward (protocol:
+the WindowModel contract the executors drive).
 
 The names below are imported on first use: the master and the clients read tokenizers and
 errors from this package without importing torch (a second or more of start-up, and memory).
@@ -11,8 +12,7 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from lopa.model.config import DreamConfig
-    from lopa.model.dream import DreamModel
+    from lopa.model.config import ModelConfig
     from lopa.model.errors import CheckpointError
     from lopa.model.kv_cache import KVCache
     from lopa.model.loader import LoadedModel, load_model, parse_dtype
@@ -20,11 +20,12 @@ if TYPE_CHECKING:
     from lopa.model.mask import build_window_mask
     from lopa.model.special_ids import SpecialIds, resolve_special_ids
     from lopa.model.tokenizer import load_tokenizer
-    from lopa.model.window import DreamWindowModel
+    from lopa.model.transformer import DiffusionLM
+    from lopa.model.window import WindowedLM
 
 _SOURCES = {
-    "DreamConfig": "config",
-    "DreamModel": "dream",
+    "ModelConfig": "config",
+    "DiffusionLM": "transformer",
     "CheckpointError": "errors",
     "KVCache": "kv_cache",
     "LoadedModel": "loader",
@@ -37,18 +38,18 @@ _SOURCES = {
     "read_adapter": "lora",
     "build_window_mask": "mask",
     "load_tokenizer": "tokenizer",
-    "DreamWindowModel": "window",
+    "WindowedLM": "window",
 }
 
 __all__ = [
     "CheckpointError",
-    "DreamConfig",
-    "DreamModel",
-    "DreamWindowModel",
+    "DiffusionLM",
     "KVCache",
     "LoadedModel",
     "LoraAdapter",
+    "ModelConfig",
     "SpecialIds",
+    "WindowedLM",
     "build_window_mask",
     "load_model",
     "load_tokenizer",

@@ -16,7 +16,7 @@ are one-token rows of attention over an empty cache read, in the physical caches
 round's; those may hold other sequences, whose committed K/V and staging they never touch.
 
 A round of R requests reads the KV caches of the model's first physical sequences: the window model
-moves a round's requests there first (DreamWindowModel._place_front; a copy of the committed
+moves a round's requests there first (WindowedLM._place_front; a copy of the committed
 prefix, only when the running set changed). Request i of the bucket is the one in physical
 sequence i; in attention its tokens are the i-th block of rows x width slots, attending only to its
 own cache and rows. The physical caches are slices of one tensor and every request of a bucket has
@@ -57,10 +57,10 @@ from dataclasses import replace
 import torch
 
 from lopa.model.attention import UniformSegments
-from lopa.model.dream import DreamModel
 from lopa.model.graph_layout import MAX_LAYOUT_TOKENS, Bucket, PackedInputs, padded_requests
 from lopa.model.kv_cache import KVCache, cache_shape
 from lopa.model.mask import additive, window_masks
+from lopa.model.transformer import DiffusionLM
 
 log = logging.getLogger("lopa.model")
 
@@ -76,7 +76,7 @@ class _CacheView:
 
 
 def graph_body(
-    model: DreamModel,
+    model: DiffusionLM,
     caches: Sequence[KVCache],
     layout: PackedInputs,
     ints: torch.Tensor,
@@ -87,7 +87,7 @@ def graph_body(
     bucket's linear tokens), request i over caches[i]; stages every row's K/V: a lone request's in
     its cache's staging, several requests' in `round_kv` (round_staging's layout). Only tensor
     operations: a CUDA graph can capture it. stacked: the tensor whose slice i is caches[i].cache
-    (DreamWindowModel.kv_storage): several requests attend in one call per layer (UniformSegments),
+    (WindowedLM.kv_storage): several requests attend in one call per layer (UniformSegments),
     not one call each."""
     bucket, device = layout.bucket, model.device
     tokens = ints[layout.tokens].view(1, bucket.linear_tokens)
@@ -179,13 +179,13 @@ class WindowGraphs:
 
     def __init__(
         self,
-        model: DreamModel,
+        model: DiffusionLM,
         caches: Sequence[KVCache],
         stacked: torch.Tensor,
         capture: bool = True,
         capture_tokens: int | None = None,
     ) -> None:
-        """stacked: the tensor the caches are slices of, in order (DreamWindowModel.kv_storage).
+        """stacked: the tensor the caches are slices of, in order (WindowedLM.kv_storage).
         capture_tokens: rounds of more linear tokens run their bucket's body uncaptured (None: every
         bucket is captured when `capture`)."""
         self.model, self.caches, self.capture = model, list(caches), capture

@@ -29,7 +29,7 @@ from lopa.kernels import swiglu as swiglu_kernel
 from lopa.kernels.rms_norm import add_rms_norm_reference
 from lopa.kernels.rotary import Staging, apply_rotary, rotary_qkv_reference
 from lopa.kernels.swiglu import swiglu_reference
-from lopa.model.config import DreamConfig
+from lopa.model.config import ModelConfig
 
 COMPILE_ENV = "LOPA_TORCH_COMPILE"  # "1": a GPU's window model compiles its layers' steps
 
@@ -89,7 +89,7 @@ def kernel_steps() -> LayerSteps:
     return LayerSteps(swiglu_kernel.swiglu, apply_rotary, fused_add_rms_norm, rotary_qkv=fused_rotary_qkv)
 
 
-def _sample_inputs(config: DreamConfig, dtype: torch.dtype, device: torch.device, tokens: int) -> dict:
+def _sample_inputs(config: ModelConfig, dtype: torch.dtype, device: torch.device, tokens: int) -> dict:
     """A few tokens of each step's inputs, laid out as a forward passes them (slices of one
     projection's output)."""
     heads, kv_heads, dim = config.num_attention_heads, config.num_key_value_heads, config.head_dim
@@ -105,7 +105,7 @@ def _sample_inputs(config: DreamConfig, dtype: torch.dtype, device: torch.device
     }
 
 
-def check_compiles(steps: LayerSteps, config: DreamConfig, dtype: torch.dtype, device: torch.device) -> None:
+def check_compiles(steps: LayerSteps, config: ModelConfig, dtype: torch.dtype, device: torch.device) -> None:
     """Run each step once on a few tokens, so that a step which cannot compile here (no C compiler
     for Triton's launcher, an unsupported op) fails at start, naming LOPA_TORCH_COMPILE, rather than
     in the start-up calibration (which carries on without a budget) and then in every request."""
@@ -121,7 +121,7 @@ def check_compiles(steps: LayerSteps, config: DreamConfig, dtype: torch.dtype, d
         raise RuntimeError(problem) from error
 
 
-def check_kernels(steps: LayerSteps, config: DreamConfig, dtype: torch.dtype, device: torch.device) -> None:
+def check_kernels(steps: LayerSteps, config: ModelConfig, dtype: torch.dtype, device: torch.device) -> None:
     """Run each kernel once on a few tokens against its reference: a kernel that does not compile
     on this GPU, or computes something else, fails the start with an error naming LOPA_KERNELS
     (=torch runs the references) rather than every request."""

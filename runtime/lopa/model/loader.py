@@ -9,14 +9,15 @@ from typing import Any
 
 import torch
 
-from lopa.model.config import DreamConfig
-from lopa.model.dream import DreamModel
+from lopa.model.config import ModelConfig
+from lopa.model.families import family_named
 from lopa.model.lora import ADAPTER_WEIGHTS, merge_adapter, read_adapter
 from lopa.model.special_ids import SpecialIds, resolve_special_ids
 from lopa.model.tokenizer import load_tokenizer
+from lopa.model.transformer import DiffusionLM
 from lopa.model.weight_formats import DTYPE, FP8, quantize_fp8, weights_problem
 from lopa.model.weights import load_tensors
-from lopa.model.window import DreamWindowModel
+from lopa.model.window import WindowedLM
 
 _DTYPES = {
     "float32": torch.float32,
@@ -43,9 +44,9 @@ def parse_dtype(dtype: str | torch.dtype) -> torch.dtype:
 class LoadedModel:
     """What load_model returns; unpacks as `model, tokenizer, config = load_model(...)`."""
 
-    model: DreamModel
+    model: DiffusionLM
     tokenizer: Any
-    config: DreamConfig
+    config: ModelConfig
     special: SpecialIds
 
     def __iter__(self) -> Iterator[Any]:
@@ -61,10 +62,10 @@ class LoadedModel:
 
     def window_model(
         self, max_length: int, num_slots: int = 1, cuda_graphs: bool | None = None, max_batch: int = 1
-    ) -> DreamWindowModel:
+    ) -> WindowedLM:
         """A WindowModel over this model with max_batch KV caches of max_length tokens each (CUDA
         graphs on CUDA unless cuda_graphs is False or LOPA_CUDA_GRAPHS=0)."""
-        return DreamWindowModel(self.model, max_length, num_slots, cuda_graphs, max_batch)
+        return WindowedLM(self.model, max_length, num_slots, cuda_graphs, max_batch)
 
 
 def load_model(
@@ -75,8 +76,9 @@ def load_model(
     tokenizer_dir: str | Path | None = None,
     weights: str = DTYPE,
 ) -> LoadedModel:
-    """Load a Dream checkpoint directory, merging a PEFT LoRA adapter if given; `weights` = "fp8"
-    then quantizes its linear weights (lopa.model.weight_formats).
+    """Load a checkpoint directory of any known family (lopa.model.families), merging a PEFT LoRA
+    adapter if given; `weights` = "fp8" then quantizes its linear weights
+    (lopa.model.weight_formats).
 
     Raises CheckpointError naming the missing or inconsistent file/field/tensor, ValueError naming
     `weights` when the device cannot run that format (before anything is read).
@@ -86,15 +88,17 @@ def load_model(
     problem = weights_problem(weights, torch_device)
     if problem:
         raise ValueError(f"weights: {problem}")
-    config = DreamConfig.from_dir(model_dir)
+    config = ModelConfig.from_dir(model_dir)
+    family = family_named(config.family)
     with torch.device("meta"):  # no memory, no random init: every parameter comes from the files
-        model = DreamModel(config)
+        model = DiffusionLM(config)
     expected = {name: param.shape for name, param in model.state_dict().items()}
     optional = frozenset({_LM_HEAD}) if config.tie_word_embeddings else frozenset()
-    tensors = load_tensors(model_dir, expected, torch_device, torch_dtype, optional)
+    tensors = load_tensors(model_dir, expected, torch_device, torch_dtype, optional, family)
     if adapter_dir is not None:
         # merge_adapter adds B @ A in fp32 and rounds once to the model dtype.
-        merge_adapter(tensors, read_adapter(adapter_dir), Path(adapter_dir) / ADAPTER_WEIGHTS)
+        adapter = read_adapter(adapter_dir, family)
+        merge_adapter(tensors, adapter, Path(adapter_dir) / ADAPTER_WEIGHTS, family)
     if _LM_HEAD not in tensors:
         tensors[_LM_HEAD] = tensors[_EMBED]  # tied embeddings
     model.load_state_dict(tensors, strict=True, assign=True)

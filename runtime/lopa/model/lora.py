@@ -1,4 +1,5 @@
-"""PEFT LoRA adapters (D2F ships as one over a Dream base), merged into the weights at load time."""
+"""PEFT LoRA adapters (D2F ships as one over a Dream or LLaDA base), merged into the weights at load
+time. The adapter names its modules as its base's family does (lopa.model.families)."""
 
 from __future__ import annotations
 
@@ -14,6 +15,8 @@ from safetensors import SafetensorError
 from safetensors.torch import load_file
 
 from lopa.model.errors import CheckpointError, read_json_object
+from lopa.model.families import Family
+from lopa.model.families.dream import FAMILY as DREAM
 from lopa.model.weights import check_finite
 
 ADAPTER_CONFIG = "adapter_config.json"
@@ -30,8 +33,10 @@ class LoraAdapter:
     pairs: dict[str, tuple[torch.Tensor, torch.Tensor]]  # module name -> (A [r, in], B [out, r])
 
 
-def read_adapter(adapter_dir: str | Path) -> LoraAdapter:
-    """Read adapter_config.json + adapter_model.safetensors; unsupported settings raise CheckpointError."""
+def read_adapter(adapter_dir: str | Path, family: Family = DREAM) -> LoraAdapter:
+    """Read adapter_config.json + adapter_model.safetensors of an adapter over a `family` model,
+    its modules named as that family names them; the pairs are keyed by lopa's module names.
+    Unsupported settings and modules the family does not have raise CheckpointError."""
     adapter_dir = Path(adapter_dir)
     config_path = adapter_dir / ADAPTER_CONFIG
     raw = read_json_object(config_path)
@@ -52,43 +57,54 @@ def read_adapter(adapter_dir: str | Path) -> LoraAdapter:
         module = match["module"]
         if not _is_target(module, targets):
             raise CheckpointError(weights_path, f"{key}: {module} is not in target_modules {targets!r}")
+        ours = family.lopa_name(module)
+        if ours is None:
+            raise CheckpointError(
+                weights_path,
+                f"{key}: {module} is not a module of the {family.name} model (target_modules {targets!r})",
+            )
         check_finite(tensor, key, weights_path)
-        halves.setdefault(module, {})[match["which"]] = tensor
+        halves.setdefault(ours, {})[match["which"]] = tensor
     pairs: dict[str, tuple[torch.Tensor, torch.Tensor]] = {}
     for module, half in halves.items():
         for which in "AB":
             if which not in half:
-                missing = f"{_PEFT_PREFIX}{module}.lora_{which}.weight"
+                missing = f"{_PEFT_PREFIX}{family.checkpoint_name(module)}.lora_{which}.weight"
                 raise CheckpointError(weights_path, f"missing tensor {missing}")
         a, b = half["A"], half["B"]
         if a.ndim != 2 or b.ndim != 2 or a.shape[0] != rank or b.shape[1] != rank:
             raise CheckpointError(
                 weights_path,
-                f"{module}: lora_A {tuple(a.shape)} / lora_B {tuple(b.shape)} do not have rank r={rank}",
+                f"{family.checkpoint_name(module)}: lora_A {tuple(a.shape)} / lora_B {tuple(b.shape)} "
+                f"do not have rank r={rank}",
             )
         pairs[module] = (a, b)
     if not pairs:
         raise CheckpointError(weights_path, "no LoRA weights found")
     if isinstance(targets, list):
         for target in targets:
-            if not any(_is_target(module, [target]) for module in pairs):
+            if not any(_is_target(family.checkpoint_name(module), [target]) for module in pairs):
                 raise CheckpointError(weights_path, f"no LoRA weights for target module {target!r}")
     return LoraAdapter(rank=rank, scale=scale, pairs=pairs)
 
 
 def merge_adapter(
-    weights: MutableMapping[str, torch.Tensor], adapter: LoraAdapter, source: str | Path
+    weights: MutableMapping[str, torch.Tensor],
+    adapter: LoraAdapter,
+    source: str | Path,
+    family: Family = DREAM,
 ) -> None:
-    """W += scale * B @ A for every adapted module, computed in fp32, in place of weights' entries."""
+    """W += scale * B @ A for every adapted module, computed in fp32, in place of weights' entries
+    (errors name the module as the `family` checkpoint does)."""
     for module, (a, b) in adapter.pairs.items():
-        name = f"{module}.weight"
+        name, theirs = f"{module}.weight", family.checkpoint_name(module)
         if name not in weights:
-            raise CheckpointError(source, f"adapter targets {module}, which the model does not have")
+            raise CheckpointError(source, f"adapter targets {theirs}, which the model does not have")
         weight = weights[name]
         if (b.shape[0], a.shape[1]) != tuple(weight.shape):
             raise CheckpointError(
                 source,
-                f"{module}: lora_B @ lora_A is {(b.shape[0], a.shape[1])}, weight is {tuple(weight.shape)}",
+                f"{theirs}: lora_B @ lora_A is {(b.shape[0], a.shape[1])}, weight is {tuple(weight.shape)}",
             )
         delta = b.to(weight.device, torch.float32) @ a.to(weight.device, torch.float32)
         weights[name] = (weight.float() + adapter.scale * delta).to(weight.dtype)

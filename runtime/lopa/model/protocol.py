@@ -4,8 +4,9 @@ A `WindowModel` runs one verification forward: a batch of rows, each a branch's
 tokens from the window start (== cache length) to that branch's end. All rows
 share the cached prefix. Each row stages the K/V of its first `n_stage` tokens
 (the TO_CACHE tokens) into its own staging slot; `commit(slot, n)` appends one
-slot's staged K/V to the shared cache. Logits are raw (unshifted): output `i`
-predicts token `i + 1`; the executor applies the shift.
+slot's staged K/V to the shared cache. Logits are raw: the model's `logit_shift` says which
+position output `i` predicts, `i + 1` (Dream's shift) or `i` itself (LLaDA); the executor reads each
+masked position's logits accordingly.
 
 Real models (lopa.model) and synthetic ones (lopa.synthetic.rule_model) implement the same protocol,
 so the executor and decoder are tested against both.
@@ -72,6 +73,7 @@ class WindowModel(Protocol):
     """A model with one KV cache per sequence that the executors drive (see module docstring)."""
 
     vocab_size: int
+    logit_shift: int  # 1: output i predicts position i + 1; 0: position i
     max_length: int  # longest sequence (prompt + generation) a cache holds
     max_batch: int  # sequences (requests) held at once
 

@@ -62,7 +62,7 @@ def load_tokenizer(tokenizer_dir: str | Path) -> Any:
 
 # Model types transformers maps to no tokenizer (config.json's model_type): AutoTokenizer then takes
 # the class tokenizer_config.json names.
-UNMAPPED_MODEL_TYPES = frozenset({"Dream"})
+UNMAPPED_MODEL_TYPES = frozenset({"Dream", "llada"})
 REMOTE_CODE = object()  # `_declared_class`: AutoTokenizer would refuse the directory (remote code)
 
 

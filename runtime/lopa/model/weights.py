@@ -11,6 +11,8 @@ import torch
 from safetensors import SafetensorError, safe_open
 
 from lopa.model.errors import CheckpointError
+from lopa.model.families import Family
+from lopa.model.families.dream import FAMILY as DREAM
 
 SINGLE_FILE = "model.safetensors"
 INDEX_FILE = "model.safetensors.index.json"
@@ -59,39 +61,48 @@ def load_tensors(
     device: torch.device,
     dtype: torch.dtype,
     optional: frozenset[str] = frozenset(),
+    family: Family = DREAM,
 ) -> dict[str, torch.Tensor]:
-    """Load exactly the `expected` tensors (names -> shapes), cast to dtype on device.
+    """Load exactly the `expected` tensors (lopa's names -> shapes), cast to dtype on device, keyed
+    by lopa's names; the files name them as `family` does.
 
     Every expected tensor must be present with its shape, and nothing else may be (names in
-    `optional`, such as a tied lm_head, may be absent); errors name the file and the tensor.
+    `optional`, such as a tied lm_head, may be absent); errors name the file and the tensor as the
+    file spells it.
     """
     files, source = tensor_files(model_dir)
-    for name in expected:
-        if name not in files and name not in optional:
-            raise CheckpointError(source, f"missing tensor {name}")
     # Rotary frequencies are recomputed, never loaded; some exports still carry them.
     files = {name: path for name, path in files.items() if not name.endswith(_ROTARY_BUFFER)}
+    ours: dict[str, str] = {}  # the file's name -> lopa's
     for name, path in files.items():
-        if name not in expected:
-            raise CheckpointError(path, f"unexpected tensor {name} (not a parameter of the Dream model)")
+        lopa_name = family.lopa_name(name)
+        if lopa_name is None or lopa_name not in expected:
+            raise CheckpointError(
+                path, f"unexpected tensor {name} (not a parameter of the {family.name} model)"
+            )
+        ours[name] = lopa_name
+    present = set(ours.values())
+    for name in expected:
+        if name not in present and name not in optional:
+            raise CheckpointError(source, f"missing tensor {family.checkpoint_name(name)}")
     by_file: dict[Path, list[str]] = {}
     for name, path in files.items():
         by_file.setdefault(path, []).append(name)
     tensors: dict[str, torch.Tensor] = {}
     for path, names in by_file.items():
         with _open(path) as handle:
-            present = set(handle.keys())
+            in_file = set(handle.keys())
             for name in names:
-                if name not in present:
+                if name not in in_file:
                     raise CheckpointError(path, f"missing tensor {name} (the index says it is in this shard)")
-                shape = torch.Size(handle.get_slice(name).get_shape())
-                if shape != expected[name]:
+                shape, wanted = torch.Size(handle.get_slice(name).get_shape()), expected[ours[name]]
+                if shape != wanted:
                     raise CheckpointError(
-                        path, f"tensor {name} has shape {tuple(shape)}, expected {tuple(expected[name])}"
+                        path, f"tensor {name} has shape {tuple(shape)}, expected {tuple(wanted)}"
                     )
                 tensor = handle.get_tensor(name).to(device=device, dtype=dtype)
                 check_finite(tensor, name, path)
-                tensors[name] = tensor
+                tensors[ours[name]] = tensor
     return tensors
 
 

@@ -1,4 +1,4 @@
-"""DreamWindowModel: the `WindowModel` protocol over a DreamModel and static KV caches.
+"""WindowedLM: the `WindowModel` protocol over a DiffusionLM and static KV caches.
 
 A forward folds its rows into one token sequence for the linear products. Attention: on an
 accelerator the rows attend as that one sequence (lopa.model.mask), so every row reads the shared
@@ -30,13 +30,13 @@ from lopa.kernels.dispatch import KERNELS_ENV
 from lopa.kernels.vocab_stats import Stats
 from lopa.model.attention import Segment
 from lopa.model.cuda_graphs import WindowGraphs
-from lopa.model.dream import DreamModel
 from lopa.model.exact_attention import closed_head, row_spans, same_head
 from lopa.model.graph_layout import MAX_LAYOUT_TOKENS, bucket_for
 from lopa.model.kv_cache import KVCache, cache_shape
 from lopa.model.layer_steps import COMPILE_ENV, compile_wanted, kernels_wanted
 from lopa.model.mask import additive_window_mask
 from lopa.model.protocol import WindowBatch
+from lopa.model.transformer import DiffusionLM
 from lopa.params import ConfKind
 
 log = logging.getLogger("lopa.model")
@@ -95,12 +95,12 @@ def graphs_wanted(device: torch.device, requested: bool | None) -> bool:
     return os.environ.get(GRAPHS_ENV, "1") != "0"
 
 
-class DreamWindowModel:
-    """Runs verification forwards (see lopa.model.protocol) on a real Dream model."""
+class WindowedLM:
+    """Runs verification forwards (see lopa.model.protocol) on a real model of any family."""
 
     def __init__(
         self,
-        model: DreamModel,
+        model: DiffusionLM,
         max_length: int,
         num_slots: int = 1,
         cuda_graphs: bool | None = None,
@@ -117,6 +117,7 @@ class DreamWindowModel:
         self._device, self._dtype = model.device, model.dtype
         self.config = config
         self.vocab_size = config.vocab_size
+        self.logit_shift = config.logit_shift  # lopa.model.protocol: which output a position reads
         self.max_length = max_length
         if max_batch < 1:
             raise ValueError(f"max_batch must be >= 1, got {max_batch}")
@@ -153,7 +154,7 @@ class DreamWindowModel:
             keep_freed_memory()  # batched CPU forwards otherwise pay page faults (lopa.host.heap)
             self._choose_cpu_products()
 
-    def _choose_layer_steps(self, model: DreamModel) -> bool:
+    def _choose_layer_steps(self, model: DiffusionLM) -> bool:
         """How the layers' elementwise steps run, decided at start; whether rounds take the
         vocabulary pass (lopa.kernels.vocab_stats), which goes with the Triton kernels."""
         if compile_wanted(self.device):
@@ -241,7 +242,7 @@ class DreamWindowModel:
     ) -> list[tuple[Stats, torch.Tensor]]:
         """forward_many, where each batch's first n outputs (reduced[i] = (n, its Conf kind)) come
         back as their greedy statistics (token, P, Conf) from one pass over the vocabulary
-        (DreamModel.greedy_stats) rather than as logits; the other outputs' logits beside them."""
+        (DiffusionLM.greedy_stats) rather than as logits; the other outputs' logits beside them."""
         if len({b.sequence for b in batches}) != len(batches):
             raise ValueError("forward_many_stats: two batches for one sequence")
         for batch in batches:

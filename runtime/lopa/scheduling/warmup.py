@@ -81,7 +81,7 @@ def plan(
 def warm_graphs(
     window: WindowModel, params: DecodingParams, budget_tokens: int | None, seconds: float = WARMUP_SECONDS
 ) -> tuple[int, float]:
-    """Capture the plan's buckets on `window`'s graphs (a lopa.model.window.DreamWindowModel's);
+    """Capture the plan's buckets on `window`'s graphs (a lopa.model.window.WindowedLM's);
     returns the graphs captured and the seconds taken, both logged ((0, 0.0) without graphs)."""
     graphs = getattr(window, "graphs", None)
     if graphs is None:

@@ -1,7 +1,7 @@
 """Synthetic stand-ins for real models and loads, for tests, benchmarks and the bundled model.
 
 tokenizer   a character-level tokenizer with Dream's special tokens (the bundled model's tokenizer)
-checkpoint  random Dream checkpoints and PEFT LoRA adapters in the exact on-disk formats
+checkpoint  random checkpoints of every family and PEFT LoRA adapters in the exact on-disk formats
 rule_model  a WindowModel whose logits come from a rule over the visible tokens (no weights)
 mixed       a mixed load of the bundled model's held-out prompts (different k, modes, stops)
 posterior   an executor answering with the bundled task suite's exact posteriors (its TPF ceiling)

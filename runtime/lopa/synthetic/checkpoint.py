@@ -1,4 +1,6 @@
-"""Random Dream checkpoints and PEFT LoRA adapters in the exact on-disk formats the loader reads."""
+"""Random checkpoints and PEFT LoRA adapters of every model family, in the exact on-disk formats the
+loader reads: config.json in the family's keys, safetensors under its tensor names, the adapter
+under its module names (lopa.model.families)."""
 
 from __future__ import annotations
 
@@ -12,15 +14,16 @@ import torch
 from safetensors.torch import save_file
 from torch import nn
 
-from lopa.model.config import DreamConfig
-from lopa.model.dream import DreamModel
+from lopa.model.config import ModelConfig
+from lopa.model.families import family_named
+from lopa.model.transformer import DiffusionLM
 from lopa.synthetic.tokenizer import TOKENIZER_VOCAB_SIZE, special_token_id, write_char_tokenizer
 
 
-def _with_char_tokenizer_ids(**architecture: Any) -> DreamConfig:
-    """A Dream config whose special ids are those of the character tokenizer (lopa.synthetic.tokenizer)."""
+def _with_char_tokenizer_ids(**architecture: Any) -> ModelConfig:
+    """A config whose special ids are those of the character tokenizer (lopa.synthetic.tokenizer)."""
     eos = special_token_id("<|endoftext|>")
-    return DreamConfig(
+    return ModelConfig(
         mask_token_id=special_token_id("<|mask|>"),
         eos_token_ids=(eos,),
         pad_token_id=eos,
@@ -30,9 +33,12 @@ def _with_char_tokenizer_ids(**architecture: Any) -> DreamConfig:
     )
 
 
-def tiny_config(**overrides: Any) -> DreamConfig:
-    """A Dream config small enough for CPU tests, with ids matching the character tokenizer."""
+def tiny_config(family: str = "dream", **overrides: Any) -> ModelConfig:
+    """A config of `family` small enough for CPU tests (q/k/v biases as the family has them), with
+    ids matching the character tokenizer."""
     base = _with_char_tokenizer_ids(
+        family=family,
+        qkv_bias=family == "dream",
         vocab_size=128,
         hidden_size=64,
         intermediate_size=128,
@@ -46,7 +52,7 @@ def tiny_config(**overrides: Any) -> DreamConfig:
     return dataclasses.replace(base, **overrides)
 
 
-def dream_7b_config() -> DreamConfig:
+def dream_7b_config() -> ModelConfig:
     """The architecture of Dream-v0-7B (D2F-Dream-7B's base: config.json of Dream-org/Dream-v0-Base-7B)
     with the special ids of the character tokenizer, so a random checkpoint of this shape loads, decodes
     and benchmarks like the real one."""
@@ -63,7 +69,34 @@ def dream_7b_config() -> DreamConfig:
     )
 
 
-PRESETS = {"dream-7b": dream_7b_config, "tiny": tiny_config}
+def llada_8b_config() -> ModelConfig:
+    """The architecture of LLaDA-8B-Instruct (D2F-LLaDA-8B's base: its config.json's d_model, heads,
+    layers, MLP and vocabulary) with the special ids of the character tokenizer."""
+    return _with_char_tokenizer_ids(
+        vocab_size=126464,
+        hidden_size=4096,
+        intermediate_size=12288,
+        num_hidden_layers=32,
+        num_attention_heads=32,
+        num_key_value_heads=32,
+        rms_norm_eps=1e-5,
+        rope_theta=500_000.0,
+        max_position_embeddings=4096,
+        qkv_bias=False,
+        family="llada",
+    )
+
+
+def tiny_llada_config() -> ModelConfig:
+    return tiny_config(family="llada")
+
+
+PRESETS = {
+    "dream-7b": dream_7b_config,
+    "llada-8b": llada_8b_config,
+    "tiny": tiny_config,
+    "tiny-llada": tiny_llada_config,
+}
 
 
 def _random_like(
@@ -77,11 +110,11 @@ def _random_like(
 
 
 def random_model(
-    config: DreamConfig, dtype: torch.dtype, device: str | torch.device, seed: int = 0
-) -> DreamModel:
-    """A DreamModel with random weights made directly on `device`, fused for inference (no files)."""
+    config: ModelConfig, dtype: torch.dtype, device: str | torch.device, seed: int = 0
+) -> DiffusionLM:
+    """A DiffusionLM with random weights made directly on `device`, fused for inference (no files)."""
     with torch.device("meta"):
-        model = DreamModel(config)
+        model = DiffusionLM(config)
     model = model.to_empty(device=device).to(dtype)
     generator = torch.Generator(device=device).manual_seed(seed)
     with torch.no_grad():
@@ -92,7 +125,7 @@ def random_model(
 
 def write_sharded_checkpoint(
     directory: str | Path,
-    config: DreamConfig,
+    config: ModelConfig,
     dtype: torch.dtype = torch.bfloat16,
     device: str | torch.device = "cpu",
     shard_bytes: int = 5 * 1024**3,
@@ -124,13 +157,13 @@ def write_sharded_checkpoint(
             progress(f"wrote {filename} ({total / 1e9:.1f} GB so far)")
         shards[-1] = {}
 
-    for name, shape in shapes.items():
+    for name, (theirs, shape) in shapes.items():
         tensor = _random_like(name, shape, dtype, generator).cpu()
         nbytes = tensor.numel() * tensor.element_size()
         if shards[-1] and size + nbytes > shard_bytes:
             flush()
             size = 0
-        shards[-1][name] = tensor
+        shards[-1][theirs] = tensor
         size += nbytes
         total += nbytes
     flush()
@@ -144,27 +177,29 @@ def write_sharded_checkpoint(
     return total
 
 
-def _parameter_shapes(config: DreamConfig) -> dict[str, torch.Size]:
+def _parameter_shapes(config: ModelConfig) -> dict[str, tuple[str, torch.Size]]:
+    """lopa's name of each tensor a checkpoint holds -> (its name in the family's files, its shape)."""
     with torch.device("meta"):
-        model = DreamModel(config)
+        model = DiffusionLM(config)
     shapes = {name: p.shape for name, p in model.state_dict().items()}
     if config.tie_word_embeddings:
         shapes.pop("lm_head.weight")
-    return shapes
+    family = family_named(config.family)
+    return {name: (family.checkpoint_name(name), shape) for name, shape in shapes.items()}
 
 
-def random_weights(config: DreamConfig, seed: int = 0) -> dict[str, torch.Tensor]:
-    """Random fp32 weights under the checkpoint's parameter names (norms near 1, the rest small)."""
+def random_weights(config: ModelConfig, seed: int = 0) -> dict[str, torch.Tensor]:
+    """Random fp32 weights under the checkpoint's tensor names (norms near 1, the rest small)."""
     generator = torch.Generator().manual_seed(seed)
     weights = {}
-    for name, shape in _parameter_shapes(config).items():
+    for name, (theirs, shape) in _parameter_shapes(config).items():
         noise = torch.randn(shape, generator=generator)
-        weights[name] = 1.0 + 0.1 * noise if "norm" in name else 0.05 * noise
+        weights[theirs] = 1.0 + 0.1 * noise if "norm" in name else 0.05 * noise
     return weights
 
 
 def write_random_checkpoint(
-    directory: str | Path, config: DreamConfig, shards: int = 1, seed: int = 0
+    directory: str | Path, config: ModelConfig, shards: int = 1, seed: int = 0
 ) -> dict[str, torch.Tensor]:
     """Write config.json, safetensors (+ index when shards > 1) and a tokenizer; return the weights."""
     if config.vocab_size < TOKENIZER_VOCAB_SIZE:
@@ -194,26 +229,33 @@ def write_random_checkpoint(
 
 def write_random_lora_adapter(
     directory: str | Path,
-    config: DreamConfig,
+    config: ModelConfig,
     r: int = 4,
     alpha: float = 8.0,
-    targets: tuple[str, ...] = ("q_proj", "k_proj", "v_proj", "o_proj"),
+    targets: tuple[str, ...] | None = None,
     seed: int = 0,
     use_rslora: bool = False,
 ) -> dict[str, torch.Tensor]:
-    """Write a PEFT LoRA adapter (adapter_config.json + adapter_model.safetensors); return its tensors.
+    """Write a PEFT LoRA adapter (adapter_config.json + adapter_model.safetensors) over a `config`
+    model, its modules named as the family names them; return its tensors. `targets` default to
+    the family's D2F LoRA (q, k, v and the attention output).
 
     Unlike PEFT's initialisation, lora_B is random too, so the adapter changes the outputs.
     """
     directory = Path(directory)
     directory.mkdir(parents=True, exist_ok=True)
+    family = family_named(config.family)
+    targets = family.d2f_lora_targets if targets is None else targets
     with torch.device("meta"):
-        model = DreamModel(config)
+        model = DiffusionLM(config)
     generator = torch.Generator().manual_seed(seed)
     tensors = {}
     for name, module in model.named_modules():
-        if isinstance(module, nn.Linear) and name.rsplit(".", 1)[-1] in targets:
-            prefix = f"base_model.model.{name}"
+        if not isinstance(module, nn.Linear):
+            continue
+        theirs = family.checkpoint_name(name)
+        if theirs.rsplit(".", 1)[-1] in targets:
+            prefix = f"base_model.model.{theirs}"
             a = torch.randn(r, module.in_features, generator=generator)
             b = torch.randn(module.out_features, r, generator=generator)
             tensors[f"{prefix}.lora_A.weight"], tensors[f"{prefix}.lora_B.weight"] = 0.1 * a, 0.1 * b

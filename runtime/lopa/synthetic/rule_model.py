@@ -4,7 +4,7 @@ It honours the protocol exactly (shared cached prefix, per-slot staging, commit)
 so decoders and executors can be tested on models whose confidences are chosen
 by hand. `rule(sequence, position)` returns the logits for `position` given the
 tokens the model can see; the raw output at window index i is the rule for
-position start + i + 1 (the Dream logit shift).
+position start + i + logit_shift (1: Dream's shift, the default; 0: LLaDA's own-position logits).
 """
 
 from __future__ import annotations
@@ -19,8 +19,11 @@ Rule = Callable[[Sequence[int], int], torch.Tensor]
 
 
 class SyntheticModel:
-    def __init__(self, vocab_size: int, max_length: int, rule: Rule, max_batch: int = 1) -> None:
+    def __init__(
+        self, vocab_size: int, max_length: int, rule: Rule, max_batch: int = 1, logit_shift: int = 1
+    ) -> None:
         self.vocab_size = vocab_size
+        self.logit_shift = logit_shift
         self.max_length = max_length
         self.max_batch = max_batch
         self.rule = rule
@@ -51,7 +54,7 @@ class SyntheticModel:
             window = batch.tokens[row, :length].tolist()
             sequence = cache + window
             for i in range(length):
-                out[row, i] = self.rule(sequence, batch.start + i + 1)
+                out[row, i] = self.rule(sequence, batch.start + i + self.logit_shift)
             self.staged[batch.sequence, batch.first_slot + row] = window[: batch.n_stage]
         return take_outputs(out, batch)
 

@@ -1,4 +1,4 @@
-"""Writing a trained model in the real on-disk format (config.json, safetensors, tokenizer)."""
+"""Writing a trained model in its family's on-disk format (config.json, safetensors, tokenizer)."""
 
 from __future__ import annotations
 
@@ -8,20 +8,25 @@ from typing import Any
 
 from safetensors.torch import save_file
 
-from lopa.model.dream import DreamModel
+from lopa.model.families import family_named
+from lopa.model.transformer import DiffusionLM
 from lopa.synthetic.tokenizer import write_char_tokenizer
 
 TRAINING_FILE = "training.json"  # the recipe and the run's summary
 
 
 def save_checkpoint(
-    model: DreamModel, directory: str | Path, training: dict[str, Any] | None = None,
+    model: DiffusionLM, directory: str | Path, training: dict[str, Any] | None = None,
     chat_template: str | None = None,
 ) -> Path:
     directory = Path(directory)
     directory.mkdir(parents=True, exist_ok=True)
-    model.config.to_json(directory / "config.json")
-    weights = {name: t.detach().contiguous().float() for name, t in model.state_dict().items()}
+    model.config.to_json(directory / "config.json")  # in the family's keys, its tensors in its names
+    family = family_named(model.config.family)
+    weights = {
+        family.checkpoint_name(name): value.detach().contiguous().float()
+        for name, value in model.state_dict().items()
+    }
     save_file(weights, str(directory / "model.safetensors"), metadata={"format": "pt"})
     write_char_tokenizer(directory, chat_template)
     if training is not None:

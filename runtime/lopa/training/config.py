@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from lopa.model.config import DreamConfig
+from lopa.model.config import ModelConfig
 from lopa.synthetic.tokenizer import TOKENIZER_VOCAB_SIZE, special_token_id
 
 
@@ -30,15 +30,17 @@ class TrainConfig:
     log_every: int = 50
     save_every: int = 500
     max_minutes: float = 0.0  # stop early (and save) after this wall time; 0 = no limit
+    family: str = "dream"  # the checkpoint format and logit reading (lopa.model.families)
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
 
 
-def model_config(config: TrainConfig) -> DreamConfig:
-    """A Dream config over the character tokenizer of lopa.synthetic (ids from that tokenizer)."""
+def model_config(config: TrainConfig) -> ModelConfig:
+    """A config of the recipe's family over the character tokenizer of lopa.synthetic (ids from that
+    tokenizer); q/k/v biases as the family has them."""
     eos = special_token_id("<|endoftext|>")
-    return DreamConfig(
+    return ModelConfig(
         vocab_size=TOKENIZER_VOCAB_SIZE,
         hidden_size=config.hidden_size,
         intermediate_size=config.intermediate_size,
@@ -53,4 +55,6 @@ def model_config(config: TrainConfig) -> DreamConfig:
         pad_token_id=eos,
         bos_token_id=eos,
         tie_word_embeddings=False,
+        qkv_bias=config.family == "dream",
+        family=config.family,
     )

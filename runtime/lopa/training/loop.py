@@ -16,7 +16,7 @@ from torch import nn
 
 from lopa.bundled import tasks
 from lopa.bundled.chat import CHAT_TEMPLATE
-from lopa.model.dream import DreamModel
+from lopa.model.transformer import DiffusionLM
 from lopa.training.checkpoint import save_checkpoint
 from lopa.training.config import TrainConfig, model_config
 from lopa.training.data import make_batch
@@ -25,7 +25,7 @@ from lopa.training.objective import diffusion_loss
 INIT_STD = 0.02
 
 
-def init_weights(model: DreamModel, generator: torch.Generator) -> None:
+def init_weights(model: DiffusionLM, generator: torch.Generator) -> None:
     """Qwen2-style init (normal 0.02, zero biases, unit norms), drawn from our own generator."""
     with torch.no_grad():
         for name, param in model.named_parameters():
@@ -68,7 +68,7 @@ def _train(
 ) -> dict[str, Any]:
     torch.manual_seed(config.seed)
     generator = torch.Generator().manual_seed(config.seed)
-    model = DreamModel(model_config(config))
+    model = DiffusionLM(model_config(config))
     init_weights(model, generator)
     model.train()
     decay = [p for n, p in model.named_parameters() if p.dim() >= 2]
@@ -120,7 +120,7 @@ def _train(
 
 
 def _save(
-    model: DreamModel,
+    model: DiffusionLM,
     out: str | Path,
     config: TrainConfig,
     steps_done: int,

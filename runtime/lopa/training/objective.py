@@ -3,8 +3,9 @@
 Per row, the generated region is split into blocks; block b is masked with ratio t_b where the
 ratios increase with b (later blocks noisier), often with a clean prefix of blocks (as if cached)
 and a fully masked suffix (as if freshly appended), which are the states the decoder's block
-pipeline produces. The loss is cross-entropy on masked positions with the Dream shift: the raw
-output at p-1 predicts token p.
+pipeline produces. The loss is cross-entropy on masked positions, read as the model's family reads
+its logits: with the Dream shift the raw output at p-1 predicts token p, without it (LLaDA) the
+output at p itself.
 """
 
 from __future__ import annotations
@@ -12,7 +13,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from lopa.model.dream import DreamModel
+from lopa.model.transformer import DiffusionLM
 from lopa.training.data import MASK, PAD_BLOCK, Batch
 
 
@@ -59,14 +60,15 @@ def attention_mask(block_ids: torch.Tensor, full_rows: torch.Tensor) -> torch.Te
 
 
 def diffusion_loss(
-    model: DreamModel, batch: Batch, gen_blocks: int, full_fraction: float, generator: torch.Generator
+    model: DiffusionLM, batch: Batch, gen_blocks: int, full_fraction: float, generator: torch.Generator
 ) -> torch.Tensor:
     noisy, masked = noise(batch, gen_blocks, generator)
     rows, length = noisy.shape
     full_rows = torch.rand(rows, generator=generator) < full_fraction
     mask = attention_mask(batch.block_ids, full_rows)
     logits = model(noisy, torch.arange(length), mask)
-    # Dream shift: output p-1 predicts token p (p >= 1 always holds: position 0 is prompt).
-    targets = masked[:, 1:]
-    predicted = logits[:, :-1][targets]
-    return F.cross_entropy(predicted.float(), batch.tokens[:, 1:][targets])
+    # With the shift, output p-1 predicts token p (p >= 1 always holds: position 0 is prompt).
+    shift = model.config.logit_shift
+    targets = masked[:, shift:]
+    predicted = logits[:, : length - shift][targets]
+    return F.cross_entropy(predicted.float(), batch.tokens[:, shift:][targets])

@@ -10,7 +10,7 @@ import torch
 from kernel_cases import HEAD_DIM, HEADS, HIDDEN, INTERMEDIATE, KV_HEADS, ROWS, bf16_close
 
 from lopa.kernels import rms_norm, rotary, swiglu
-from lopa.model.dream import rotary_cos_sin, signed_sin
+from lopa.model.transformer import rotary_cos_sin, signed_sin
 
 FP32 = {"rtol": 1e-5, "atol": 1e-5}
 

@@ -18,7 +18,7 @@ from lopa.decoding.decoder import Decoder
 from lopa.engine import bundled_model_dir
 from lopa.execution.local import LocalExecutor
 from lopa.kernels.dispatch import KERNELS_ENV
-from lopa.model import DreamWindowModel
+from lopa.model import WindowedLM
 from lopa.model.cuda_graphs import WindowGraphs
 from lopa.model.layer_steps import EAGER
 from lopa.model.loader import LoadedModel, load_model
@@ -26,17 +26,17 @@ from lopa.model.loader import LoadedModel, load_model
 ROUNDS = [[0, 1, 2], [1]]  # a batched round, then a lone one over the cache it committed
 
 
-def _on_kernels(monkeypatch: pytest.MonkeyPatch) -> DreamWindowModel:
+def _on_kernels(monkeypatch: pytest.MonkeyPatch) -> WindowedLM:
     monkeypatch.setenv(KERNELS_ENV, "interpret")
     model = load_model(bundled_model_dir()).model
-    window = DreamWindowModel(model, MAX_LENGTH, max_batch=4)
+    window = WindowedLM(model, MAX_LENGTH, max_batch=4)
     assert model.steps.kernels, "the window model did not take the kernel steps"
     window.graphs = WindowGraphs(model, window._physical, window.kv_storage, capture=False)
     return window
 
 
 def test_rounds_on_the_kernels_equal_rounds_on_the_references(monkeypatch: pytest.MonkeyPatch) -> None:
-    references = DreamWindowModel(load_model(bundled_model_dir()).model, MAX_LENGTH, max_batch=4)
+    references = WindowedLM(load_model(bundled_model_dir()).model, MAX_LENGTH, max_batch=4)
     assert not references.model.steps.kernels
     kernels = _on_kernels(monkeypatch)
     staged: list[bool] = []
@@ -54,7 +54,7 @@ def test_rounds_on_the_kernels_equal_rounds_on_the_references(monkeypatch: pytes
     assert kernels.graphs is not None and {b.requests for b in kernels.graphs.graphs} == {1, 3}
 
 
-def _decode(loaded: LoadedModel, window: DreamWindowModel) -> list[list[int]]:
+def _decode(loaded: LoadedModel, window: WindowedLM) -> list[list[int]]:
     executor = LocalExecutor(window, pad_id=loaded.special.pad)
     decoder = Decoder(executor, loaded.special.mask, loaded.special.eos, MAX_LENGTH)
     params = model_defaults(bundled_model_dir()).with_overrides(branches=3)

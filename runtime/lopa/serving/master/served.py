@@ -6,8 +6,8 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from lopa.bundled import bundled_model_dir
-from lopa.model.config import DreamConfig
+from lopa.bundled import bundled_llada_dir, bundled_model_dir
+from lopa.model.config import ModelConfig
 from lopa.model.special_ids import SpecialIds, resolve_special_ids
 from lopa.model.tokenizer import load_tokenizer
 from lopa.params import DecodingParams
@@ -19,7 +19,7 @@ from lopa.serving.shared.model_dir import usable_max_length
 class ServedModel:
     name: str  # the id clients name: the HTTP API's model
     path: Path
-    config: DreamConfig
+    config: ModelConfig
     tokenizer: Any
     special: SpecialIds
     max_length: int  # every request's KV cache: prompt + answer
@@ -31,7 +31,7 @@ class ServedModel:
 
     @classmethod
     def load(cls, config: ServingConfig, path: Path) -> ServedModel:
-        model_config = DreamConfig.from_dir(path)
+        model_config = ModelConfig.from_dir(path)
         tokenizer = load_tokenizer(path)
         max_length = usable_max_length(config, path)
         return cls(
@@ -70,7 +70,10 @@ def usable_limits(limits: Limits, max_length: int) -> Limits:
 
 
 def served_model_name(config: ServingConfig, path: Path) -> str:
-    """master.model_name, else the checkpoint directory's name ("lopa-bundled" for the bundled one)."""
+    """master.model_name, else the checkpoint directory's name ("lopa-bundled" for the bundled model,
+    "lopa-bundled-llada" for its LLaDA-format sibling)."""
     if config.master.model_name:
         return config.master.model_name
-    return "lopa-bundled" if path.resolve() == bundled_model_dir().resolve() else path.name
+    bundled = {bundled_model_dir(): "lopa-bundled", bundled_llada_dir(): "lopa-bundled-llada"}
+    where = path.resolve()
+    return next((name for directory, name in bundled.items() if directory.resolve() == where), path.name)

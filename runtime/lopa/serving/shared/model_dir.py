@@ -6,7 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from lopa.bundled import bundled_model_dir
-from lopa.model.config import CONFIG_FILE, DreamConfig
+from lopa.model.config import CONFIG_FILE, ModelConfig
 from lopa.params import decoded_tokens
 from lopa.serving.shared.config import ConfigError, ServingConfig, load_config, validate, with_model_defaults
 
@@ -23,7 +23,7 @@ def usable_max_length(config: ServingConfig, path: Path) -> int:
     """The KV cache length of every role: the limits' prompt + answer, capped by the model's
     max_position_embeddings. ConfigError naming the key when the decoding defaults cannot fit in it
     (every request that does not set its own max_new_tokens would fail)."""
-    positions = DreamConfig.from_dir(path).max_position_embeddings
+    positions = ModelConfig.from_dir(path).max_position_embeddings
     max_length = min(config.max_length, positions)
     new = config.decoding.max_new_tokens
     if decoded_tokens(new, config.decoding.block_size) + 1 > max_length:  # a prompt has a token at least

@@ -7,7 +7,7 @@ import os
 
 import torch
 
-from lopa.model.config import DreamConfig
+from lopa.model.config import ModelConfig
 from lopa.model.window import graphs_wanted, reserved_staging_tokens
 from lopa.serving.shared.config import ConfigError, ServingConfig
 
@@ -15,7 +15,7 @@ _KV_SHARE = 0.9  # of the free memory: the rest is left for activations and the 
 
 
 def kv_cache_bytes(
-    config: DreamConfig, max_length: int, max_batch: int, element_size: int, staging_tokens: int = 0
+    config: ModelConfig, max_length: int, max_batch: int, element_size: int, staging_tokens: int = 0
 ) -> int:
     """Bytes of max_batch KV caches of max_length tokens (K and V of every layer), plus
     staging_tokens more of the same size (the staging reserved for CUDA graphs)."""
@@ -32,7 +32,7 @@ def free_bytes(device: torch.device) -> int:
     return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
 
 
-def check_kv_fits(config: ServingConfig, model: DreamConfig, max_length: int, device: torch.device,
+def check_kv_fits(config: ServingConfig, model: ModelConfig, max_length: int, device: torch.device,
                   element_size: int) -> int:
     """The KV caches' bytes; ConfigError naming limits.max_batch when they cannot fit (checked after
     the model is loaded, before the caches are allocated: a bad setting fails at start, not mid-run)."""

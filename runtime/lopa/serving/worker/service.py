@@ -24,7 +24,7 @@ from lopa.execution.faults import is_device_fault
 from lopa.execution.shard import CommitOrder, ShardExecutor
 from lopa.host.openmp import release_thread_pool
 from lopa.model.loader import LoadedModel, load_model
-from lopa.model.window import DreamWindowModel
+from lopa.model.window import WindowedLM
 from lopa.params import DecodingParams
 from lopa.proto import worker_pb2, worker_pb2_grpc
 from lopa.scheduling.calibration import measured_tokens
@@ -281,7 +281,7 @@ class WorkerModel:
 
     path: Path
     loaded: LoadedModel
-    window: DreamWindowModel
+    window: WindowedLM
     max_length: int
     reserved: int  # bytes of its KV caches and staging
     measured: int | None  # the branch budget its forwards measured (None: not measured)

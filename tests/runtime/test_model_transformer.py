@@ -1,10 +1,10 @@
-"""DreamModel matches transformers' Qwen2 (same weights) when both attend bidirectionally."""
+"""DiffusionLM matches transformers' Qwen2 (same weights) when both attend bidirectionally."""
 
 import pytest
 import torch
 import torch.nn.functional as F
 
-from lopa.model import DreamModel
+from lopa.model import DiffusionLM
 from lopa.model.attention import attend
 from lopa.synthetic import tiny_config
 from lopa.synthetic.checkpoint import random_weights
@@ -14,7 +14,7 @@ def test_matches_transformers_qwen2_without_causal_mask() -> None:
     transformers = pytest.importorskip("transformers")
     config = tiny_config()
     weights = random_weights(config, seed=5)
-    ours = DreamModel(config)
+    ours = DiffusionLM(config)
     ours.load_state_dict(weights, strict=True)
     reference_config = transformers.Qwen2Config(
         vocab_size=config.vocab_size,
@@ -63,9 +63,9 @@ def test_gqa_native_and_repeated_kv_agree() -> None:
     torch.testing.assert_close(native[:, 3:4], alone)
 
 
-def _tiny_model(seed: int) -> DreamModel:
+def _tiny_model(seed: int) -> DiffusionLM:
     config = tiny_config()
-    model = DreamModel(config)
+    model = DiffusionLM(config)
     model.load_state_dict(random_weights(config, seed=seed), strict=True)
     return model.eval()
 
@@ -98,8 +98,8 @@ def test_a_replaced_projection_is_used_instead_of_the_stale_fused_weight() -> No
 
 
 def test_rotary_by_roll_equals_rotate_half() -> None:
-    from lopa.model.dream import rotary_cos_sin, signed_sin
     from lopa.model.layer_steps import apply_rotary
+    from lopa.model.transformer import rotary_cos_sin, signed_sin
 
     x = torch.randn(2, 5, 3, 8, generator=torch.Generator().manual_seed(6))
     cos, sin = rotary_cos_sin(torch.arange(5).expand(2, 5), 8, 10000.0, torch.float32)

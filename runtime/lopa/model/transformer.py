@@ -1,9 +1,11 @@
-"""The Dream architecture in plain torch: a Qwen2-style decoder run without a causal mask.
+"""The one forward of every model family in plain torch: a pre-norm transformer with rotary
+positions and a SwiGLU MLP, run without a causal mask.
 
-Parameter names match the Hugging Face Dream checkpoints (`model.layers.{i}.self_attn.q_proj.weight`,
-`lm_head.weight`, ...) so their safetensors load with a strict `load_state_dict`. The model itself
-knows nothing about the KV cache layout: it reads cached keys/values through `KVSource` and hands
-each layer's new (post-RoPE) keys/values to an optional callback, which is how the cache stages them.
+Parameter names are Dream's (Qwen2's): `model.layers.{i}.self_attn.q_proj.weight`, `lm_head.weight`,
+...; lopa.model.families translates another family's names (LLaDA's) at load and when writing, and
+says whether q/k/v carry a bias. The model itself knows nothing about the KV cache layout: it reads
+cached keys/values through `KVSource` and hands each layer's new (post-RoPE) keys/values to an
+optional callback, which is how the cache stages them.
 
 For inference, `fuse_projections()` concatenates q/k/v and gate/up into one weight each (the
 original parameters become views of it: no extra memory), so a layer runs 4 matrix products
@@ -38,7 +40,7 @@ from lopa.model.attention import (
     bind,
     bind_segments,
 )
-from lopa.model.config import DreamConfig
+from lopa.model.config import ModelConfig
 from lopa.model.layer_steps import (
     EAGER,
     LayerSteps,
@@ -131,16 +133,17 @@ def still_fused(fused: Fused | None, linears: list[nn.Module]) -> bool:
     return True
 
 
-class DreamAttention(nn.Module):
-    def __init__(self, config: DreamConfig) -> None:
+class Attention(nn.Module):
+    def __init__(self, config: ModelConfig) -> None:
         super().__init__()
         self.heads = config.num_attention_heads
         self.kv_heads = config.num_key_value_heads
         self.head_dim = config.head_dim
         hidden = config.hidden_size
-        self.q_proj = nn.Linear(hidden, self.heads * self.head_dim, bias=True)
-        self.k_proj = nn.Linear(hidden, self.kv_heads * self.head_dim, bias=True)
-        self.v_proj = nn.Linear(hidden, self.kv_heads * self.head_dim, bias=True)
+        bias = config.qkv_bias
+        self.q_proj = nn.Linear(hidden, self.heads * self.head_dim, bias=bias)
+        self.k_proj = nn.Linear(hidden, self.kv_heads * self.head_dim, bias=bias)
+        self.v_proj = nn.Linear(hidden, self.kv_heads * self.head_dim, bias=bias)
         self.o_proj = nn.Linear(self.heads * self.head_dim, hidden, bias=False)
         self.fused_qkv: Fused | None = None
 
@@ -200,8 +203,8 @@ class DreamAttention(nn.Module):
         return products.apply(self.o_proj, out)
 
 
-class DreamMLP(nn.Module):
-    def __init__(self, config: DreamConfig) -> None:
+class MLP(nn.Module):
+    def __init__(self, config: ModelConfig) -> None:
         super().__init__()
         self.gate_proj = nn.Linear(config.hidden_size, config.intermediate_size, bias=False)
         self.up_proj = nn.Linear(config.hidden_size, config.intermediate_size, bias=False)
@@ -220,11 +223,11 @@ class DreamMLP(nn.Module):
         return products.apply(self.down_proj, steps.swiglu(gate, up))
 
 
-class DreamDecoderLayer(nn.Module):
-    def __init__(self, config: DreamConfig) -> None:
+class DecoderLayer(nn.Module):
+    def __init__(self, config: ModelConfig) -> None:
         super().__init__()
-        self.self_attn = DreamAttention(config)
-        self.mlp = DreamMLP(config)
+        self.self_attn = Attention(config)
+        self.mlp = MLP(config)
         self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
         self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
 
@@ -246,10 +249,10 @@ class DreamDecoderLayer(nn.Module):
         return x + self.mlp(normed, steps)
 
 
-class DreamBaseModel(nn.Module):
+class BaseModel(nn.Module):
     """The `model.` prefix of the checkpoint: embeddings, layers, final norm."""
 
-    def __init__(self, config: DreamConfig) -> None:
+    def __init__(self, config: ModelConfig) -> None:
         super().__init__()
         if torch.get_default_device().type == "meta":
             # Built to be loaded (lopa.model.loader): Embedding's random init costs ~0.9 s of lazy
@@ -259,17 +262,18 @@ class DreamBaseModel(nn.Module):
             )
         else:
             self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size)
-        self.layers = nn.ModuleList(DreamDecoderLayer(config) for _ in range(config.num_hidden_layers))
+        self.layers = nn.ModuleList(DecoderLayer(config) for _ in range(config.num_hidden_layers))
         self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
 
 
-class DreamModel(nn.Module):
-    """Dream decoder + untied lm_head. Bidirectional unless `attn_mask` restricts it."""
+class DiffusionLM(nn.Module):
+    """Embeddings, layers, final norm and lm_head (untied, or the embedding's weight when tied).
+    Bidirectional unless `attn_mask` restricts it."""
 
-    def __init__(self, config: DreamConfig) -> None:
+    def __init__(self, config: ModelConfig) -> None:
         super().__init__()
         self.config = config
-        self.model = DreamBaseModel(config)
+        self.model = BaseModel(config)
         self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
         self.steps = EAGER  # the layers' elementwise steps (lopa.model.layer_steps)
 
@@ -282,7 +286,7 @@ class DreamModel(nn.Module):
     def device(self) -> torch.device:
         return self.model.embed_tokens.weight.device
 
-    def compile_steps(self, backend: str | Callable = "inductor") -> DreamModel:
+    def compile_steps(self, backend: str | Callable = "inductor") -> DiffusionLM:
         """Run the layers' elementwise steps through torch.compile (lopa.model.layer_steps); a
         RuntimeError naming LOPA_TORCH_COMPILE when they cannot compile on this device."""
         if not self.steps.compiled:
@@ -291,7 +295,7 @@ class DreamModel(nn.Module):
             self.steps = steps
         return self
 
-    def use_kernels(self) -> DreamModel:
+    def use_kernels(self) -> DiffusionLM:
         """Run the layers' elementwise steps through the Triton kernels of lopa.kernels (where each
         serves the shape), each checked against its reference first: a RuntimeError naming
         LOPA_KERNELS when one fails."""
@@ -301,7 +305,7 @@ class DreamModel(nn.Module):
             self.steps = steps
         return self
 
-    def fuse_projections(self) -> DreamModel:
+    def fuse_projections(self) -> DiffusionLM:
         """Inference layout: one q/k/v and one gate/up product per layer (same parameters)."""
         for layer in self.model.layers:
             layer.self_attn.fuse()
