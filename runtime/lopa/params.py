@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import enum
 import math
+import secrets
 from dataclasses import dataclass, fields, replace
 
 
@@ -69,7 +70,7 @@ class DecodingParams:
     temperature: float = 0.0  # 0 = greedy
     top_p: float = 1.0
     top_k: int = 0  # 0 = off
-    seed: int = 0
+    seed: int | None = None  # sampling seed; None: a fresh one per request (seeded())
 
     def __post_init__(self) -> None:
         self._coerce_choices()
@@ -106,7 +107,7 @@ class DecodingParams:
             raise InvalidParameter("temperature", f"must be a finite number >= 0, got {self.temperature}")
         if not 0 <= self.top_k < 2**32:  # the wire carries it as uint32
             raise InvalidParameter("top_k", f"must be in [0, 2^32), got {self.top_k}")
-        if not 0 <= self.seed < 2**64:  # the wire carries it as uint64
+        if self.seed is not None and not 0 <= self.seed < 2**64:  # the wire carries it as uint64
             raise InvalidParameter("seed", f"must be in [0, 2^64), got {self.seed}")
 
     @classmethod
@@ -122,6 +123,11 @@ class DecodingParams:
     @property
     def greedy(self) -> bool:
         return self.temperature == 0.0
+
+    def seeded(self) -> DecodingParams:
+        """These settings with a seed: the given one, else a fresh draw. As OpenAI's API and vLLM's:
+        a request that names no seed samples anew; one that does is reproducible."""
+        return self if self.seed is not None else replace(self, seed=secrets.randbits(64))
 
     def with_overrides(self, **overrides: object) -> DecodingParams:
         """A copy with the given fields replaced (None values ignored), validated."""

@@ -1,6 +1,6 @@
-"""The snippets of docs/getting-started/local.md, run as a reader runs them: one `lopa serve` group of
-the bundled model (2 workers, gRPC and HTTP), then each marked command against it, whose output must be
-what the page shows (`...` standing for timings)."""
+"""The snippets of docs/getting-started/local.md and docs/guides/coming-from-vllm.md, run as a reader
+runs them: the page's `lopa serve` group of the bundled model (2 workers, gRPC and HTTP), then each
+marked command against it, whose output must be what the page shows (`...` standing for timings)."""
 
 from __future__ import annotations
 
@@ -20,8 +20,11 @@ from lopa.serving.launcher import free_ports
 from tools.docs import snippets
 
 REPO = Path(__file__).resolve().parents[2]
-PAGE = REPO / "docs" / "getting-started" / "local.md"
-PAGE_PORTS = (50051, 8000)  # the gRPC and HTTP ports the page's commands name
+PAGES = {  # each page and the snippets it must have
+    "local": (REPO / "docs" / "getting-started" / "local.md", {"grpc", "http", "openai"}),
+    "vllm": (REPO / "docs" / "guides" / "coming-from-vllm.md", {"unauthorized", "openai", "tokenize"}),
+}
+PAGE_PORTS = (50051, 8000)  # the gRPC and HTTP ports the pages' commands name
 START_TIMEOUT_S = 300.0
 COMMAND_TIMEOUT_S = 120.0
 
@@ -48,23 +51,31 @@ def shell_env() -> dict[str, str]:
     return {**os.environ, "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}"}
 
 
-@pytest.fixture(scope="module")
-def page() -> snippets.Snippets:
-    found = snippets.parse(PAGE)
-    assert found.server and {"grpc", "http", "openai"} <= set(found.runs), found
+@pytest.fixture(scope="module", params=sorted(PAGES))
+def page(request: pytest.FixtureRequest) -> tuple[str, snippets.Snippets]:
+    path, names = PAGES[request.param]
+    found = snippets.parse(path)
+    assert found.server and names <= set(found.runs), found
     for command in (found.server, *found.runs.values()):
         assert any(str(port) in command for port in PAGE_PORTS), f"no page port in {command!r}"
-    return found
+    return request.param, found
+
+
+def server_command(command: str) -> str:
+    """A page's server command with its gRPC port named (vLLM's page leaves --listen at its default,
+    50051: named here, it is moved to a free port like every port of the page)."""
+    return command if "--listen" in command else f"{command} --listen 127.0.0.1:{PAGE_PORTS[0]}"
 
 
 @pytest.fixture(scope="module")
-def served(page: snippets.Snippets, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Ports]:
+def served(page: tuple[str, snippets.Snippets], tmp_path_factory: pytest.TempPathFactory) -> Iterator[Ports]:
     """The page's server command, on free ports, until SERVING; stopped with Ctrl-C (SIGINT) after."""
     ports = Ports()
     logs = tmp_path_factory.mktemp("local-page")
     out, err = logs / "serve.out", logs / "serve.err"
     with out.open("w") as stdout, err.open("w") as stderr:
-        server = subprocess.Popen(["bash", "-c", f"exec {ports.to_free(page.server)}"], stdout=stdout,
+        command = ports.to_free(server_command(page[1].server))
+        server = subprocess.Popen(["bash", "-c", f"exec {command}"], stdout=stdout,
                                   stderr=stderr, env=shell_env(), cwd=REPO, start_new_session=True)
     try:
         deadline = time.monotonic() + START_TIMEOUT_S
@@ -83,20 +94,22 @@ def served(page: snippets.Snippets, tmp_path_factory: pytest.TempPathFactory) ->
             server.wait()
 
 
-@pytest.mark.parametrize("name", ["grpc", "http", "openai"])
-def test_a_getting_started_command_prints_what_the_page_shows(
-    page: snippets.Snippets, served: Ports, name: str
+def test_every_command_of_the_page_prints_what_the_page_shows(
+    page: tuple[str, snippets.Snippets], served: Ports
 ) -> None:
-    done = subprocess.run(["bash", "-c", f"set -o pipefail\n{served.to_free(page.runs[name])}"],
-                          capture_output=True, text=True, env=shell_env(), cwd=REPO,
-                          timeout=COMMAND_TIMEOUT_S)
-    assert done.returncode == 0, f"{name}: exit {done.returncode}: {done.stderr[-3000:]}"
-    got = served.to_page(done.stdout + done.stderr)
-    want = page.outputs[name]
-    checker = doctest.OutputChecker()
-    assert checker.check_output(want, got, doctest.ELLIPSIS), (
-        f"{PAGE.relative_to(REPO)}, snippet {name}: the page shows\n{want}\nthe command printed\n{got}"
-    )
+    key, found = page
+    for name, command in found.runs.items():
+        done = subprocess.run(["bash", "-c", f"set -o pipefail\n{served.to_free(command)}"],
+                              capture_output=True, text=True, env=shell_env(), cwd=REPO,
+                              timeout=COMMAND_TIMEOUT_S)
+        assert done.returncode == 0, f"{name}: exit {done.returncode}: {done.stderr[-3000:]}"
+        got = served.to_page(done.stdout + done.stderr)
+        want = found.outputs[name]
+        checker = doctest.OutputChecker()
+        assert checker.check_output(want, got, doctest.ELLIPSIS), (
+            f"{PAGES[key][0].relative_to(REPO)}, snippet {name}: the page shows\n{want}\nthe command "
+            f"printed\n{got}"
+        )
 
 
 def test_a_marker_without_a_block_is_refused(tmp_path: Path) -> None:

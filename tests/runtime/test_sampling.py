@@ -72,3 +72,18 @@ def test_top_p_takes_the_full_distributions_mass_before_top_k() -> None:
     assert torch.allclose(probs, torch.tensor([[4 / 7, 3 / 7, 0.0, 0.0]]))
     _, chosen, _ = position_stats(row, DecodingParams(top_p=0.5, top_k=2))
     assert chosen.item() == pytest.approx(4 / 7)
+
+
+def test_a_request_without_a_seed_samples_anew_and_one_with_a_seed_repeats(bundled_engine) -> None:
+    """OpenAI's and vLLM's sampling: no seed, a fresh draw per request; a seed, the same answer."""
+    from lopa.bundled import tasks
+
+    prompt = tasks.held_out(1)[0].prompt
+    hot = DecodingParams(block_size=8, max_new_tokens=32, temperature=1.5)
+    fresh = [bundled_engine.generate(prompt, hot).result.generated_ids for _ in range(4)]
+    assert len({tuple(ids) for ids in fresh}) > 1
+    seeded = hot.with_overrides(seed=7)
+    again = [bundled_engine.generate(prompt, seeded).result.generated_ids for _ in range(3)]
+    assert again[0] == again[1] == again[2]
+    assert DecodingParams().seed is None and DecodingParams().seeded().seed is not None
+    assert seeded.seeded() is seeded

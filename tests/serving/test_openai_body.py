@@ -50,8 +50,11 @@ def test_defaults_and_nulls_give_the_plain_request() -> None:
         (completion, {"frequency_penalty": "0"}, "frequency_penalty", 'only 0 (the default), got "0"'),
         (completion, {"repetition_penalty": 1.2}, "repetition_penalty", "only 1 (the default), got 1.2"),
         (completion, {"stream_options": True}, "stream_options", "must be an object, got true"),
-        (completion, {"stream_options": {"include_usage": "yes"}}, "stream_options.include_usage",
-         "must be a boolean"),
+        (completion, {"stream": True, "stream_options": {"include_usage": "yes"}},
+         "stream_options.include_usage", "must be a boolean"),
+        (completion, {"stream_options": {"include_usage": True}}, "stream_options",
+         "only allowed with stream"),
+        (chat, {"stream": False, "stream_options": {}}, "stream_options", "only allowed with stream"),
     ],
 )
 def test_other_values_name_the_field(call: Any, fields: dict[str, Any], field: str, reason: str) -> None:

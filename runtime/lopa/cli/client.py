@@ -8,7 +8,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from lopa.cli.decoding_flags import HELP, flag_name
+from lopa.cli.decoding_flags import HELP, OPTIONAL_TYPES, flag_name
 from lopa.params import DecodingParams, InvalidParameter
 
 OVERRIDES = ("branches", "block_size", "tau_add", "tau_act", "tau_conf", "conf", "alpha", "beta",
@@ -35,7 +35,8 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
                      help="print one JSON object (text, finish reason, stats) instead of text")
     group = gen.add_argument_group("decoding overrides (default: the server's, see `lopa client info`)")
     for name in OVERRIDES:
-        kind = type(getattr(getattr(DecodingParams(), name), "value", getattr(DecodingParams(), name)))
+        default = getattr(DecodingParams(), name)
+        kind = OPTIONAL_TYPES.get(name) or type(getattr(default, "value", default))
         group.add_argument(flag_name(name), dest=name, type=kind, default=None, help=HELP[name])
     info = actions.add_parser("info", help="print the model info (limits, decoding defaults) and health")
     add_connection_flags(info)

@@ -25,8 +25,11 @@ HELP = {
     "temperature": "0 = greedy; > 0 samples x_hat",
     "top_p": "nucleus sampling mass (1 = off)",
     "top_k": "top-k filter (0 = off)",
-    "seed": "sampling seed",
+    "seed": "sampling seed: a request with the same seed samples the same answer",
 }
+# Fields whose default is None, and the type of their flag.
+OPTIONAL_TYPES = {"seed": int}
+NO_DEFAULT = {"seed": "a fresh draw per request"}
 CHOICES = {name: [choice.value for choice in kind] for name, kind in CHOICE_SETTINGS.items()}
 
 
@@ -47,10 +50,12 @@ def add_decoding_flags(parser: argparse.ArgumentParser) -> None:
         group.add_argument(
             flag_name(field.name),
             dest=field.name,
-            type=type(default),
+            type=OPTIONAL_TYPES.get(field.name, type(default)),
             default=None,
             choices=CHOICES.get(field.name),
-            help=f"{HELP[field.name]} (paper default: {default})",
+            help=f"{HELP[field.name]} (default: {NO_DEFAULT[field.name]})"
+            if field.name in NO_DEFAULT
+            else f"{HELP[field.name]} (paper default: {default})",
         )
 
 

@@ -5,10 +5,14 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import logging
+import os
 import signal
 import sys
 import tempfile
+import threading
+import time
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import grpc
 
@@ -17,6 +21,7 @@ from lopa.cli.preflight import device_problem, listen_problem, weights_problem
 from lopa.params import InvalidParameter
 from lopa.serving.shared import device_choice
 from lopa.serving.shared.config import (
+    API_KEY_ENV,
     DTYPES,
     MAX_BATCH,
     MAX_PORT,
@@ -33,7 +38,14 @@ from lopa.serving.shared.config import (
 )
 from lopa.serving.shared.model_dir import model_path, usable_max_length
 
+if TYPE_CHECKING:
+    from lopa.serving.launcher import LocalCluster
+
 log = logging.getLogger("lopa.serve")
+DOWNLOAD_DIR = "~/.cache/lopa/models"
+# Beyond the drain bound, for the master to end what is left and exit (the operator's pods have the
+# same margin in their grace period).
+DRAIN_MARGIN_S = 15.0
 
 
 def add_parser(subparsers: argparse._SubParsersAction) -> None:
@@ -45,13 +57,19 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     )
     parser.add_argument("--workers", type=int, default=None,
                         help="branch workers (collective world size; default: the config file's "
-                        "workers.count, 1 if it leaves it out; without --config 2)")
+                        "workers.count, else 2)")
     parser.add_argument("--config", default=None,
                         help="base serving YAML (addresses, the workers' ports and master.metrics_port are "
                         "replaced, --http-port replaces master.http_port when given; with tls, the master "
                         "gets a plaintext master.health_port, where this command waits for SERVING)")
+    parser.add_argument("model_arg", nargs="?", default=None, metavar="MODEL",
+                        help="checkpoint directory or hf://org/name[@revision] (fetched into --download-dir "
+                        "once), as vLLM's `vllm serve MODEL`; the same as --model")
     parser.add_argument("--model", default=None, help="checkpoint directory (default: the bundled model)")
     parser.add_argument("--adapter", default=None, help="PEFT LoRA adapter directory")
+    parser.add_argument("--download-dir", default=DOWNLOAD_DIR,
+                        help="where an hf:// MODEL is fetched, under <org>/<name>/<revision> (default: "
+                        "%(default)s)")
     parser.add_argument("--dtype", default=None, choices=DTYPES,
                         help="weights dtype (default: the config file's model.dtype, else float32)")
     parser.add_argument("--weights", default=None, choices=WEIGHTS,
@@ -87,12 +105,34 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     )
     parser.add_argument("--logs", default=None,
                         help="directory for the children's logs, created if missing (default: inherit)")
+    add_vllm_flags(parser)
     add_decoding_flags(parser)
     parser.set_defaults(handler=run)
 
 
+def add_vllm_flags(parser: argparse.ArgumentParser) -> None:
+    """vLLM's `vllm serve` flags, where lopa has their meaning (docs/guides/coming-from-vllm.md)."""
+    parser.add_argument("--host", default=None,
+                        help="the host every client-facing port binds, as vLLM's (replaces --listen's host)")
+    parser.add_argument("--port", type=int, default=None,
+                        help="the OpenAI-compatible HTTP API's port, as vLLM's --port (as --http-port)")
+    parser.add_argument("--served-model-name", nargs="+", default=None, metavar="NAME",
+                        help="the model ids the HTTP API answers to, the first the main one (default: the "
+                        "config's master.model_name, else the model directory's name)")
+    parser.add_argument("--max-model-len", type=int, default=None,
+                        help="the longest prompt + answer of a request, in tokens (the KV cache of each "
+                        "request; default: limits.max_prompt_tokens + limits.max_new_tokens, at most the "
+                        "model's positions)")
+    parser.add_argument("--api-key", nargs="+", default=None, metavar="KEY",
+                        help=f"require one of these keys (Authorization: Bearer KEY) on the HTTP API's paths "
+                        f"but the probes, /version and /metrics (default: {API_KEY_ENV} of the environment, "
+                        "else none)")
+    parser.add_argument("--no-access-log", action="store_true",
+                        help="no line per HTTP request in the master's log (default: one line each, "
+                        "without the prompt)")
+
+
 def run(args: argparse.Namespace) -> int:
-    from lopa.serving.launcher import LocalCluster
 
     check_flags(args)
     logging.basicConfig(level="INFO", format="%(asctime)s %(levelname)s %(name)s: %(message)s")
@@ -103,6 +143,8 @@ def run(args: argparse.Namespace) -> int:
     # SIGTERM (a process manager, `kill`) stops the group like Ctrl-C: children never outlive us.
     signal.signal(signal.SIGTERM, _interrupt)
     signal.signal(signal.SIGINT, _interrupt)
+    from lopa.serving.launcher import LocalCluster
+
     with tempfile.TemporaryDirectory(prefix="lopa-serve-") as tmp:
         # own_work_dir: killed outright (SIGKILL), this process cannot remove tmp; its children do.
         cluster = LocalCluster(config, Path(tmp), Path(args.logs) if args.logs else None, own_work_dir=True)
@@ -116,8 +158,7 @@ def run(args: argparse.Namespace) -> int:
             print(f"lopa: serving on {address}{http} with {workers} workers (Ctrl-C to stop)", flush=True)
             return cluster.supervise()
         except KeyboardInterrupt:
-            print("lopa: stopping", flush=True)
-            return 0
+            return drain(cluster, config.limits.request_timeout_s)
         except RuntimeError as error:
             print(f"lopa serve: error: {error}", file=sys.stderr)
             return 1
@@ -127,7 +168,9 @@ def run(args: argparse.Namespace) -> int:
 
 def check_flags(args: argparse.Namespace) -> None:
     """The flags that config validation would report under a config key, or the children too late.
-    --all-interfaces replaces the host of --listen with 0.0.0.0."""
+    --all-interfaces replaces the host of --listen with 0.0.0.0, --host with its own; vLLM's
+    spellings (MODEL, --port, --api-key) become lopa's."""
+    vllm_flags(args)
     if args.all_interfaces:
         args.listen = f"0.0.0.0:{args.listen.rpartition(':')[2]}"
     if args.prompt is not None and not args.prompt.strip():
@@ -152,6 +195,53 @@ def check_flags(args: argparse.Namespace) -> None:
     _check_ports(args)
     if args.logs:
         _make_log_dir(Path(args.logs))
+
+
+def vllm_flags(args: argparse.Namespace) -> None:
+    """MODEL (a directory, or an hf:// URI fetched here), --host, --port and --api-key, as lopa's
+    --model, --listen's host, --http-port and the master's LOPA_API_KEY."""
+    if args.model_arg is not None:
+        if args.model is not None and args.model != args.model_arg:
+            twice = f"MODEL {args.model_arg!r} and --model {args.model!r}"
+            raise InvalidParameter("model", f"given twice: {twice}")
+        uri = "://" in args.model_arg
+        args.model = fetched(args.model_arg, Path(args.download_dir).expanduser()) if uri else args.model_arg
+    if args.host is not None:
+        if args.all_interfaces:
+            raise InvalidParameter("host", "and --all-interfaces both choose the host: give one")
+        args.listen = f"{args.host}:{args.listen.rpartition(':')[2]}"
+    if args.port is not None:
+        if args.http_port and args.http_port != args.port:
+            ports = f"({args.port}, {args.http_port})"
+            raise InvalidParameter("port", f"and --http-port name different ports {ports}")
+        args.http_port = args.port
+    if args.api_key is not None:
+        bad = [key for key in args.api_key if not key.strip() or "," in key]
+        if bad:
+            raise InvalidParameter("api_key", "a key must be non-empty and hold no comma")
+        os.environ[API_KEY_ENV] = ",".join(args.api_key)  # the master inherits it
+    for name in args.served_model_name or ():
+        if not name.strip():
+            raise InvalidParameter("served_model_name", "a name must be non-empty")
+    if args.max_model_len is not None and args.max_model_len < 2:
+        got = args.max_model_len
+        raise InvalidParameter("max_model_len", f"must be >= 2 (a prompt token and an answer), got {got}")
+
+
+def fetched(uri: str, download_dir: Path) -> str:
+    """An hf:// MODEL's directory once it holds the revision (lopa fetch-model's fetch)."""
+    from lopa import hub
+
+    try:
+        model = hub.parse(uri)
+        into = download_dir / model.repo / model.revision
+        print(f"lopa: fetching {uri} into {into}", file=sys.stderr, flush=True)
+        result = hub.fetch(uri, into)
+    except hub.FetchError as error:
+        raise InvalidParameter("model", str(error)) from None
+    state = "downloaded" if result.downloaded else "already there"
+    print(f"lopa: {uri} at {result.commit[:12]} {state}", file=sys.stderr, flush=True)
+    return str(result.path)
 
 
 def _make_log_dir(path: Path) -> None:
@@ -188,7 +278,7 @@ def serving_config(args: argparse.Namespace) -> ServingConfig:
     the file's decoding keys and the model's own defaults, loopback addresses; validated."""
     from lopa.serving.launcher import loopback_config
 
-    base = load_config(args.config) if args.config else parse_config({})
+    base = load_config(args.config, local=True) if args.config else parse_config({})
     model = ModelConfig(path=args.model or base.model.path, adapter=args.adapter or base.model.adapter,
                         dtype=args.dtype or base.model.dtype, device=args.device or base.model.device,
                         weights=args.weights or base.model.weights)
@@ -215,11 +305,17 @@ def serving_config(args: argparse.Namespace) -> ServingConfig:
         limits = dataclasses.replace(limits, max_batch=args.max_batch)
     if args.max_step_tokens is not None:
         limits = dataclasses.replace(limits, max_step_tokens=args.max_step_tokens)
-    config = dataclasses.replace(base, decoding=decoding, limits=limits,
-                                 master=dataclasses.replace(
-                                     base.master, metrics_port=args.metrics_port,
-                                     http_port=args.http_port or base.master.http_port))
-    workers = args.workers if args.workers is not None else (base.workers.count if args.config else 2)
+    if args.max_model_len is not None:
+        limits = dataclasses.replace(limits, max_model_len=args.max_model_len)
+    master = dataclasses.replace(base.master, metrics_port=args.metrics_port,
+                                 http_port=args.http_port or base.master.http_port)
+    if args.served_model_name:
+        names = args.served_model_name
+        master = dataclasses.replace(master, model_name=names[0], model_aliases=tuple(names[1:]))
+    if args.no_access_log:
+        master = dataclasses.replace(master, access_log=False)
+    config = dataclasses.replace(base, decoding=decoding, limits=limits, master=master)
+    workers = args.workers if args.workers is not None else (base.workers.count if _sets_count(args) else 2)
     given, config = config, loopback_config(config, workers, args.listen)
     log.info("%s", device_choice.start_line(config, given))
     validate(config)
@@ -227,8 +323,45 @@ def serving_config(args: argparse.Namespace) -> ServingConfig:
     return config
 
 
+def _sets_count(args: argparse.Namespace) -> bool:
+    """The config file sets workers.count (else `lopa serve` runs 2 workers, as without a file)."""
+    import yaml
+
+    if not args.config:
+        return False
+    raw = yaml.safe_load(Path(args.config).read_text())  # already loaded once: it parses
+    return isinstance(raw, dict) and isinstance(raw.get("workers"), dict) and "count" in raw["workers"]
+
+
 def _interrupt(signum: int, frame: object) -> None:
     raise KeyboardInterrupt
+
+
+def drain(cluster: LocalCluster, bound_s: float) -> int:
+    """The first Ctrl-C (or SIGTERM): the master drains as a pod's does (no new request, the queued
+    and running ones finish, for at most limits.request_timeout_s; then each request still open ends
+    with its error), with its workers serving it to the end. Another Ctrl-C or SIGTERM stops now:
+    every open request ends with its error at once."""
+    print(f"lopa: draining, at most {bound_s:g} s (limits.request_timeout_s); Ctrl-C again stops now",
+          flush=True)
+    urgent = threading.Event()
+
+    def again(signum: int, frame: object) -> None:
+        urgent.set()
+
+    signal.signal(signal.SIGINT, again)
+    signal.signal(signal.SIGTERM, again)
+    cluster.signal_master(signal.SIGTERM)
+    deadline = time.monotonic() + bound_s + DRAIN_MARGIN_S
+    while cluster.master_running() and time.monotonic() < deadline:
+        if urgent.is_set():
+            urgent.clear()
+            print("lopa: stopping now", flush=True)
+            cluster.signal_master(signal.SIGINT)
+            deadline = min(deadline, time.monotonic() + DRAIN_MARGIN_S)
+        time.sleep(0.05)
+    print("lopa: stopped", flush=True)
+    return 0
 
 
 def one_shot(address: str, prompt: str, workers: int) -> int:

@@ -49,6 +49,7 @@ class Decoder:
         on_step: Callable[[StepEvent], None] | None = None,
         should_stop: StopCheck | None = None,
     ) -> GenerationResult:
+        params = params.seeded()
         generation = self.start(prompt, params, should_stop)
         self.executor.begin(params, params.branches + 1)
         while generation.plan() is not None:

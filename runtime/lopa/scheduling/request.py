@@ -72,6 +72,9 @@ class Request:
     # a stream's TTFT ends there, where its client sees it; None: at the round that committed it.
     first_token_sent: float | None = None
 
+    def __post_init__(self) -> None:
+        self.params = self.params.seeded()  # the seed it samples with, whichever executor runs it
+
 
 class Waiter:
     """on_done for a caller that blocks until the outcome (the local engine)."""

@@ -258,6 +258,14 @@ class LocalCluster:
             time.sleep(poll_s)
         return 0
 
+    def signal_master(self, signum: int) -> None:
+        """SIGTERM: the master drains (lopa master); SIGINT: it stops at once."""
+        if self.master is not None and self.master.poll() is None:
+            self.master.send_signal(signum)
+
+    def master_running(self) -> bool:
+        return self.master is not None and self.master.poll() is None
+
     def stop(self, timeout: float = 10.0) -> None:
         _terminate([p for p in [self.master] if p is not None], timeout)
         self.stop_workers(timeout)

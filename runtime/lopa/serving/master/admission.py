@@ -22,7 +22,7 @@ from lopa.serving.master.served import ServedModel
 from lopa.serving.shared.config import Limits
 
 # The JSON types each setting accepts (DecodingParams' annotations are strings under __future__).
-_TYPES = {"int": (int,), "float": (int, float)}
+_TYPES = {"int": (int,), "int | None": (int,), "float": (int, float)}
 SETTING_TYPES: dict[str, tuple[type, ...]] = {
     f.name: _TYPES.get(str(f.type), (str,)) for f in fields(DecodingParams) if f.name != "max_new_tokens"
 }

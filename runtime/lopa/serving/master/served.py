@@ -46,7 +46,15 @@ class ServedModel:
             workers=config.workers.count,
             backend=config.workers.backend,
             max_token_chars=longest_token(tokenizer),
+            aliases=config.master.model_aliases,
         )
+
+    aliases: tuple[str, ...] = ()  # more ids a client may name it by (master.model_aliases)
+
+    @property
+    def names(self) -> tuple[str, ...]:
+        """Every id the HTTP API answers to, the main one first."""
+        return (self.name, *self.aliases)
 
     def decode(self, ids: list[int]) -> str:
         return self.tokenizer.decode(list(ids), skip_special_tokens=True)

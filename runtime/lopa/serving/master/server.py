@@ -31,7 +31,7 @@ from lopa.serving.master.group.distributed import DistributedExecutor, StepTimin
 from lopa.serving.master.group.links import WorkerGroup
 from lopa.serving.master.observer import MasterObserver
 from lopa.serving.master.served import ServedModel
-from lopa.serving.shared.config import AUTO, ServingConfig
+from lopa.serving.shared.config import API_KEY_ENV, AUTO, ServingConfig
 from lopa.serving.shared.group_link import LinkSecurity
 from lopa.serving.shared.listen import add_port, grpc_server_options, host_of
 from lopa.serving.shared.log_limits import limit_repeats, raise_descriptor_limit
@@ -180,6 +180,7 @@ def grpc_servers(
 async def start_openai_http(config: ServingConfig, pipeline: Pipeline, host: str) -> web.AppRunner:
     """The OpenAI-compatible HTTP API on master.http_port, bounded by the master.http_* keys and the
     admission's limits, started (its runner, to clean up)."""
+    from lopa.serving.master.api.api_keys import api_keys
     from lopa.serving.master.api.connection_guard import HttpBounds
     from lopa.serving.master.api.openai_http import OpenAIApi, start_http
 
@@ -187,11 +188,14 @@ async def start_openai_http(config: ServingConfig, pipeline: Pipeline, host: str
     bounds = HttpBounds(master.http_max_connections, master.http_header_timeout_s,
                         master.http_keepalive_timeout_s, master.http_body_timeout_s,
                         master.http_min_body_rate, master.http_max_connections_per_client)
-    api = OpenAIApi(pipeline.dispatcher, pipeline.served.name, config.limits.queue_size, pipeline.serving,
-                    metrics.registry, bounds, admission.max_body_bytes, admission.max_body_values)
+    keys = api_keys()
+    api = OpenAIApi(pipeline.dispatcher, pipeline.served.names, config.limits.queue_size, pipeline.serving,
+                    metrics.registry, bounds, admission.max_body_bytes, admission.max_body_values, keys)
     runner = await start_http(api, host, master.http_port, config.tls,
-                              lambda reason: metrics.http_refused.labels(reason).inc())
-    log.info("OpenAI-compatible HTTP API on %s port %d, model %r", host, master.http_port, api.model)
+                              lambda reason: metrics.http_refused.labels(reason).inc(), master.access_log)
+    log.info("OpenAI-compatible HTTP API on %s port %d, model %s%s", host, master.http_port,
+             " / ".join(repr(name) for name in api.names),
+             f", {len(keys)} API key(s) ({API_KEY_ENV})" if keys else ", no API key")
     return runner
 
 

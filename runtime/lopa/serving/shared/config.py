@@ -75,6 +75,11 @@ class ModelConfig:
     weights: str = "dtype"
 
 
+# The HTTP API's keys (lopa.serving.master.api.api_keys): read from the master's environment, never a
+# file; several separated by commas.
+API_KEY_ENV = "LOPA_API_KEY"
+
+
 @dataclass(frozen=True)
 class Limits:
     max_branches: int = 15
@@ -84,6 +89,8 @@ class Limits:
     request_timeout_s: float = 300.0
     max_batch: int = 8  # requests decoding at once: one KV cache each on every worker, allocated at start
     max_step_tokens: int = 0  # tokens of one forward per worker (branch budget); 0 = the device's default
+    # prompt + answer of a request at most (its KV cache); 0 = max_prompt_tokens + max_new_tokens
+    max_model_len: int = 0
 
 
 @dataclass(frozen=True)
@@ -93,6 +100,8 @@ class MasterConfig:
     health_port: int = 0  # plaintext grpc.health.v1 only (for the kubelet's probe under TLS); 0 = off
     http_port: int = 0  # the OpenAI-compatible HTTP API (TLS when tls is set); 0 = off
     model_name: str = ""  # the model id of the HTTP API; "" = the model directory's name
+    model_aliases: tuple[str, ...] = ()  # more ids the HTTP API answers to (vLLM's --served-model-name)
+    access_log: bool = True  # a line per HTTP request (method, path, status, bytes, seconds: no prompt)
     # The HTTP port's connections (lopa.serving.master.api.http_site): at most this many open, the
     # oldest idle one giving way to a new one; a request head due within header_timeout_s of
     # connecting, keepalive_timeout_s of idling; a body within body_timeout_s of its head.
@@ -161,7 +170,8 @@ class ServingConfig:
     @property
     def max_length(self) -> int:
         """KV cache length of every request (before capping by the model's position limit)."""
-        return self.limits.max_prompt_tokens + self.limits.max_new_tokens
+        total = self.limits.max_prompt_tokens + self.limits.max_new_tokens
+        return min(total, self.limits.max_model_len) if self.limits.max_model_len else total
 
 
 _SECTIONS: dict[str, type] = {
@@ -201,6 +211,10 @@ def _value(key: str, default: Any, value: Any) -> Any:
         if isinstance(value, (list, dict, bool)):
             raise ConfigError(f"{key}: must be a string, got {value!r}")
         return "" if value is None else str(value)
+    if isinstance(default, bool):
+        if not isinstance(value, bool):
+            raise ConfigError(f"{key}: must be true or false, got {value!r}")
+        return value
     # YAML `true` is a Python int: a bool must not pass as a number.
     if isinstance(default, int) and (isinstance(value, bool) or not isinstance(value, int)):
         raise ConfigError(f"{key}: must be an integer, got {value!r}")
@@ -277,6 +291,7 @@ def _check_limits(limits: Limits) -> None:
     if not 1 <= limits.max_branches <= MAX_BRANCHES:
         raise ConfigError(f"limits.max_branches: must be in [1, {MAX_BRANCHES}], got {limits.max_branches}")
     _positive_seconds("limits.request_timeout_s", limits.request_timeout_s)
+    _at_least("limits.max_model_len", limits.max_model_len, 0)
 
 
 def _check_decoding(decoding: DecodingParams, limits: Limits, keys: frozenset[str]) -> None:
@@ -301,6 +316,13 @@ def _check_decoding(decoding: DecodingParams, limits: Limits, keys: frozenset[st
 
 def _check_master(master: MasterConfig) -> None:
     _address("master.listen", master.listen)
+    names = [master.model_name, *master.model_aliases] if master.model_name else list(master.model_aliases)
+    for index, alias in enumerate(master.model_aliases):
+        if not alias.strip():
+            raise ConfigError(f"master.model_aliases[{index}]: must be a non-empty name")
+    if len(names) != len(set(names)):
+        raise ConfigError(f"master.model_aliases: each name must differ from the others and model_name, "
+                          f"got {names}")
     _at_least("master.http_max_connections", master.http_max_connections, 1)
     _at_least("master.http_min_body_rate", master.http_min_body_rate, 1)
     _at_least("master.http_max_connections_per_client", master.http_max_connections_per_client, 0)
@@ -382,7 +404,9 @@ class _UniqueKeyLoader(yaml.SafeLoader):
         return super().construct_mapping(node, deep=deep)
 
 
-def load_config(path: str | Path) -> ServingConfig:
+def load_config(path: str | Path, local: bool = False) -> ServingConfig:
+    """The config file at `path`, validated. local: for `lopa serve`, which places the workers on
+    loopback itself: the file's worker addresses are not needed (a count alone is enough)."""
     path = Path(path)
     try:
         with path.open() as stream:  # read from the file: YAML's errors then name it, not <unicode string>
@@ -393,6 +417,10 @@ def load_config(path: str | Path) -> ServingConfig:
         raise ConfigError(f"{path}: not valid YAML: {error}") from None
     except UnicodeDecodeError as error:
         raise ConfigError(f"{path}: not UTF-8 text (byte {error.start}: {error.reason})") from None
+    workers = raw.get("workers") if isinstance(raw, dict) else None
+    if local and isinstance(workers, dict) and isinstance(workers.get("count"), int):
+        count = workers["count"]
+        workers.setdefault("addresses", [f"127.0.0.1:{50052 + rank}" for rank in range(max(count, 0))])
     try:
         return parse_config(raw)
     except ConfigError as error:

@@ -40,7 +40,7 @@ def loads(text: str, max_values: int) -> Any:
             return json.loads(text)
         return _CountingDecoder(max_values).decode(text)
     except json.JSONDecodeError as error:
-        raise NotJson(f"not valid JSON ({error.msg} at character {error.pos})") from None
+        raise NotJson(f"not valid JSON: {error.msg} (line {error.lineno}, column {error.colno})") from None
     except TooManyValues:
         raise
     except ValueError:  # an integer of more digits than Python converts (sys.get_int_max_str_digits)
@@ -71,3 +71,16 @@ class _CountingDecoder(json.JSONDecoder):
 
         self.parse_array, self.parse_object = parse_array, parse_object
         self.scan_once = py_make_scanner(self)
+
+
+def unreadable(error: Exception) -> str:
+    """Why a request body could not be read as JSON (for its 400), from what decoding it raised."""
+    if isinstance(error, UnicodeDecodeError):
+        return f"not UTF-8 text: byte 0x{error.object[error.start]:02x} at offset {error.start}"
+    if isinstance(error, LookupError):
+        return "unknown charset in the Content-Type header"
+    if isinstance(error, RecursionError):
+        return "nested too deeply"
+    if isinstance(error, NotJson):
+        return str(error)
+    return "not valid JSON"

@@ -1,7 +1,8 @@
 """OpenAI request bodies -> admission Asks (pure: no I/O, no server state).
 
 This module checks only what OpenAI's API has and the server's own names lack: the body's shape,
-`model`, `n`, `stream`, `stream_options`, the `messages` list and the OpenAI features accepted at
+`model` (one of the ids the server answers to; another is UnknownModel, a 404), `n`, `stream`,
+`stream_options` (only with `stream`), the `messages` list and the OpenAI features accepted at
 their defaults. Every request setting is copied into the Ask as sent and checked once, by
 admission (types included). The LoPA knobs are extra body fields with the server's names; errors
 name the body field, so the HTTP layer answers in OpenAI's error shape.
@@ -10,7 +11,7 @@ name the body field, so the HTTP layer answers in OpenAI's error shape.
 from __future__ import annotations
 
 import json
-from collections.abc import Collection
+from collections.abc import Collection, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -43,6 +44,14 @@ CHAT_FIELDS = COMMON | {"messages", "max_completion_tokens", *CHAT_NEUTRAL}
 ROLES = frozenset({"system", "user", "assistant", "developer"})
 
 
+class UnknownModel(InvalidParameter):
+    """The body names a model this server does not serve (404 model_not_found, as OpenAI's)."""
+
+    def __init__(self, asked: str, served: Sequence[str]) -> None:
+        names = ", ".join(repr(name) for name in served)
+        super().__init__("model", f"the model {asked!r} does not exist; this server serves {names}")
+
+
 @dataclass(frozen=True)
 class Parsed:
     asks: tuple[Ask, ...]  # one, or one per prompt of a /v1/completions batch (choice i answers prompt i)
@@ -53,8 +62,14 @@ class Parsed:
     batch: bool = False
 
 
-def _common(body: Any, known: frozenset[str], served_model: str) -> tuple[Parsed, Ask]:
-    """The fields both endpoints share; the caller adds its prompt and its token budget."""
+def _names(served: str | Sequence[str]) -> tuple[str, ...]:
+    return (served,) if isinstance(served, str) else tuple(served)
+
+
+def _common(body: Any, known: frozenset[str], served: str | Sequence[str]) -> tuple[Parsed, Ask]:
+    """The fields both endpoints share; the caller adds its prompt and its token budget. `served`:
+    the ids the server answers to, the main one first."""
+    names = _names(served)
     if not isinstance(body, dict):
         raise InvalidParameter("body", "must be a JSON object")
     unknown = sorted(set(body) - known)
@@ -67,9 +82,9 @@ def _common(body: Any, known: frozenset[str], served_model: str) -> tuple[Parsed
                                          f"got {json.dumps(body[name])}")
     model = typed("model", body.get("model"), (str,))
     if not model:
-        raise InvalidParameter("model", f"is required (this server serves {served_model!r})")
-    if model != served_model:
-        raise InvalidParameter("model", f"unknown model {model!r}; this server serves {served_model!r}")
+        raise InvalidParameter("model", f"is required (this server serves {names[0]!r})")
+    if model not in names:
+        raise UnknownModel(model, names)
     n = typed("n", body.get("n"), (int,))
     if n is not None and n != 1:
         raise InvalidParameter("n", f"only n = 1 is supported, got {n}")
@@ -77,6 +92,8 @@ def _common(body: Any, known: frozenset[str], served_model: str) -> tuple[Parsed
     options = body.get("stream_options")
     if options is not None and not isinstance(options, dict):
         raise InvalidParameter("stream_options", f"must be an object, got {json.dumps(options)}")
+    if options is not None and not stream:
+        raise InvalidParameter("stream_options", "is only allowed with stream: true")
     flags = {}
     for name in ("include_usage", "continuous_usage_stats"):
         try:
@@ -107,7 +124,7 @@ def _neutral(value: Any, accepted: tuple[Any, ...]) -> bool:
     return any(same(a) for a in accepted)
 
 
-def completion_request(body: Any, served_model: str, max_prompts: int) -> Parsed:
+def completion_request(body: Any, served_model: str | Sequence[str], max_prompts: int) -> Parsed:
     """One prompt (a string or a list of token ids), or a batch: a list of several, each of which
     becomes its own request with the same settings (choice i answers prompt i), at most
     `max_prompts` of them (counted before any is looked at)."""
@@ -137,7 +154,7 @@ def _with_prompt(ask: Ask, prompt: Any, name: str) -> Ask:
     raise InvalidParameter(name, "is required: a non-empty string or list of token ids")
 
 
-def chat_request(body: Any, served_model: str) -> Parsed:
+def chat_request(body: Any, served_model: str | Sequence[str]) -> Parsed:
     parsed, ask = _common(body, CHAT_FIELDS, served_model)
     if body.get("max_tokens") is not None and body.get("max_completion_tokens") is not None:
         raise InvalidParameter("max_completion_tokens", "send either it or max_tokens, not both")

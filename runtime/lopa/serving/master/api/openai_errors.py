@@ -16,8 +16,10 @@ from lopa.scheduling.request import RequestAborted
 from lopa.serving.master.dispatch import client_reason, outcome_label, retry_after_s
 
 
-def error_response(status: int, message: str, kind: str, param: str | None = None) -> web.Response:
-    body = {"error": {"message": message, "type": kind, "param": param, "code": None}}
+def error_response(
+    status: int, message: str, kind: str, param: str | None = None, code: str | None = None
+) -> web.Response:
+    body = {"error": {"message": message, "type": kind, "param": param, "code": code}}
     return web.json_response(body, status=status)
 
 

@@ -3,6 +3,9 @@
     POST /v1/completions        POST /v1/chat/completions   (stream: true -> server-sent events)
     GET  /v1/models, /v1/models/{id}    GET /health (200 once the group serves, else 503)   GET /live
     GET  /metrics (the master's Prometheus metrics: where the inference gateway scrapes)
+    vLLM's: POST /tokenize, /detokenize (openai_tokens)   GET /version   GET|POST /ping (as /health)
+
+With API keys (api_keys) every path but the probes, /version and /metrics needs one.
 
 Why aiohttp: it runs on the event loop grpc.aio already drives in the master, so an HTTP request
 enters the very same Dispatcher.open as a gRPC one (one queue, one validation, one set of
@@ -19,23 +22,32 @@ import asyncio
 import logging
 import time
 import uuid
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Collection, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 
+from lopa import __version__
 from lopa.model.tokenizer import NO_CHAT_TEMPLATE
 from lopa.params import InvalidParameter
 from lopa.scheduling.request import Completion, QueueFull
 from lopa.serving.master.admission import InvalidInBatch
 from lopa.serving.master.api import bounded_json
+from lopa.serving.master.api.api_keys import key_middleware
 from lopa.serving.master.api.connection_guard import ConnectionGuard, HttpBounds
 from lopa.serving.master.api.http_site import BoundedSite, guard_middleware, no_server_version
-from lopa.serving.master.api.openai_body import Parsed, body_field, chat_request, completion_request
+from lopa.serving.master.api.openai_body import (
+    Parsed,
+    UnknownModel,
+    body_field,
+    chat_request,
+    completion_request,
+)
 from lopa.serving.master.api.openai_errors import error_response, failure, invalid, openai_errors, unavailable
 from lopa.serving.master.api.openai_stream import FINISH, lopa_stats, stream, total_usage
+from lopa.serving.master.api.openai_tokens import TokenEndpoints, not_found
 from lopa.serving.master.dispatch import Dispatcher, GroupUnavailable, client_reason, retry_after_s
 from lopa.serving.shared.config import TlsConfig
 from lopa.serving.shared.tls import ssl_context
@@ -47,21 +59,12 @@ RETRY_AFTER_S = 1  # a full queue drains in about a request's time: retry soon, 
 HEALTH_RETRY_AFTER_S = 5  # a group forms or re-forms in seconds
 INLINE_BODY_BYTES = 1 << 16  # a larger body is parsed off the event loop, by one thread
 SHUTDOWN_S = 5.0  # at shutdown, what a request in flight is given to end (a stream: its error event)
+# client address, request line, status, response bytes, seconds (aiohttp's access log format)
+ACCESS_LOG_FORMAT = '%a "%r" %s %b %Tfs'
 NO_TEMPLATE_HINT = "the model has no chat template; send a plain prompt to /v1/completions"
 
 
-def _unreadable(error: Exception) -> str:
-    """Why a body could not be read as JSON, for its 400."""
-    if isinstance(error, LookupError):
-        return "unknown charset in the Content-Type header"
-    if isinstance(error, RecursionError):
-        return "nested too deeply"
-    if isinstance(error, bounded_json.NotJson):
-        return str(error)
-    return "not valid JSON"
-
-
-def parse_body(raw: bytes, charset: str | None, chat: bool, model: str, max_prompts: int,
+def parse_body(raw: bytes, charset: str | None, chat: bool, model: str | Sequence[str], max_prompts: int,
                max_values: int) -> tuple[Parsed, Any]:
     """A body's bytes -> the requests it asks for, and the JSON they came from (pure: run off the
     event loop for a large body). Each step is bounded before it builds anything: the JSON's values
@@ -71,30 +74,45 @@ def parse_body(raw: bytes, charset: str | None, chat: bool, model: str, max_prom
     return parsed, body
 
 
+def _json_type(content_type: str) -> bool:
+    return content_type == "application/json" or content_type.endswith("+json")
+
+
 class OpenAIApi:
-    def __init__(self, dispatcher: Dispatcher, served_model: str, queue_size: int,
+    def __init__(self, dispatcher: Dispatcher, served_model: str | Sequence[str], queue_size: int,
                  serving: Callable[[], bool], registry: CollectorRegistry | None = None,
                  bounds: HttpBounds | None = None, max_body_bytes: int = 8 << 20,
-                 max_body_values: int = 1 << 16) -> None:
-        """serving: whether the group serves (attached and not draining), what /health says;
-        registry: the master's metrics, also served here (where the endpoint picker scrapes);
-        max_body_bytes, max_body_values: the largest request body read and the most JSON values
-        parsed in it (admission's bounds, see Admission.max_body_bytes)."""
-        self.dispatcher, self.model, self.queue_size = dispatcher, served_model, queue_size
-        self.serving, self.registry = serving, registry
+                 max_body_values: int = 1 << 16, keys: Collection[str] = ()) -> None:
+        """served_model: the ids it answers to, the main one first; serving: whether the group
+        serves (attached and not draining), what /health says; registry: the master's metrics, also
+        served here (where the endpoint picker scrapes); max_body_bytes, max_body_values: the
+        largest request body read and the most JSON values parsed in it (admission's bounds, see
+        Admission.max_body_bytes); keys: the API keys (api_keys; none: open)."""
+        self.names = (served_model,) if isinstance(served_model, str) else tuple(served_model)
+        self.dispatcher, self.model, self.queue_size = dispatcher, self.names[0], queue_size
+        self.serving, self.registry, self.keys = serving, registry, frozenset(keys)
         self.bounds = bounds or HttpBounds()
         self._parser = ThreadPoolExecutor(1, thread_name_prefix="lopa-http-body")
         self.max_body_bytes, self.max_body_values = max_body_bytes, max_body_values
+        self.tokens = TokenEndpoints(dispatcher.admission, self.names, self.bounds.body_timeout_s,
+                                     max_body_values)
 
     def app(self, middlewares: Sequence[Any] = ()) -> web.Application:
-        app = web.Application(client_max_size=self.max_body_bytes, middlewares=[*middlewares, openai_errors])
+        keys = [key_middleware(self.keys)] if self.keys else []
+        app = web.Application(client_max_size=self.max_body_bytes,
+                              middlewares=[*middlewares, openai_errors, *keys])
         app.on_response_prepare.append(no_server_version)
         app.router.add_post("/v1/completions", self.completions)
         app.router.add_post("/v1/chat/completions", self.chat_completions)
         app.router.add_get("/v1/models", self.models)
         app.router.add_get("/v1/models/{model:.+}", self.model_entry)
+        app.router.add_post("/tokenize", self.tokens.tokenize)
+        app.router.add_post("/detokenize", self.tokens.detokenize)
         app.router.add_get("/health", self.health)
+        app.router.add_get("/ping", self.health)
+        app.router.add_post("/ping", self.health)
         app.router.add_get("/live", self.live)
+        app.router.add_get("/version", self.version)
         if self.registry is not None:
             app.router.add_get("/metrics", self.metrics)
         return app
@@ -102,18 +120,21 @@ class OpenAIApi:
     # -- endpoints ----------------------------------------------------------------------------------
 
     async def models(self, request: web.Request) -> web.Response:
-        return web.json_response({"object": "list", "data": [self._entry()]})
+        return web.json_response({"object": "list", "data": [self._entry(name) for name in self.names]})
 
     async def model_entry(self, request: web.Request) -> web.Response:
         """OpenAI's retrieve-model call (the SDKs' models.retrieve)."""
         asked = request.match_info["model"]
-        if asked != self.model:
-            return error_response(404, f"model {asked!r} not found; this server serves {self.model!r}",
-                                  "invalid_request_error", "model")
-        return web.json_response(self._entry())
+        if asked not in self.names:
+            return not_found(UnknownModel(asked, self.names))
+        return web.json_response(self._entry(asked))
 
-    def _entry(self) -> dict[str, Any]:
-        return {"id": self.model, "object": "model", "created": 0, "owned_by": "lopa"}
+    def _entry(self, name: str) -> dict[str, Any]:
+        return {"id": name, "object": "model", "created": 0, "owned_by": "lopa", "root": self.model,
+                "max_model_len": self.dispatcher.admission.max_length}
+
+    async def version(self, request: web.Request) -> web.Response:
+        return web.json_response({"version": __version__})
 
     async def health(self, request: web.Request) -> web.Response:
         ready = self.serving()
@@ -167,7 +188,7 @@ class OpenAIApi:
             return unread
         try:
             raw = await asyncio.wait_for(request.read(), self.bounds.body_timeout_s)
-            args = (raw, request.charset, chat, self.model, self.queue_size, self.max_body_values)
+            args = (raw, request.charset, chat, self.names, self.queue_size, self.max_body_values)
             if len(raw) < INLINE_BODY_BYTES:
                 return parse_body(*args)
             # A large body is parsed off the event loop: /health and every other request go on. One
@@ -181,10 +202,12 @@ class OpenAIApi:
         except bounded_json.TooManyValues as error:
             return error_response(413, f"body: {error}, more than a request of this server's limits holds",
                                   "invalid_request_error", "body")
+        except UnknownModel as error:
+            return not_found(error)
         except InvalidParameter as error:  # named as in the body already
             return invalid(error.field, error.reason)
         except (ValueError, LookupError, RecursionError) as error:  # UnicodeDecodeError, NotJson
-            return invalid("body", _unreadable(error))
+            return invalid("body", bounded_json.unreadable(error))
 
     def _refuse_unread(self, request: web.Request) -> web.Response | None:
         """What the headers alone refuse, before a byte of the body is read: a compressed body (never
@@ -193,6 +216,10 @@ class OpenAIApi:
         if encoding not in ("", "identity"):
             return error_response(415, f"body: Content-Encoding {encoding!r} is not accepted; send the body "
                                        "uncompressed", "invalid_request_error", "body")
+        declared = request.headers.get("Content-Type")
+        if declared is not None and not _json_type(request.content_type):
+            return error_response(415, f"body: Content-Type {request.content_type!r} is not accepted; send "
+                                       "JSON (application/json)", "invalid_request_error", "body")
         if (request.content_length or 0) > self.max_body_bytes:
             return self._too_large()
         return None
@@ -235,14 +262,17 @@ class OpenAIApi:
         return reply if parsed.batch else {**reply, "lopa": lopa_stats(done[0])}
 
 async def start_http(api: OpenAIApi, host: str, port: int, tls: TlsConfig,
-                     count_refused: Callable[[str], None] = lambda reason: None) -> web.AppRunner:
+                     count_refused: Callable[[str], None] = lambda reason: None,
+                     access_log: bool = True) -> web.AppRunner:
     """Serve the API on host:port, its connections bounded (connection_guard, http_site; count_refused:
     called with the reason of each connection refused or evicted); handler_cancellation: a
-    disconnect cancels the handler, which cancels the request (see OpenAIApi._serve)."""
+    disconnect cancels the handler, which cancels the request (see OpenAIApi._serve). access_log: a
+    line per request on the lopa.access logger (ACCESS_LOG_FORMAT: no body, so no prompt)."""
     guard = ConnectionGuard(api.bounds, asyncio.get_running_loop(), count_refused)
     # auto_decompress off: a compressed body is refused unread, never inflated (_refuse_unread)
-    handler_args = {"keepalive_timeout": api.bounds.keepalive_timeout_s, "access_log": None,
-                    "auto_decompress": False}
+    handler_args = {"keepalive_timeout": api.bounds.keepalive_timeout_s, "auto_decompress": False,
+                    "access_log": logging.getLogger("lopa.access") if access_log else None,
+                    "access_log_format": ACCESS_LOG_FORMAT}
     runner = web.AppRunner(api.app([guard_middleware(guard)]), handler_cancellation=True,
                            shutdown_timeout=SHUTDOWN_S, **handler_args)
     await runner.setup()

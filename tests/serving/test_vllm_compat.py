@@ -1,0 +1,182 @@
+"""What a vLLM user brings: `lopa serve MODEL --host --port --served-model-name a b --api-key K`,
+driven with the `openai` SDK and raw HTTP.
+
+Bearer keys (401 in OpenAI's shape without one; the probes, /version and /metrics open), both names
+answering, 404 model_not_found for another, vLLM's /version, /ping, /tokenize and /detokenize, 415
+for a body that is not JSON, stream_options only with stream, OpenAI's sampling (no seed: a fresh
+draw per request; a seed: the same answer), and a line per request in the access log.
+"""
+
+from __future__ import annotations
+
+import json
+import signal
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+
+import openai
+import pytest
+
+from lopa.bundled import bundled_model_dir, tasks
+from lopa.serving.launcher import free_ports
+
+from .conftest import worker_env
+
+KEY = "sk-test-key"
+PROMPT = tasks.held_out(1)[0].prompt
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[int, Path]]:
+    grpc_port, http_port = free_ports(2)
+    logs = tmp_path_factory.mktemp("vllm-logs")
+    command = [
+        sys.executable,
+        "-m",
+        "lopa",
+        "serve",
+        str(bundled_model_dir()),
+        "--host",
+        "127.0.0.1",
+        "--port",
+        str(http_port),
+        "--listen",
+        f"127.0.0.1:{grpc_port}",
+        "--served-model-name",
+        "a",
+        "b",
+        "--api-key",
+        KEY,
+        "--logs",
+        str(logs),
+        "--start-timeout",
+        "120",
+    ]
+    serve = subprocess.Popen(
+        command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=worker_env()
+    )
+    try:
+        line = serve.stdout.readline()
+        assert line.startswith("lopa: serving on"), serve.communicate(timeout=30)[1][-3000:]
+        assert f"HTTP (OpenAI API) on 127.0.0.1:{http_port}" in line
+        yield http_port, logs
+        serve.send_signal(signal.SIGINT)
+        serve.communicate(timeout=60)
+    finally:
+        serve.kill()
+
+
+def _call(
+    port: int,
+    method: str,
+    path: str,
+    body: object = None,
+    key: str | None = KEY,
+    content_type: str = "application/json",
+) -> tuple[int, dict]:
+    data = None if body is None else (body if isinstance(body, bytes) else json.dumps(body).encode())
+    headers = {"Content-Type": content_type} if data is not None else {}
+    if key is not None:
+        headers["Authorization"] = f"Bearer {key}"
+    request = urllib.request.Request(f"http://127.0.0.1:{port}{path}", data, headers, method=method)
+    try:
+        with urllib.request.urlopen(request, timeout=60) as response:
+            return response.status, json.load(response)
+    except urllib.error.HTTPError as error:
+        return error.code, json.load(error)
+
+
+def test_the_api_key_guards_the_api_and_leaves_the_probes_open(server: tuple[int, Path]) -> None:
+    port, _ = server
+    for key in (None, "sk-wrong"):
+        status, body = _call(port, "GET", "/v1/models", key=key)
+        assert status == 401 and body["error"]["code"] == "invalid_api_key", body
+        status, _ = _call(port, "POST", "/v1/completions", {"model": "a", "prompt": PROMPT}, key=key)
+        assert status == 401
+    for path in ("/health", "/ping", "/version"):
+        assert _call(port, "GET", path, key=None)[0] == 200, path
+    assert _call(port, "POST", "/ping", {}, key=None)[0] == 200
+    assert _call(port, "GET", "/version", key=None)[1]["version"]
+
+
+def test_the_sdk_with_the_key_is_served_under_both_names(server: tuple[int, Path]) -> None:
+    port, _ = server
+    api = openai.OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key=KEY, max_retries=0)
+    assert [m.id for m in api.models.list().data] == ["a", "b"]
+    answers = {name: api.completions.create(model=name, prompt=PROMPT, max_tokens=32) for name in ("a", "b")}
+    assert answers["a"].model == "a" and answers["b"].model == "b"
+    assert answers["a"].choices[0].text == answers["b"].choices[0].text
+    assert tasks.is_valid(tasks.held_out(1)[0].task, PROMPT, answers["a"].choices[0].text)
+    with pytest.raises(openai.NotFoundError) as info:
+        api.completions.create(model="c", prompt=PROMPT)
+    assert info.value.code == "model_not_found"
+    with pytest.raises(openai.NotFoundError):
+        api.models.retrieve("c")
+    assert api.models.retrieve("b").id == "b"
+    with pytest.raises(openai.AuthenticationError):
+        openai.OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="sk-wrong", max_retries=0).models.list()
+
+
+def test_tokenize_and_detokenize_are_the_completions_own(server: tuple[int, Path]) -> None:
+    port, _ = server
+    status, body = _call(port, "POST", "/tokenize", {"model": "a", "prompt": PROMPT})
+    assert status == 200 and body["count"] == len(body["tokens"]) == len(PROMPT)  # one token per char
+    assert body["max_model_len"] == 256
+    status, back = _call(port, "POST", "/detokenize", {"model": "b", "tokens": body["tokens"]})
+    assert status == 200 and back["prompt"] == PROMPT
+    chat = _call(port, "POST", "/tokenize", {"messages": [{"role": "user", "content": PROMPT}]})[1]
+    assert chat["tokens"] == body["tokens"]  # the bundled template: the bare prompt
+    status, error = _call(port, "POST", "/detokenize", {"tokens": [1, "x"]})
+    assert status == 400 and error["error"]["param"] == "tokens"
+    status, error = _call(port, "POST", "/tokenize", {"model": "c", "prompt": "x"})
+    assert status == 404 and error["error"]["code"] == "model_not_found"
+
+
+def test_a_body_that_is_not_json_is_415_and_stream_options_need_stream(server: tuple[int, Path]) -> None:
+    port, _ = server
+    status, error = _call(
+        port, "POST", "/v1/completions", b"model=a&prompt=x", content_type="application/x-www-form-urlencoded"
+    )
+    assert status == 415 and error["error"]["param"] == "body"
+    status, error = _call(
+        port,
+        "POST",
+        "/v1/completions",
+        {"model": "a", "prompt": PROMPT, "stream_options": {"include_usage": True}},
+    )
+    assert status == 400 and error["error"]["param"] == "stream_options"
+    status, error = _call(port, "POST", "/v1/completions", b'{"model": "a", "prompt": "x')
+    assert status == 400 and "line 1, column" in error["error"]["message"]
+    status, error = _call(port, "POST", "/v1/completions", b'{"prompt": "\xff"}')
+    assert status == 400 and "not UTF-8" in error["error"]["message"]
+
+
+def test_sampling_without_a_seed_draws_anew_and_with_one_repeats(server: tuple[int, Path]) -> None:
+    port, _ = server
+    api = openai.OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key=KEY, max_retries=0)
+
+    def sample(**seed: int) -> str:
+        done = api.completions.create(model="a", prompt=PROMPT, max_tokens=32, temperature=1.5, **seed)
+        return done.choices[0].text
+
+    assert len({sample() for _ in range(4)}) > 1
+    assert len({sample(seed=11) for _ in range(3)}) == 1
+
+
+def test_each_request_has_a_line_in_the_access_log_without_its_prompt(server: tuple[int, Path]) -> None:
+    port, logs = server
+    _call(port, "POST", "/v1/completions", {"model": "a", "prompt": PROMPT, "max_tokens": 8})
+    deadline = time.monotonic() + 10
+    text = ""
+    while time.monotonic() < deadline:
+        text = (logs / "master.log").read_text()
+        if '"POST /v1/completions HTTP/1.1" 200' in text:
+            break
+        time.sleep(0.2)
+    assert '"POST /v1/completions HTTP/1.1" 200' in text and "lopa.access" in text
+    assert PROMPT not in text
