@@ -1,5 +1,5 @@
-"""The bundled model decodes its held-out split, and LoPA's TPF rises with k on it
-(runtime/BENCHMARKS.md has the 300-prompt numbers)."""
+"""The bundled models (the Dream-format default and its LLaDA-format sibling) decode their held-out
+split, and LoPA's TPF rises with k on each (runtime/BENCHMARKS.md has the 300-prompt numbers)."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import pytest
 
 from lopa.bench.evaluate import evaluate
 from lopa.bench.weights import agreement, decode_all
-from lopa.bundled import tasks
+from lopa.bundled import bundled_llada_dir, tasks
 from lopa.bundled.defaults import model_defaults
 from lopa.engine import LocalEngine, bundled_model_dir
 from lopa.model import load_model
@@ -26,12 +26,31 @@ def test_bundled_checkpoint_is_small_and_in_the_real_format() -> None:
     assert loaded.tokenizer.convert_tokens_to_ids("<|endoftext|>") in loaded.special.eos
 
 
+@pytest.fixture(scope="module")
+def llada_engine() -> LocalEngine:
+    return LocalEngine.from_dirs(bundled_llada_dir())
+
+
+def test_the_llada_checkpoint_is_small_and_in_the_llada_format() -> None:
+    directory = bundled_llada_dir()
+    size = sum(f.stat().st_size for f in directory.iterdir() if f.is_file())
+    assert size <= 20 * 1024 * 1024
+    loaded = load_model(directory)
+    assert loaded.config.family == "llada" and loaded.config.logit_shift == 0 and not loaded.config.qkv_bias
+    defaults = model_defaults(directory)
+    assert (defaults.block_size, defaults.conf.value, defaults.attention.value) == (8, "prob", "block_causal")
+
+
+@pytest.mark.parametrize("family", ["dream", "llada"])
 @pytest.mark.parametrize("attention", ["block_causal", "full"])
-def test_tpf_rises_with_the_branches_at_d2f_accuracy(bundled_engine: LocalEngine, attention: str) -> None:
+def test_tpf_rises_with_the_branches_at_d2f_accuracy(
+    request: pytest.FixtureRequest, attention: str, family: str
+) -> None:
+    engine = request.getfixturevalue("bundled_engine" if family == "dream" else "llada_engine")
     examples = tasks.held_out(PROMPTS)
-    base = model_defaults(bundled_model_dir()).with_overrides(attention=attention)
+    base = model_defaults(engine.model_dir).with_overrides(attention=attention)
     d2f, k1, k3, k7 = (
-        evaluate(bundled_engine, examples, base.with_overrides(branches=k)) for k in (0, 1, 3, 7)
+        evaluate(engine, examples, base.with_overrides(branches=k)) for k in (0, 1, 3, 7)
     )
     # The suite is built so that each extra branch reaches one position deeper into a word (x3.5
     # and more on 300 prompts): a model where one lookahead finds the best order fails here.
