@@ -38,6 +38,7 @@ LIMIT_KEYS = {
     "maxBatch": "max_batch",
     "maxStepTokens": "max_step_tokens",
     "requestTimeoutSeconds": "request_timeout_s",
+    "maxModelLen": "max_model_len",
 }
 FLOAT_KEYS = {"tau_add", "tau_act", "tau_conf", "alpha", "beta", "temperature", "top_p"}
 
@@ -103,6 +104,7 @@ def render(name: str, namespace: str, spec: dict[str, Any], index: int) -> dict[
     if (spec.get("service") or {}).get("httpPort"):
         doc["master"]["http_port"] = names.HTTP_PORT  # the Service maps httpPort onto it
         doc["master"]["model_name"] = name  # OpenAI clients name the LoPADeployment as the model
+        doc["master"].update(model_aliases=[], access_log=True)  # the runtime's defaults, spelled out
         doc["master"].update(HTTP_BOUNDS)
     doc["master"].update(GRPC_BOUNDS)
     return doc

@@ -31,6 +31,7 @@ DEFAULTS: dict[str, Any] = {
         "maxBatch": 8,
         "maxStepTokens": 0,
         "requestTimeoutSeconds": 300,
+        "maxModelLen": 0,
     },
     "collective": {"joinTimeoutSeconds": 600, "stepTimeoutSeconds": 60},
     "failurePolicy": {

@@ -44,4 +44,4 @@ def cut_at_stop(
     if cut is None:
         return None
     count = next(n for n in range(len(ids) + 1) if len(decode(ids[:n])) >= cut)
-    return text[:cut], replace(result, output_ids=ids[:count])
+    return text[:cut], replace(result, output_ids=ids[:count], output_logprobs=result.output_logprobs[:count])

@@ -10,6 +10,7 @@ in both attention modes.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -45,6 +46,7 @@ class RefResult:
     semi_activated_fill_rounds: int  # rounds in which a semi-activated block had masks
     eos_round: int | None  # the round in which EOS was first filled
     max_blocks_seen: int
+    fill_probs: dict[int, float]  # each filled position's P in the round that filled it
 
 
 def ref_conf(probs: torch.Tensor, kind: ConfKind) -> float:
@@ -75,6 +77,7 @@ def reference_d2f(
     eos = False
     forwards = semi_rounds = 0
     eos_round: int | None = None
+    fill_probs: dict[int, float] = {}
 
     def decoded(b: RefBlock) -> float:
         return sum(1 for t in seq[b.start : b.end] if t != mask_id) / (b.end - b.start)
@@ -146,8 +149,9 @@ def reference_d2f(
                     if c[3] > best[3]:
                         best = c
                 fills = [best]
-            for p, token, _, _ in fills:
+            for p, token, prob, _ in fills:
                 seq[p] = token
+                fill_probs[p] = prob
                 if token in eos_ids:
                     round_eos = True
         if round_eos and not eos:
@@ -162,7 +166,7 @@ def reference_d2f(
                 if mask_id in seq[b.start : b.end]:
                     break
                 b.state = "to_cache"
-    return RefResult(seq[len(prompt) :], forwards, semi_rounds, eos_round, len(blocks) - 1)
+    return RefResult(seq[len(prompt) :], forwards, semi_rounds, eos_round, len(blocks) - 1, fill_probs)
 
 
 # -- synthetic models -------------------------------------------------------------------------------
@@ -274,3 +278,6 @@ def test_k0_matches_reference_on_a_random_checkpoint(
     assert result.forwards == ref.forwards
     assert mask not in result.generated_ids
     assert ref.forwards < len(ref.generated)  # some rounds filled several positions
+    # Each answer token's logprob is its P in the round that filled it (docs/decoding.md section 6).
+    expected = [math.log(ref.fill_probs[len(prompt) + i]) for i in range(len(result.output_ids))]
+    assert result.output_logprobs == pytest.approx(expected, rel=1e-6, abs=1e-9)

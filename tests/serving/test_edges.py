@@ -120,7 +120,7 @@ def test_a_huge_prompt_is_refused_at_once_while_health_answers(master: Master) -
         status = answer_to_head(master.http, head)
         assert status.startswith(b"HTTP/1.1 413"), status
         # Below the body limit but longer than any prompt can be: refused before tokenizing.
-        within = json.dumps({"model": "x", "prompt": "a" * 100_000}).encode()
+        within = json.dumps({"model": "serving-checkpoint0", "prompt": "a" * 100_000}).encode()
         request = urllib.request.Request(master.url("/v1/completions"), data=within,
                                          headers={"Content-Type": "application/json"})
         with pytest.raises(urllib.error.HTTPError) as refused:
@@ -251,7 +251,9 @@ def test_ordinary_client_events_log_one_line_and_errors_have_openai_shape(master
         assert client.model_info().model == "serving-checkpoint0"  # the model's name, not a path
     time.sleep(0.5)
     added = master.log_lines()[before:]
-    assert not any("Traceback" in line for line in added) and len(added) <= 4, added
+    events = [line for line in added if "lopa.access" not in line]  # the access log: a line per answer
+    assert not any("Traceback" in line for line in added) and len(events) <= 4, events
+    assert any('"GET /v1/nothing HTTP/1.1" 404' in line for line in added), added
 
 
 def test_chat_on_a_model_without_a_template_is_a_clear_400(master: Master) -> None:

@@ -113,15 +113,14 @@ def test_models_and_health(api: openai.OpenAI, served: tuple[LocalCluster, int])
     ("kwargs", "param", "message"),
     [
         ({"extra_body": {"tau_conf": 2.0}}, "tau_conf", "tau_conf: must be in"),
-        ({"n": 2}, "n", "n: only n = 1 is supported, got 2"),
-        ({"model": "gpt-4"}, "model", "model: unknown model 'gpt-4'; this server serves 'lopa-bundled'"),
+        ({"n": 0}, "n", "n: must be >= 1, got 0"),
         ({"prompt": ""}, "prompt", "prompt: is empty"),
         ({"max_tokens": 100000}, "max_tokens", "max_tokens: 100000 exceeds the server limit"),
         ({"extra_body": {"branches": "three"}}, "branches", "branches: must be an integer, got 'three'"),
         ({"extra_body": {"echo_back": 1}}, "echo_back", "echo_back: is not supported by this server"),
         ({"presence_penalty": 0.5}, "presence_penalty",
          "presence_penalty: is not supported by this server: only 0 (the default), got 0.5"),
-        ({"logprobs": 2}, "logprobs", "logprobs: is not supported by this server: only false"),
+        ({"logprobs": 2}, "logprobs", "logprobs: is served at 0 only"),
         ({"extra_body": {"min_tokens": 4}}, "min_tokens", "min_tokens: is supported with ignore_eos only"),
     ],
 )
@@ -134,6 +133,14 @@ def test_bad_values_are_400_naming_the_parameter(
     error = caught.value.body
     assert error["param"] == param and error["type"] == "invalid_request_error"
     assert error["message"].startswith(message), error["message"]
+
+
+def test_an_unknown_model_is_404_model_not_found(api: openai.OpenAI) -> None:
+    with pytest.raises(openai.NotFoundError) as caught:
+        api.completions.create(model="gpt-4", prompt=PROMPTS[1])
+    error = caught.value.body
+    assert error["code"] == "model_not_found" and error["param"] == "model"
+    assert error["message"] == "the model 'gpt-4' does not exist; this server serves 'lopa-bundled'"
 
 
 def test_a_batch_of_prompts_answers_each_as_alone(api: openai.OpenAI, grpc_client: LopaClient) -> None:

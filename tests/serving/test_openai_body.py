@@ -39,14 +39,14 @@ def test_defaults_and_nulls_give_the_plain_request() -> None:
 @pytest.mark.parametrize(
     ("call", "fields", "field", "reason"),
     [
-        (chat, {"logprobs": True}, "logprobs", "only false (the default), got true"),
-        (completion, {"logprobs": 0}, "logprobs", "only false (the default), got 0"),  # 0 asks for some
+        (chat, {"top_logprobs": 3}, "top_logprobs", "is served at 0 only"),
+        (completion, {"logprobs": 3}, "logprobs", "is served at 0 only"),  # 3 asks for alternatives
         (chat, {"tools": [{"type": "function"}]}, "tools", "only [] (the default)"),
         (chat, {"response_format": {"type": "json_object"}}, "response_format", 'only {"type": "text"}'),
         (chat, {"echo": False}, "echo", "is not supported by this server"),  # a completions field
         (completion, {"top_logprobs": 0}, "top_logprobs", "is not supported by this server"),  # a chat field
         (completion, {"best_of": True}, "best_of", "only 1 (the default), got true"),  # a boolean is no count
-        (completion, {"echo": 0}, "echo", "only false (the default), got 0"),
+        (completion, {"echo": 0}, "echo", "must be a boolean, got 0"),
         (completion, {"frequency_penalty": "0"}, "frequency_penalty", 'only 0 (the default), got "0"'),
         (completion, {"repetition_penalty": 1.2}, "repetition_penalty", "only 1 (the default), got 1.2"),
         (completion, {"stream_options": True}, "stream_options", "must be an object, got true"),

@@ -180,3 +180,93 @@ def test_each_request_has_a_line_in_the_access_log_without_its_prompt(server: tu
         time.sleep(0.2)
     assert '"POST /v1/completions HTTP/1.1" 200' in text and "lopa.access" in text
     assert PROMPT not in text
+
+
+def test_n_samples_are_the_requests_of_their_seeds_alone(server: tuple[int, Path]) -> None:
+    """n = 4 with seed s: choice j is what the same request with n = 1 and seed s + j answers."""
+    port, _ = server
+    api = openai.OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key=KEY, max_retries=0)
+    common = {"model": "a", "prompt": PROMPT, "max_tokens": 32, "temperature": 1.5}
+    together = api.completions.create(n=4, seed=40, **common)
+    assert [c.index for c in together.choices] == [0, 1, 2, 3]
+    alone = [api.completions.create(seed=40 + j, **common) for j in range(4)]
+    assert [c.text for c in together.choices] == [done.choices[0].text for done in alone]
+    assert len({done.choices[0].text for done in alone}) > 1
+    assert together.usage.completion_tokens == sum(done.usage.completion_tokens for done in alone)
+    fresh = api.completions.create(n=3, **common)
+    assert len(fresh.choices) == 3
+    chat = api.chat.completions.create(
+        model="b", n=2, seed=7, temperature=1.5, max_tokens=32, messages=[{"role": "user", "content": PROMPT}]
+    )
+    seeded = [api.completions.create(seed=7 + j, **common).choices[0].text for j in range(2)]
+    assert [c.message.content for c in chat.choices] == seeded  # the bundled template: the bare prompt
+
+
+def test_echo_and_vllms_top_k_off(server: tuple[int, Path]) -> None:
+    port, _ = server
+    status, done = _call(
+        port,
+        "POST",
+        "/v1/completions",
+        {"model": "a", "prompt": PROMPT, "max_tokens": 32, "echo": True, "top_k": -1},
+    )
+    assert status == 200
+    plain = _call(port, "POST", "/v1/completions", {"model": "a", "prompt": PROMPT, "max_tokens": 32})[1]
+    assert done["choices"][0]["text"] == PROMPT + plain["choices"][0]["text"]
+    status, error = _call(port, "POST", "/v1/completions", {"model": "a", "prompt": PROMPT, "n": 0})
+    assert status == 400 and error["error"]["param"] == "n"
+
+
+def test_logprobs_are_the_fills_own(server: tuple[int, Path]) -> None:
+    """Each returned token's logprob is the one it was filled with: what the local engine's
+    decode of the same request reports (docs/decoding.md section 6), in OpenAI's shapes."""
+    from lopa.bundled.defaults import model_defaults
+    from lopa.engine import LocalEngine
+
+    port, _ = server
+    engine = LocalEngine.from_dirs(bundled_model_dir(), max_batch=1)
+    try:
+        local = engine.generate(PROMPT, model_defaults(bundled_model_dir()).with_overrides(branches=3))
+    finally:
+        engine.close()
+    eos = 97  # the bundled tokenizer's <|endoftext|>
+    expected = [
+        lp for t, lp in zip(local.result.output_ids, local.result.output_logprobs, strict=True) if t != eos
+    ]
+    # pin_branches: every branch granted, as the lone local decode has them
+    body = {
+        "model": "a",
+        "prompt": PROMPT,
+        "max_tokens": 32,
+        "branches": 3,
+        "pin_branches": True,
+        "logprobs": 0,
+    }
+    status, done = _call(port, "POST", "/v1/completions", body)
+    assert status == 200, done
+    logprobs = done["choices"][0]["logprobs"]
+    assert "".join(logprobs["tokens"]) == done["choices"][0]["text"] == local.text
+    assert logprobs["token_logprobs"] == pytest.approx(expected, abs=1e-6)
+    assert all(lp <= 0 for lp in logprobs["token_logprobs"]) and logprobs["text_offset"][1] == 1
+    chat = _call(
+        port,
+        "POST",
+        "/v1/chat/completions",
+        {
+            "model": "a",
+            "max_tokens": 32,
+            "branches": 3,
+            "pin_branches": True,
+            "logprobs": True,
+            "messages": [{"role": "user", "content": PROMPT}],
+        },
+    )[1]
+    content = chat["choices"][0]["logprobs"]["content"]
+    assert [c["logprob"] for c in content] == pytest.approx(expected, abs=1e-6)
+    for refused, param in (
+        ({"logprobs": 2}, "logprobs"),
+        ({"logprobs": 0, "echo": True}, "echo"),
+        ({"logprobs": 0, "stream": True}, "logprobs"),
+    ):
+        status, error = _call(port, "POST", "/v1/completions", {"model": "a", "prompt": PROMPT, **refused})
+        assert status == 400 and error["error"]["param"] == param, error

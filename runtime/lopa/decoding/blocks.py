@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import enum
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 
 class BlockState(enum.Enum):
@@ -46,7 +46,8 @@ class Branch:
     """One candidate: a full token sequence (prompt + generated, masks included) and its blocks.
 
     blocks[0] is the prompt. `creation` is the Conf of the lookahead token that
-    created the branch (1.0 for the base branch).
+    created the branch (1.0 for the base branch). `probs`: each filled position's P under the
+    forward that filled it (its logprob, for the caller).
     """
 
     tokens: list[int]
@@ -54,6 +55,7 @@ class Branch:
     eos_seen: bool = False
     creation: float = 1.0
     lookahead_position: int | None = None
+    probs: dict[int, float] = field(default_factory=dict)
 
     @classmethod
     def from_prompt(cls, prompt: list[int]) -> Branch:
@@ -71,6 +73,7 @@ class Branch:
             eos_seen=self.eos_seen,
             creation=self.creation,
             lookahead_position=self.lookahead_position,
+            probs=dict(self.probs),
         )
 
     def masks_left(self, block: Block, mask_id: int) -> int:

@@ -10,6 +10,7 @@ round's candidates from the same statistics. The Decoder runs one Generation alo
 
 from __future__ import annotations
 
+import math
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -20,6 +21,7 @@ from lopa.decoding.executor import BranchWindow
 from lopa.params import BranchPolicy, BranchScore, DecodingParams
 
 StopCheck = Callable[[list[int]], bool]  # contiguous generated ids -> stop now?
+_TINY = 1e-45  # the smallest fp32 probability (a logprob is finite)
 
 
 @dataclass(frozen=True)
@@ -50,6 +52,9 @@ class GenerationResult:
     # executor's padding of short rows, and block_causal's cache-only rows on a worker without a
     # branch, are not counted): verified_tokens / tokens is the work LoPA spent per generated token.
     verified_tokens: int = 0
+    # The log-probability of each output token under the forward that filled it (docs/decoding.md
+    # section 6): an anchor fill's from its round, a lookahead token's from the round that spawned it.
+    output_logprobs: list[float] = field(default_factory=list)
 
     @property
     def tokens(self) -> int:
@@ -194,11 +199,16 @@ class Generation:
         )
 
     def result(self) -> GenerationResult:
-        generated = self.base.tokens[self.base.prompt_length :]
+        base = self.base
+        generated = base.tokens[base.prompt_length :]
+        output = self._up_to_eos(generated)[: self.params.max_new_tokens]
+        # A filled token's P is > 0 (the argmax, or a sample): the floor only guards an underflow.
+        probs = [base.probs.get(base.prompt_length + i, 1.0) for i in range(len(output))]
         return GenerationResult(
             prompt_ids=self.prompt,
             generated_ids=generated,
-            output_ids=self._up_to_eos(generated)[: self.params.max_new_tokens],
+            output_ids=output,
+            output_logprobs=[math.log(max(p, _TINY)) for p in probs],
             forwards=self.forwards,
             wall_s=time.perf_counter() - self.began,
             winners=self.winners,
@@ -256,6 +266,7 @@ class Generation:
         for stat in rules.spawn_positions(pool, count):
             branch = base.copy()
             branch.tokens[stat.position] = stat.token
+            branch.probs[stat.position] = stat.prob  # filled by the forward these stats came from
             branch.creation, branch.lookahead_position = stat.conf, stat.position
             if stat.token in consts.eos_ids:
                 branch.eos_seen = True

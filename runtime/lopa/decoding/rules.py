@@ -127,6 +127,7 @@ def anchor_fill(
         ]
         for fill in select_fills(block_stats, tau_conf, block.fully_activated):
             branch.tokens[fill.position] = fill.token
+            branch.probs[fill.position] = fill.prob
             if fill.token in consts.eos_ids:
                 branch.eos_seen = True
 

@@ -11,6 +11,7 @@ name the body field, so the HTTP layer answers in OpenAI's error shape.
 from __future__ import annotations
 
 import json
+import secrets
 from collections.abc import Collection, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
@@ -28,19 +29,20 @@ IGNORED = frozenset({"user", "stream_options", "metadata", "store"})
 # 400 naming the field. Each maps to its accepted values (booleans only where a boolean is named;
 # completions' logprobs: 0 asks for the sampled tokens' logprobs, so only false or null pass).
 NEUTRAL: dict[str, tuple[Any, ...]] = {
-    "frequency_penalty": (0,), "presence_penalty": (0,), "logit_bias": ({},), "logprobs": (False,),
+    "frequency_penalty": (0,), "presence_penalty": (0,), "logit_bias": ({},),
     "repetition_penalty": (1,),  # vLLM's extra
 }
 # vLLM's extras this server honours (checked by admission): benchmark clients send them.
 HONOURED = frozenset({"ignore_eos", "min_tokens", "add_special_tokens"})
-COMPLETION_NEUTRAL: dict[str, tuple[Any, ...]] = {"best_of": (1,), "echo": (False,), "suffix": ("",)}
+COMPLETION_NEUTRAL: dict[str, tuple[Any, ...]] = {"best_of": (1,), "suffix": ("",)}
 CHAT_NEUTRAL: dict[str, tuple[Any, ...]] = {
-    "top_logprobs": (0,), "tools": ([],), "tool_choice": ("none",), "response_format": ({"type": "text"},),
+    "tools": ([],), "tool_choice": ("none",), "response_format": ({"type": "text"},),
 }
-COMMON = frozenset({"model", "max_tokens", "stop", "n", "stream", "pin_branches",
+COMMON = frozenset({"model", "max_tokens", "stop", "n", "stream", "pin_branches", "logprobs",
                     *LOPA_FIELDS, *OPENAI_SAMPLING, *IGNORED, *NEUTRAL, *HONOURED})
-COMPLETION_FIELDS = COMMON | {"prompt", *COMPLETION_NEUTRAL}
-CHAT_FIELDS = COMMON | {"messages", "max_completion_tokens", *CHAT_NEUTRAL}
+COMPLETION_FIELDS = COMMON | {"prompt", "echo", *COMPLETION_NEUTRAL}
+CHAT_FIELDS = COMMON | {"messages", "max_completion_tokens", "top_logprobs", *CHAT_NEUTRAL}
+NO_ALTERNATIVES = "is served at 0 only: each returned token's own logprob, not yet its alternatives"
 ROLES = frozenset({"system", "user", "assistant", "developer"})
 
 
@@ -59,7 +61,10 @@ class Parsed:
     model: str
     include_usage: bool = False  # stream_options.include_usage: a last chunk of usage, no choices
     continuous_usage: bool = False  # stream_options.continuous_usage_stats: usage in every chunk
-    batch: bool = False
+    batch: bool = False  # several choices: each with its own lopa stats
+    samples: int = 1  # n: the choices of each prompt (asks holds them all, prompt by prompt)
+    echo: bool = False  # completions' echo: each choice's text starts with its prompt's
+    logprobs: bool = False  # each returned token's logprob (docs/decoding.md section 6)
 
 
 def _names(served: str | Sequence[str]) -> tuple[str, ...]:
@@ -86,14 +91,16 @@ def _common(body: Any, known: frozenset[str], served: str | Sequence[str]) -> tu
     if model not in names:
         raise UnknownModel(model, names)
     n = typed("n", body.get("n"), (int,))
-    if n is not None and n != 1:
-        raise InvalidParameter("n", f"only n = 1 is supported, got {n}")
+    if n is not None and n < 1:
+        raise InvalidParameter("n", f"must be >= 1, got {n}")
     stream = typed("stream", body.get("stream"), (bool,)) or False
     options = body.get("stream_options")
     if options is not None and not isinstance(options, dict):
         raise InvalidParameter("stream_options", f"must be an object, got {json.dumps(options)}")
     if options is not None and not stream:
         raise InvalidParameter("stream_options", "is only allowed with stream: true")
+    if stream and body.get("logprobs") is not None and body.get("logprobs") is not False:
+        raise InvalidParameter("logprobs", "with stream is not yet served: ask without stream")
     flags = {}
     for name in ("include_usage", "continuous_usage_stats"):
         try:
@@ -105,13 +112,18 @@ def _common(body: Any, known: frozenset[str], served: str | Sequence[str]) -> tu
         stop = [stop]
     if stop is not None and not (isinstance(stop, list) and all(isinstance(s, str) for s in stop)):
         raise InvalidParameter("stop", "must be a string or a list of strings")
+    decoding = {name: body[name] for name in SETTING_TYPES if body.get(name) is not None}
+    if decoding.get("top_k") == -1 and not isinstance(decoding["top_k"], bool):
+        decoding["top_k"] = 0  # vLLM's spelling of "off"
     ask = Ask(
         stop=stop or (),
-        decoding={name: body[name] for name in SETTING_TYPES if body.get(name) is not None},
+        decoding=decoding,
         pin_branches=body.get("pin_branches") or False,
         **{name: body[name] for name in HONOURED if body.get(name) is not None},
     )
-    return Parsed((), stream, model, flags["include_usage"], flags["continuous_usage_stats"]), ask
+    usage = flags["include_usage"], flags["continuous_usage_stats"]
+    parsed = Parsed((), stream, model, *usage, samples=n or 1)
+    return parsed, ask
 
 
 def _neutral(value: Any, accepted: tuple[Any, ...]) -> bool:
@@ -126,21 +138,54 @@ def _neutral(value: Any, accepted: tuple[Any, ...]) -> bool:
 
 def completion_request(body: Any, served_model: str | Sequence[str], max_prompts: int) -> Parsed:
     """One prompt (a string or a list of token ids), or a batch: a list of several, each of which
-    becomes its own request with the same settings (choice i answers prompt i), at most
-    `max_prompts` of them (counted before any is looked at)."""
+    becomes its own request with the same settings, `n` of them per prompt (samples, see
+    samples()): choice i * n + j answers prompt i, sample j. At most `max_prompts` requests in all
+    (counted before any prompt is looked at)."""
     parsed, ask = _common(body, COMPLETION_FIELDS, served_model)
     ask = replace(ask, max_new_tokens=body.get("max_tokens"))
+    echo = bool(typed("echo", body.get("echo"), (bool,)))
+    logprobs = body.get("logprobs")
+    if logprobs is not None and logprobs is not False:
+        if typed("logprobs", logprobs, (int,)) != 0:
+            raise InvalidParameter("logprobs", f"{NO_ALTERNATIVES}; got {json.dumps(logprobs)}")
+        if echo:
+            raise InvalidParameter("echo", "with logprobs is not served: a prompt's tokens have no "
+                                           "logprob in a diffusion LM (nothing fills them)")
+        parsed = replace(parsed, logprobs=True)
     prompt = body.get("prompt")
-    batch = isinstance(prompt, list) and prompt and isinstance(prompt[0], (str, list))
-    if batch and len(prompt) > max_prompts:  # could never be queued at once: no retry helps
-        raise InvalidParameter("prompt", f"at most {max_prompts} prompts per request "
-                                         f"(limits.queue_size), got {len(prompt)}")
+    if isinstance(prompt, list) and prompt and isinstance(prompt[0], (str, list)):
+        _check_count(len(prompt), parsed.samples, max_prompts)  # before any prompt is looked at
     if isinstance(prompt, list) and prompt and all(isinstance(p, (str, list)) for p in prompt):
-        if len(prompt) == 1:  # a batch of one
-            return replace(parsed, asks=(_with_prompt(ask, prompt[0], "prompt"),))
-        asks = tuple(_with_prompt(ask, one, f"prompt[{i}]") for i, one in enumerate(prompt))
-        return replace(parsed, asks=asks, batch=True)
-    return replace(parsed, asks=(_with_prompt(ask, prompt, "prompt"),))
+        named = [(one, f"prompt[{i}]" if len(prompt) > 1 else "prompt") for i, one in enumerate(prompt)]
+    else:
+        named = [(prompt, "prompt")]
+    _check_count(len(named), parsed.samples, max_prompts)
+    n = parsed.samples
+    asks = tuple(each for one, name in named for each in samples(_with_prompt(ask, one, name), n))
+    return replace(parsed, asks=asks, batch=len(asks) > 1, echo=echo)
+
+
+def samples(ask: Ask, n: int) -> tuple[Ask, ...]:
+    """`n` requests of one prompt: sample j with seed `seed + j` (mod 2^64), the request's seed or,
+    without one, a fresh draw; so sample j alone is the same request with n = 1 and that seed."""
+    if n == 1:
+        return (ask,)
+    seed = typed("seed", ask.decoding.get("seed"), (int,))
+    if seed is None:
+        seed = secrets.randbits(64)
+    elif not 0 <= seed < 2**64:
+        raise InvalidParameter("seed", f"must be in [0, 2^64), got {seed}")
+    return tuple(replace(ask, decoding={**ask.decoding, "seed": (seed + j) % 2**64}) for j in range(n))
+
+
+def _check_count(prompts: int, n: int, max_prompts: int) -> None:
+    """A body's requests could never be queued at once past the queue's size: no retry helps."""
+    if prompts * n > max_prompts:
+        if n > 1:
+            raise InvalidParameter("n", f"{prompts} prompt(s) x n = {n} exceed {max_prompts} requests per "
+                                        "body (limits.queue_size)")
+        raise InvalidParameter("prompt", f"at most {max_prompts} prompts per request (limits.queue_size), "
+                                         f"got {prompts}")
 
 
 def _with_prompt(ask: Ask, prompt: Any, name: str) -> Ask:
@@ -176,7 +221,12 @@ def chat_request(body: Any, served_model: str | Sequence[str]) -> Parsed:
         turns.append({"role": message["role"], "content": content})
     budget = body.get("max_completion_tokens")
     budget = body.get("max_tokens") if budget is None else budget
-    return replace(parsed, asks=(replace(ask, messages=turns, max_new_tokens=budget),))
+    asks = samples(replace(ask, messages=turns, max_new_tokens=budget), parsed.samples)
+    top = typed("top_logprobs", body.get("top_logprobs"), (int,))
+    if top:
+        raise InvalidParameter("top_logprobs", f"{NO_ALTERNATIVES}; got {top}")
+    logprobs = bool(typed("logprobs", body.get("logprobs"), (bool,)))
+    return replace(parsed, asks=asks, batch=len(asks) > 1, logprobs=logprobs)
 
 
 def body_field(field: str, chat: bool, sent: Collection[str] = ()) -> str:

@@ -27,6 +27,7 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from aiohttp import web
+from aiohttp.web_log import AccessLogger
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 
 from lopa import __version__
@@ -46,7 +47,7 @@ from lopa.serving.master.api.openai_body import (
     completion_request,
 )
 from lopa.serving.master.api.openai_errors import error_response, failure, invalid, openai_errors, unavailable
-from lopa.serving.master.api.openai_stream import FINISH, lopa_stats, stream, total_usage
+from lopa.serving.master.api.openai_stream import FINISH, lopa_stats, stream, token_logprobs, total_usage
 from lopa.serving.master.api.openai_tokens import TokenEndpoints, not_found
 from lopa.serving.master.dispatch import Dispatcher, GroupUnavailable, client_reason, retry_after_s
 from lopa.serving.shared.config import TlsConfig
@@ -61,6 +62,7 @@ INLINE_BODY_BYTES = 1 << 16  # a larger body is parsed off the event loop, by on
 SHUTDOWN_S = 5.0  # at shutdown, what a request in flight is given to end (a stream: its error event)
 # client address, request line, status, response bytes, seconds (aiohttp's access log format)
 ACCESS_LOG_FORMAT = '%a "%r" %s %b %Tfs'
+UNLOGGED_PATHS = frozenset({"/health", "/live", "/ping", "/metrics"})
 NO_TEMPLATE_HINT = "the model has no chat template; send a plain prompt to /v1/completions"
 
 
@@ -76,6 +78,19 @@ def parse_body(raw: bytes, charset: str | None, chat: bool, model: str | Sequenc
 
 def _json_type(content_type: str) -> bool:
     return content_type == "application/json" or content_type.endswith("+json")
+
+
+class AnsweredAccessLog(AccessLogger):
+    """aiohttp's access log, for the API requests that were answered: the probes and the scrapes
+    (every few seconds each) have none, and a client that went away, or gave way to another at the
+    connection limit, got no answer and has no line (the connection guard counts it in
+    lopa_http_connections_refused_total), so that a flood cannot flood the log."""
+
+    def log(self, request: Any, response: Any, time: float) -> None:
+        transport = request.transport
+        if request.path in UNLOGGED_PATHS or transport is None or transport.is_closing():
+            return
+        super().log(request, response, time)
 
 
 class OpenAIApi:
@@ -171,15 +186,24 @@ class OpenAIApi:
             index = error.index if isinstance(error, InvalidInBatch) and parsed.batch else None
             return self._refused(error, chat, body, index)
         ident = f"{'chatcmpl' if chat else 'cmpl'}-{uuid.uuid4().hex}"
+        echoes = self._echoes(parsed, tickets)
         if parsed.stream:
-            return await stream(request, tickets, parsed, ident, chat)
+            return await stream(request, tickets, parsed, ident, chat, echoes)
         # A client that disconnects cancels the handler, and with it every ticket's wait (each then
         # counted as cancelled); otherwise each is counted by its own outcome.
         done = await asyncio.gather(*(ticket.finished() for ticket in tickets), return_exceptions=True)
         failed = next((outcome for outcome in done if isinstance(outcome, BaseException)), None)
         if failed is not None:
             return failure(failed)
-        return web.json_response(self._response([f.completion for f in done], parsed, ident, chat))
+        return web.json_response(self._response([f.completion for f in done], parsed, ident, chat, echoes))
+
+    def _echoes(self, parsed: Parsed, tickets: Sequence[Any]) -> list[str]:
+        """completions' echo: each choice's prompt as text (a text prompt as sent, token ids decoded)."""
+        if not parsed.echo:
+            return [""] * len(tickets)
+        tokenizer = self.dispatcher.admission.tokenizer
+        return [ask.prompt if isinstance(ask.prompt, str) else tokenizer.decode(ticket.admitted.prompt_ids)
+                for ask, ticket in zip(parsed.asks, tickets, strict=True)]
 
     async def _read(self, request: web.Request, chat: bool) -> tuple[Parsed, Any] | web.Response:
         """The body's requests and its JSON, or the response that refuses it."""
@@ -244,7 +268,8 @@ class OpenAIApi:
             return response
         return unavailable(client_reason(error), retry_after_s(error))
 
-    def _response(self, done: list[Completion], parsed: Parsed, ident: str, chat: bool) -> dict[str, Any]:
+    def _response(self, done: list[Completion], parsed: Parsed, ident: str, chat: bool, echoes: list[str]
+                  ) -> dict[str, Any]:
         choices = []
         for index, c in enumerate(done):
             choice: dict[str, Any] = {"index": index, "finish_reason": FINISH[c.finish_reason],
@@ -252,7 +277,9 @@ class OpenAIApi:
             if chat:
                 choice["message"] = {"role": "assistant", "content": c.text}
             else:
-                choice["text"] = c.text
+                choice["text"] = echoes[index] + c.text
+            if parsed.logprobs:
+                choice["logprobs"] = token_logprobs(self.dispatcher.admission.tokenizer, c, chat)
             if parsed.batch:  # each prompt's own decoding stats
                 choice["lopa"] = lopa_stats(c)
             choices.append(choice)
@@ -272,7 +299,7 @@ async def start_http(api: OpenAIApi, host: str, port: int, tls: TlsConfig,
     # auto_decompress off: a compressed body is refused unread, never inflated (_refuse_unread)
     handler_args = {"keepalive_timeout": api.bounds.keepalive_timeout_s, "auto_decompress": False,
                     "access_log": logging.getLogger("lopa.access") if access_log else None,
-                    "access_log_format": ACCESS_LOG_FORMAT}
+                    "access_log_class": AnsweredAccessLog, "access_log_format": ACCESS_LOG_FORMAT}
     runner = web.AppRunner(api.app([guard_middleware(guard)]), handler_cancellation=True,
                            shutdown_timeout=SHUTDOWN_S, **handler_args)
     await runner.setup()

@@ -28,15 +28,15 @@ log = logging.getLogger("lopa.master")
 FINISH = {"eos": "stop", "stop": "stop", "length": "length"}
 
 
-async def stream(request: web.Request, tickets: list[Ticket], parsed: Parsed, ident: str, chat: bool
-                 ) -> web.StreamResponse:
+async def stream(request: web.Request, tickets: list[Ticket], parsed: Parsed, ident: str, chat: bool,
+                 echoes: list[str] | None = None) -> web.StreamResponse:
     """Server-sent events of every ticket, then [DONE]. A failure ends the batch's other requests
     (counted as cancelled); a handler cancelled while its client still listens (the master stops)
     writes the error event and [DONE] before it goes."""
     headers = {"Content-Type": "text/event-stream", "Cache-Control": "no-cache"}
     response = web.StreamResponse(headers=headers)
     try:
-        await _events(request, response, tickets, parsed, ident, chat)
+        await _events(request, response, tickets, parsed, ident, chat, echoes or [""] * len(tickets))
     except ConnectionResetError:  # an ordinary event: one line, no traceback
         log.info("HTTP client %s went away during its stream", request.remote)
     except asyncio.CancelledError:  # the client went away, or the master stops: say so if it can hear
@@ -53,8 +53,9 @@ async def stream(request: web.Request, tickets: list[Ticket], parsed: Parsed, id
 
 async def _events(
     request: web.Request, response: web.StreamResponse, tickets: list[Ticket], parsed: Parsed, ident: str,
-    chat: bool,
+    chat: bool, echoes: list[str],
 ) -> None:
+    """echoes: the text each choice's first event starts with (completions' echo: its prompt)."""
     await response.prepare(request)
     out = _Chunks(response, ident, parsed.model, chat)
     merged, pumps = _merge(tickets)
@@ -75,7 +76,8 @@ async def _events(
                     extra: dict[str, Any] = {"lopa": {"granted_branches": rounds[index]}}
                     if parsed.continuous_usage:
                         extra["usage"] = usage_of(prompts[index], sent[index])
-                    await out.send(index, item.text, extra=extra, first=first[index])
+                    delta = echoes[index] + item.text if first[index] else item.text
+                    await out.send(index, delta, extra=extra, first=first[index])
                     if item.text:
                         tickets[index].first_token_sent()
                     first[index], rounds[index] = False, []
@@ -88,7 +90,8 @@ async def _events(
             # With include_usage only the last chunk carries usage, as OpenAI's do (clients that
             # add up every chunk's usage would count it twice); the choice's stats stay in lopa.
             own = usage(outcome) if parsed.continuous_usage or not parsed.include_usage else None
-            await out.send(index, item.text, FINISH[outcome.finish_reason],
+            delta = echoes[index] + item.text if first[index] else item.text
+            await out.send(index, delta, FINISH[outcome.finish_reason],
                            {"usage": own, "lopa": stats}, first=first[index])
             done.append(outcome)
     finally:
@@ -161,3 +164,22 @@ def lopa_stats(c: Completion) -> dict[str, float]:
             "mean_branches": round(r.mean_branches, 4), "verified_tokens": r.verified_tokens,
             "tokens_per_s": round(r.tokens_per_s, 2),
             "wall_s": round(r.wall_s, 4), "ttft_s": round(c.ttft_s, 4), "queue_s": round(c.queue_s, 4)}
+
+
+def token_logprobs(tokenizer: Any, c: Completion, chat: bool) -> dict[str, Any]:
+    """OpenAI's logprobs of a choice: each token of its text with the logprob it was filled with
+    (docs/decoding.md section 6); special tokens (its EOS) are not text and not listed."""
+    special = set(getattr(tokenizer, "all_special_ids", ()))
+    pairs = [(t, lp) for t, lp in zip(c.result.output_ids, c.result.output_logprobs, strict=True)
+             if t not in special]
+    pieces = [tokenizer.decode([t]) for t, _ in pairs]
+    if chat:
+        content = [{"token": piece, "logprob": lp, "bytes": list(piece.encode()), "top_logprobs": []}
+                   for piece, (_, lp) in zip(pieces, pairs, strict=True)]
+        return {"content": content, "refusal": None}
+    offsets, at = [], 0
+    for piece in pieces:
+        offsets.append(at)
+        at += len(piece)
+    return {"tokens": pieces, "token_logprobs": [lp for _, lp in pairs], "top_logprobs": None,
+            "text_offset": offsets}
