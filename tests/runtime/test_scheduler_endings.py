@@ -178,3 +178,15 @@ def test_requests_sent_together_are_queued_all_or_none() -> None:
         assert all(isinstance(w.outcome(SETTLE_S), Completion) for w in waiters)
     finally:
         s.stop()
+
+
+def test_a_deadline_names_whose_it_is() -> None:
+    """The server's limit or the client's own deadline: the 504 / DEADLINE_EXCEEDED says which."""
+    import time
+
+    from lopa.scheduling.request import Abort, RequestAborted
+
+    expected = r"deadline exceeded: limits.request_timeout_s \(300 s\)"
+    with pytest.raises(RequestAborted, match=expected) as info:
+        Abort(deadline=time.monotonic() - 1, deadline_of="limits.request_timeout_s (300 s)").check()
+    assert info.value.deadline

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -107,6 +108,24 @@ def worker_env() -> dict[str, str]:
     env["PYTHONPATH"] = str(REPO / "runtime") + (os.pathsep + inherited if inherited else "")
     env.setdefault("OMP_NUM_THREADS", "1")  # the CI box has 2 cores shared by every process
     return env
+
+
+@contextmanager
+def lopa_serve(*args: str) -> Iterator[tuple[subprocess.Popen, str]]:
+    """`lopa serve args...` until it prints its serving line: (the process, that line). On leaving,
+    a process still running gets Ctrl-C (SIGINT) and a minute to stop, then is killed."""
+    command = [sys.executable, "-m", "lopa", "serve", *args, "--start-timeout", "120"]
+    pipes = {"stdout": subprocess.PIPE, "stderr": subprocess.PIPE}
+    serve = subprocess.Popen(command, **pipes, text=True, env=worker_env())
+    try:
+        line = serve.stdout.readline()  # the "serving on" line, or "" once it gave up
+        assert line.startswith("lopa: serving on"), serve.communicate(timeout=30)[1][-3000:]
+        yield serve, line
+        if serve.poll() is None:
+            serve.send_signal(signal.SIGINT)
+            serve.communicate(timeout=60)
+    finally:
+        serve.kill()
 
 
 def start_workers(config: Path, count: int, log_dir: Path) -> list[subprocess.Popen]:

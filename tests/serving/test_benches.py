@@ -216,3 +216,17 @@ def test_bench_serving_uses_held_out_prompts_and_model_defaults_on_the_bundled_m
     assert (kw["block_size"], kw["attention"], kw["max_new_tokens"]) == (4, "block_causal", 16)
     kw, prompts = bench.workload(args(model="/some/checkpoint"), 4)
     assert prompts == bench.PROMPTS and kw == {"attention": "full", "max_new_tokens": 64, "branches": 2}
+
+
+def test_bench_samples_compares_n_samples_with_separate_requests(tmp_path: Path) -> None:
+    """One request with n samples and n separate requests of the same seeds answer alike; the rows
+    carry each variant's time and the ratio."""
+    out = tmp_path / "samples.json"
+    done = run_lopa("bench", "samples", "--n", "3", "--passes", "1", "--workers", "1", "--json", str(out))
+    assert done.returncode == 0, done.stderr[-3000:]
+    rows = json.loads(out.read_text())
+    assert [r["variant"] for r in rows] == ["one request, n=3", "3 requests, n=1"]
+    assert all(r["same_answers"] and r["seconds"] > 0 and r["tokens_per_s"] > 0 for r in rows)
+    assert rows[1]["x_separate"] == 1.0 and rows[0]["x_separate"] > 0
+    refused = lopa_refuses("bench", "samples", "--n", "0")
+    assert refused.returncode == 2 and "--n: must be >= 1" in refused.stderr

@@ -85,7 +85,16 @@ def test_serve_refuses_a_one_shot_prompt_under_tls(checkpoint: Path, tmp_path: P
 def test_serve_without_a_model_fails_fast(tmp_path: Path) -> None:
     command = [sys.executable, "-m", "lopa", "serve", "--workers", "2", "--model", str(tmp_path)]
     done = subprocess.run(command, capture_output=True, text=True, timeout=60, env=worker_env())
-    assert done.returncode == 1 and "has no config.json" in done.stderr
+    assert done.returncode == 2, done.stderr
+    expected = f"lopa serve: error: --model: '{tmp_path}' is not a checkpoint directory (no config.json)"
+    assert expected in done.stderr
+
+
+def test_an_unknown_flag_is_refused_with_its_commands_usage() -> None:
+    command = [sys.executable, "-m", "lopa", "serve", "--bogus"]
+    done = subprocess.run(command, capture_output=True, text=True, timeout=60, env=worker_env())
+    assert done.returncode == 2 and "usage: lopa serve" in done.stderr
+    assert "lopa serve: error: unrecognized arguments: --bogus" in done.stderr
 
 
 def test_master_stops_cleanly_on_sigterm(tmp_path: Path, checkpoint: Path) -> None:

@@ -355,6 +355,26 @@ def test_a_metrics_port_in_use_names_its_key() -> None:
             serve_registry(CollectorRegistry(), port, "workers.metrics_port")
 
 
+def test_a_metrics_port_serves_metrics_at_metrics_only() -> None:
+    import urllib.error
+    import urllib.request
+
+    from prometheus_client import CollectorRegistry, Counter
+
+    from lopa.serving.shared.metrics import serve_registry
+
+    registry = CollectorRegistry()
+    Counter("lopa_probe_total", "a sample", registry=registry).inc()
+    (port,) = free_ports(1)
+    serve_registry(registry, port, "master.metrics_port", "127.0.0.1")
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as reply:
+        assert "lopa_probe_total 1.0" in reply.read().decode()
+    for path in ("/", "/anything", "/v1/completions"):
+        with pytest.raises(urllib.error.HTTPError) as error:
+            urllib.request.urlopen(f"http://127.0.0.1:{port}{path}", timeout=5)
+        assert error.value.code == 404, path
+
+
 def test_supervise_reports_a_dead_master() -> None:
     cluster = LocalCluster.__new__(LocalCluster)  # no config file, no children: just the supervisor
     cluster.master, cluster.workers = subprocess.Popen(["sleep", "60"]), []

@@ -40,6 +40,7 @@ def test_defaults_and_nulls_give_the_plain_request() -> None:
     ("call", "fields", "field", "reason"),
     [
         (chat, {"top_logprobs": 3}, "top_logprobs", "is served at 0 only"),
+        (chat, {"prompt": "hi"}, "prompt", "a chat takes messages"),
         (completion, {"logprobs": 3}, "logprobs", "is served at 0 only"),  # 3 asks for alternatives
         (chat, {"tools": [{"type": "function"}]}, "tools", "only [] (the default)"),
         (chat, {"response_format": {"type": "json_object"}}, "response_format", 'only {"type": "text"}'),

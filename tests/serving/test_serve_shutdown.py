@@ -7,8 +7,6 @@ from __future__ import annotations
 
 import json
 import signal
-import subprocess
-import sys
 import threading
 import time
 import urllib.request
@@ -21,7 +19,7 @@ from lopa.bundled import tasks
 from lopa.cli.serve import DRAIN_MARGIN_S
 from lopa.serving.launcher import free_ports
 
-from .conftest import worker_env
+from .conftest import lopa_serve
 
 BOUND_S = 2.0  # limits.request_timeout_s: the drain bound
 STREAMS = 12  # one at a time (max_batch 1), each a few hundred ms: several times the bound
@@ -52,29 +50,9 @@ def test_every_stream_ends_with_done_and_the_process_within_the_bound(tmp_path: 
     config.write_text(
         yaml.safe_dump({"limits": {"max_batch": 1, "queue_size": 32, "request_timeout_s": BOUND_S}})
     )
-    command = [
-        sys.executable,
-        "-m",
-        "lopa",
-        "serve",
-        "--config",
-        str(config),
-        "--workers",
-        "2",
-        "--listen",
-        f"127.0.0.1:{grpc_port}",
-        "--http-port",
-        str(http_port),
-        "--start-timeout",
-        "120",
-    ]
-    serve = subprocess.Popen(
-        command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=worker_env()
-    )
-    try:
-        assert serve.stdout.readline().startswith("lopa: serving on"), serve.communicate(timeout=30)[1][
-            -3000:
-        ]
+    flags = ["--config", str(config), "--workers", "2", "--listen", f"127.0.0.1:{grpc_port}",
+             "--http-port", str(http_port)]
+    with lopa_serve(*flags) as (serve, _):
         outputs: list[list[str]] = [[] for _ in range(STREAMS)]
         started = threading.Event()
         prompts = [e.prompt for e in tasks.held_out(STREAMS)]
@@ -91,8 +69,6 @@ def test_every_stream_ends_with_done_and_the_process_within_the_bound(tmp_path: 
         exited = time.monotonic() - signalled
         for thread in threads:
             thread.join(timeout=30)
-    finally:
-        serve.kill()
     assert serve.returncode == 0
     assert exited < BOUND_S + DRAIN_MARGIN_S
     finished = errored = refused = 0

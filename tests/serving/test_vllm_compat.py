@@ -10,9 +10,6 @@ draw per request; a seed: the same answer), and a line per request in the access
 from __future__ import annotations
 
 import json
-import signal
-import subprocess
-import sys
 import time
 import urllib.error
 import urllib.request
@@ -25,7 +22,7 @@ import pytest
 from lopa.bundled import bundled_model_dir, tasks
 from lopa.serving.launcher import free_ports
 
-from .conftest import worker_env
+from .conftest import lopa_serve
 
 KEY = "sk-test-key"
 PROMPT = tasks.held_out(1)[0].prompt
@@ -35,40 +32,11 @@ PROMPT = tasks.held_out(1)[0].prompt
 def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[int, Path]]:
     grpc_port, http_port = free_ports(2)
     logs = tmp_path_factory.mktemp("vllm-logs")
-    command = [
-        sys.executable,
-        "-m",
-        "lopa",
-        "serve",
-        str(bundled_model_dir()),
-        "--host",
-        "127.0.0.1",
-        "--port",
-        str(http_port),
-        "--listen",
-        f"127.0.0.1:{grpc_port}",
-        "--served-model-name",
-        "a",
-        "b",
-        "--api-key",
-        KEY,
-        "--logs",
-        str(logs),
-        "--start-timeout",
-        "120",
-    ]
-    serve = subprocess.Popen(
-        command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=worker_env()
-    )
-    try:
-        line = serve.stdout.readline()
-        assert line.startswith("lopa: serving on"), serve.communicate(timeout=30)[1][-3000:]
+    flags = [str(bundled_model_dir()), "--host", "127.0.0.1", "--port", str(http_port), "--listen",
+             f"127.0.0.1:{grpc_port}", "--served-model-name", "a", "b", "--api-key", KEY, "--logs", str(logs)]
+    with lopa_serve(*flags) as (_, line):
         assert f"HTTP (OpenAI API) on 127.0.0.1:{http_port}" in line
         yield http_port, logs
-        serve.send_signal(signal.SIGINT)
-        serve.communicate(timeout=60)
-    finally:
-        serve.kill()
 
 
 def _call(

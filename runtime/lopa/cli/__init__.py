@@ -44,7 +44,18 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
             importlib.import_module(module).add_parser(subparsers)
         else:
             subparsers.add_parser(name)
+    _name_each_parser(parser)
     return parser
+
+
+def _name_each_parser(parser: argparse.ArgumentParser) -> None:
+    """Every (sub)command's parser in its own defaults: an unknown flag is then refused with that
+    command's usage (`lopa serve: error: ...`), not the top-level one's."""
+    parser.set_defaults(_parser=parser)
+    for action in parser._actions:  # argparse keeps its subcommands there, and nowhere public
+        if isinstance(action, argparse._SubParsersAction):
+            for sub in dict.fromkeys(action.choices.values()):
+                _name_each_parser(sub)
 
 
 def _command(argv: Sequence[str]) -> str | None:
@@ -67,7 +78,9 @@ def version_line() -> str:
 def main(argv: Sequence[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
     parser = build_parser(_command(argv))
-    args = parser.parse_args(argv)
+    args, unknown = parser.parse_known_args(argv)
+    if unknown:
+        args._parser.error(f"unrecognized arguments: {' '.join(unknown)}")
     if args.command in IN_PROCESS_MODEL_COMMANDS:
         from lopa.host.cpu_budget import fit_torch_threads
 

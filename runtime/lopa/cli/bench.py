@@ -9,6 +9,7 @@ from pathlib import Path
 import torch
 
 from lopa.bench import edges as edges_bench
+from lopa.bench import samples as samples_bench
 from lopa.bench import serving as serving_bench
 from lopa.bench import transport as transport_bench
 from lopa.bench.report import plot, table, write_json
@@ -27,7 +28,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     parser = subparsers.add_parser(
         "bench",
         help="benchmarks: tpf, step, write-checkpoint, products, weights, concurrency, serving, transport, "
-        "clients, ablation, orders, options, commit, edges",
+        "clients, ablation, orders, options, commit, edges, samples",
     )
     kinds = parser.add_subparsers(dest="bench", required=True)
     tpf = kinds.add_parser(
@@ -56,6 +57,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     bench_clients.add_parser(kinds)
     bench_checks.add_parsers(kinds)
     edges_bench.add_parser(kinds)
+    samples_bench.add_parser(kinds)
 
 
 def run(args: argparse.Namespace) -> int:

@@ -110,7 +110,8 @@ def run(args: argparse.Namespace) -> int:
         f"-- {stats['tokens']} tokens in {stats['forwards']} forwards on {args.device} ({args.dtype}): "
         f"TPF {stats['tpf']:.2f} "
         f"(padded {stats['padded_tpf']:.2f}), {stats['tokens_per_s']:.1f} tokens/s, "
-        f"{stats['wall_s']:.3f} s wall (prefill included), finish: {stats['finish_reason']}",
+        f"{stats['wall_s']:.3f} s wall (prefill included; the first request of a fresh process pays "
+        f"its warm-up: `lopa bench tpf` measures warm), finish: {stats['finish_reason']}",
         file=sys.stderr,
     )
     return 0

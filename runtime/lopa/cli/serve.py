@@ -290,7 +290,14 @@ def serving_config(args: argparse.Namespace) -> ServingConfig:
     problem = weights_problem(model.weights, model.device)
     if problem:
         raise ConfigError(f"model.weights: {problem}")
-    base = with_model_defaults(dataclasses.replace(base, model=model), model_path(model.path))
+    try:
+        path = model_path(model.path)
+    except ConfigError as error:
+        if args.model:  # the flag (or MODEL) named it: say so, not the config key
+            reason = f"{args.model!r} is not a checkpoint directory (no config.json)"
+            raise InvalidParameter("model", reason) from None
+        raise error
+    base = with_model_defaults(dataclasses.replace(base, model=model), path)
     decoding = params_from_args(args, base.decoding)
     limits = base.limits
     # The flags (or the model's defaults) ask for more than the file's limits: this server is the user's

@@ -34,12 +34,14 @@ class Abort:
 
     cancelled: threading.Event = field(default_factory=threading.Event)
     deadline: float | None = None  # time.monotonic()
+    deadline_of: str = ""  # whose deadline it is, for the message ("limits.request_timeout_s (300 s)")
 
     def check(self) -> None:
         if self.cancelled.is_set():
             raise RequestAborted("cancelled by the client")
         if self.deadline is not None and time.monotonic() > self.deadline:
-            raise RequestAborted("deadline exceeded", deadline=True)
+            whose = f": {self.deadline_of}" if self.deadline_of else ""
+            raise RequestAborted(f"deadline exceeded{whose}", deadline=True)
 
 
 @dataclass(frozen=True)

@@ -83,9 +83,10 @@ class Ticket:
     """One admitted request on its way through the scheduler, as its API adapter holds it."""
 
     def __init__(self, admitted: Admitted, stream: bool, loop: asyncio.AbstractEventLoop,
-                 count: Callable[[str], None], deadline: float, arrived: float | None = None) -> None:
+                 count: Callable[[str], None], deadline: float, arrived: float | None = None,
+                 deadline_of: str = "") -> None:
         self.admitted, self.stream, self.loop = admitted, stream, loop
-        self.abort = Abort(deadline=deadline)
+        self.abort = Abort(deadline=deadline, deadline_of=deadline_of)
         # when the client's request came in (time.perf_counter), where its latencies start
         self.arrived = time.perf_counter() if arrived is None else arrived
         self._items: asyncio.Queue[Event | BaseException] = asyncio.Queue()
@@ -208,10 +209,13 @@ class Dispatcher:
             self.refused("unavailable", n)
             raise GroupUnavailable("the worker group is not ready (see health)")
         timeout = self.request_timeout_s if remaining_s is None else min(self.request_timeout_s, remaining_s)
+        server = timeout == self.request_timeout_s
+        whose = (f"limits.request_timeout_s ({timeout:g} s)" if server
+                 else f"the client's deadline ({timeout:.3g} s left when it arrived)")
         loop = asyncio.get_running_loop()
         count = self.metrics.requests.labels
         tickets = [Ticket(one, stream, loop, lambda label: count(label).inc(), time.monotonic() + timeout,
-                          arrived) for one in admitted]
+                          arrived, whose) for one in admitted]
         try:
             self.scheduler.submit_many([self._request(ticket) for ticket in tickets])
         except QueueFull:

@@ -265,8 +265,8 @@ def _cut(request: socket.socket) -> None:
 
 
 def serve_registry(registry: CollectorRegistry, port: int, key: str, host: str = "0.0.0.0") -> None:
-    """/metrics on host:port (0: none), on a bounded server; OSError naming the config key when the
-    port is taken."""
+    """/metrics on host:port (0: none; any other path is a 404), on a bounded server; OSError naming
+    the config key when the port is taken."""
     if not port:
         return
 
@@ -280,6 +280,13 @@ def serve_registry(registry: CollectorRegistry, port: int, key: str, host: str =
 
         def log_message(self, format: str, *args: Any) -> None:  # a scrape is no news
             pass
+
+        def do_GET(self) -> None:
+            # prometheus_client answers any path with the metrics; only /metrics (with a query) is.
+            if self.path.split("?", 1)[0] not in ("/metrics", "/metrics/"):
+                self.send_error(404, "not found: the metrics are at /metrics")
+                return
+            super().do_GET()
 
     try:
         server = _BoundedServer((host, port), Handler)

@@ -78,6 +78,9 @@ def _common(body: Any, known: frozenset[str], served: str | Sequence[str]) -> tu
     if not isinstance(body, dict):
         raise InvalidParameter("body", "must be a JSON object")
     unknown = sorted(set(body) - known)
+    if "prompt" in unknown and "messages" in known:  # a completions body sent to chat
+        raise InvalidParameter("prompt", "is /v1/completions' field: a chat takes messages, a list of "
+                                         "{role, content}")
     if unknown:
         raise InvalidParameter(unknown[0], "is not supported by this server")
     for name, accepted in {**NEUTRAL, **COMPLETION_NEUTRAL, **CHAT_NEUTRAL}.items():
