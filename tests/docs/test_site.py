@@ -57,6 +57,20 @@ def test_a_broken_link_or_a_page_out_of_the_nav_fails_the_strict_build(
     assert refusal in caplog.text
 
 
+def test_a_link_that_resolves_only_in_the_site_fails_the_build(tmp_path: Path) -> None:
+    """A page links a file brought into the site (the benchmark results) where it lives, so that the
+    link works on a repository page too; its site path alone fails the build, naming both."""
+    docs = tmp_path / "docs"
+    shutil.copytree(REPO / "docs", docs)
+    page = docs / "guides" / "cpu.md"
+    page.write_text(page.read_text() + "\n[results](../benchmarks.md)\n")
+    with pytest.raises(ValueError, match=r"docs/guides/cpu.md: the link '../benchmarks.md' resolves only in "
+                                         r"the built site; link runtime/BENCHMARKS.md where it lives"):
+        build_site(tmp_path / "site", docs)
+    built = REPO / "docs" / "guides" / "cpu.md"
+    assert "../../runtime/BENCHMARKS.md#" in built.read_text()  # as the page links it
+
+
 def test_a_new_guide_joins_the_nav_without_a_nav_edit(tmp_path: Path) -> None:
     docs = tmp_path / "docs"
     shutil.copytree(REPO / "docs", docs)
