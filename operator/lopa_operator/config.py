@@ -28,6 +28,7 @@ DECODING_KEYS = {
     "temperature": "temperature",
     "topP": "top_p",
     "topK": "top_k",
+    "minP": "min_p",
     "seed": "seed",
 }
 LIMIT_KEYS = {
@@ -40,7 +41,7 @@ LIMIT_KEYS = {
     "requestTimeoutSeconds": "request_timeout_s",
     "maxModelLen": "max_model_len",
 }
-FLOAT_KEYS = {"tau_add", "tau_act", "tau_conf", "alpha", "beta", "temperature", "top_p"}
+FLOAT_KEYS = {"tau_add", "tau_act", "tau_conf", "alpha", "beta", "temperature", "top_p", "min_p"}
 
 
 def _number(key: str, value: Any) -> Any:

@@ -70,6 +70,7 @@ class DecodingParams:
     temperature: float = 0.0  # 0 = greedy
     top_p: float = 1.0
     top_k: int = 0  # 0 = off
+    min_p: float = 0.0  # keep tokens of P >= min_p x the top token's (after top-k); 0 = off
     seed: int | None = None  # sampling seed; None: a fresh one per request (seeded())
 
     def __post_init__(self) -> None:
@@ -92,7 +93,7 @@ class DecodingParams:
             raise InvalidParameter("block_size", f"must be >= 1, got {self.block_size}")
         if self.max_new_tokens < 1:
             raise InvalidParameter("max_new_tokens", f"must be >= 1, got {self.max_new_tokens}")
-        for name in ("tau_add", "tau_act", "tau_conf", "alpha"):
+        for name in ("tau_add", "tau_act", "tau_conf", "alpha", "min_p"):
             value = getattr(self, name)
             if not 0.0 <= value <= 1.0:
                 raise InvalidParameter(name, f"must be in [0, 1], got {value}")

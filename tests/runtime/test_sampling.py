@@ -12,7 +12,7 @@ import math
 import pytest
 import torch
 
-from lopa.execution.sampling import position_stats
+from lopa.execution.sampling import distributions, position_stats
 from lopa.params import DecodingParams, InvalidParameter
 
 TINY = 5e-324  # the smallest positive double
@@ -87,3 +87,15 @@ def test_a_request_without_a_seed_samples_anew_and_one_with_a_seed_repeats(bundl
     assert again[0] == again[1] == again[2]
     assert DecodingParams().seed is None and DecodingParams().seeded().seed is not None
     assert seeded.seeded() is seeded
+
+
+def test_min_p_keeps_the_tokens_within_its_factor_of_the_top_one() -> None:
+    """vLLM's min-p: tokens of P >= min_p x P(top) stay (renormalised), the rest are dropped."""
+    probs = torch.tensor([[0.5, 0.3, 0.12, 0.08]])
+    kept = distributions(probs.log(), DecodingParams(temperature=1.0, min_p=0.2))  # floor 0.1
+    expected = torch.tensor([[0.5, 0.3, 0.12, 0.0]]) / 0.92
+    torch.testing.assert_close(kept, expected)
+    assert torch.equal(distributions(probs.log(), DecodingParams(temperature=1.0, min_p=1.0)),
+                       torch.tensor([[1.0, 0.0, 0.0, 0.0]]))
+    with pytest.raises(InvalidParameter, match="min_p"):
+        DecodingParams(min_p=1.5)

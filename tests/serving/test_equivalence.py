@@ -63,7 +63,7 @@ def local_outputs(family_checkpoint: Path) -> dict[tuple[int, str, int], list[in
 def sampled(k: int) -> DecodingParams:
     # Each candidate draws from its own stream of (seed, candidate index), whichever worker holds it.
     return DecodingParams(block_size=8, max_new_tokens=32, branches=k, tau_add=0.3, temperature=0.8,
-                          top_p=0.9, seed=5)
+                          top_p=0.9, min_p=0.02, seed=5)
 
 
 @pytest.mark.parametrize("workers", [1, 2, 3])

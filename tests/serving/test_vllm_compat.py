@@ -32,8 +32,22 @@ PROMPT = tasks.held_out(1)[0].prompt
 def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[int, Path]]:
     grpc_port, http_port = free_ports(2)
     logs = tmp_path_factory.mktemp("vllm-logs")
-    flags = [str(bundled_model_dir()), "--host", "127.0.0.1", "--port", str(http_port), "--listen",
-             f"127.0.0.1:{grpc_port}", "--served-model-name", "a", "b", "--api-key", KEY, "--logs", str(logs)]
+    flags = [
+        str(bundled_model_dir()),
+        "--host",
+        "127.0.0.1",
+        "--port",
+        str(http_port),
+        "--listen",
+        f"127.0.0.1:{grpc_port}",
+        "--served-model-name",
+        "a",
+        "b",
+        "--api-key",
+        KEY,
+        "--logs",
+        str(logs),
+    ]
     with lopa_serve(*flags) as (_, line):
         assert f"HTTP (OpenAI API) on 127.0.0.1:{http_port}" in line
         yield http_port, logs
@@ -238,3 +252,22 @@ def test_logprobs_are_the_fills_own(server: tuple[int, Path]) -> None:
     ):
         status, error = _call(port, "POST", "/v1/completions", {"model": "a", "prompt": PROMPT, **refused})
         assert status == 400 and error["error"]["param"] == param, error
+
+
+def test_what_stays_refused_says_why_and_min_p_is_served(server: tuple[int, Path]) -> None:
+    port, _ = server
+    for field, value, why in (
+        ("frequency_penalty", 0.5, "fills positions in no left-to-right order"),
+        ("best_of", 2, "ask n samples"),
+        ("stop_token_ids", [5], "is not served yet"),
+        ("include_stop_str_in_output", True, "is not served yet"),
+    ):
+        status, error = _call(port, "POST", "/v1/completions", {"model": "a", "prompt": PROMPT, field: value})
+        assert status == 400 and error["error"]["param"] == field and why in error["error"]["message"], error
+    status, done = _call(
+        port,
+        "POST",
+        "/v1/completions",
+        {"model": "a", "prompt": PROMPT, "max_tokens": 32, "temperature": 1.5, "min_p": 0.9},
+    )
+    assert status == 200 and tasks.is_valid(tasks.held_out(1)[0].task, PROMPT, done["choices"][0]["text"])

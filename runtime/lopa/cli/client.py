@@ -12,7 +12,7 @@ from lopa.cli.decoding_flags import HELP, OPTIONAL_TYPES, flag_name
 from lopa.params import DecodingParams, InvalidParameter
 
 OVERRIDES = ("branches", "block_size", "tau_add", "tau_act", "tau_conf", "conf", "alpha", "beta",
-             "branch_score", "branch_policy", "attention", "temperature", "top_p", "top_k", "seed")
+             "branch_score", "branch_policy", "attention", "temperature", "top_p", "top_k", "min_p", "seed")
 
 
 def add_parser(subparsers: argparse._SubParsersAction) -> None:

@@ -25,6 +25,7 @@ HELP = {
     "temperature": "0 = greedy; > 0 samples x_hat",
     "top_p": "nucleus sampling mass (1 = off)",
     "top_k": "top-k filter (0 = off)",
+    "min_p": "min-p filter: keep tokens of at least min_p times the top token's probability (0 = off)",
     "seed": "sampling seed: a request with the same seed samples the same answer",
 }
 # Fields whose default is None, and the type of their flag.

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+
 import torch
 
 from lopa.params import ConfKind, DecodingParams
@@ -10,7 +12,7 @@ ENTROPY_EPS = 1e-10
 
 
 def distributions(logits: torch.Tensor, params: DecodingParams) -> torch.Tensor:
-    """[N, V] logits -> [N, V] fp32 probabilities after temperature, top-p and top-k."""
+    """[N, V] logits -> [N, V] fp32 probabilities after temperature, top-p, top-k and min-p."""
     logits = logits.float()
     if params.temperature > 0:
         # Every finite temperature is safe: the row maximum is subtracted first (the others go to
@@ -31,6 +33,11 @@ def distributions(logits: torch.Tensor, params: DecodingParams) -> torch.Tensor:
     if params.top_k > 0 and params.top_k < logits.shape[-1]:
         kth = torch.topk(logits, params.top_k, dim=-1).values[..., -1:]
         logits = logits.masked_fill(logits < kth, float("-inf"))
+    if params.min_p > 0:
+        # vLLM's min-p: a token stays when its probability is at least min_p times the top one's,
+        # that is when its logit is at least the top logit + log(min_p) (the top token always stays).
+        floor = logits.amax(dim=-1, keepdim=True) + math.log(params.min_p)
+        logits = logits.masked_fill(logits < floor, float("-inf"))
     return torch.softmax(logits, dim=-1)
 
 

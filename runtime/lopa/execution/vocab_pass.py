@@ -19,7 +19,7 @@ from lopa.params import ConfKind, DecodingParams
 
 
 def reducible(params: DecodingParams) -> bool:
-    return params.greedy and params.top_p >= 1.0 and params.top_k == 0
+    return params.greedy and params.top_p >= 1.0 and params.top_k == 0 and params.min_p == 0
 
 
 def reductions(

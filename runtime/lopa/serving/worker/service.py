@@ -63,6 +63,7 @@ def params_of(begin: worker_pb2.Begin) -> DecodingParams:
         temperature=begin.temperature,
         top_p=begin.top_p,
         top_k=begin.top_k,
+        min_p=begin.min_p,
         seed=begin.seed,
     )
 

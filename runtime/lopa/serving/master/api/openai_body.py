@@ -38,6 +38,26 @@ COMPLETION_NEUTRAL: dict[str, tuple[Any, ...]] = {"best_of": (1,), "suffix": (""
 CHAT_NEUTRAL: dict[str, tuple[Any, ...]] = {
     "tools": ([],), "tool_choice": ("none",), "response_format": ({"type": "text"},),
 }
+# Why a feature this server lacks is refused beyond its neutral value (the 400 says it in one line).
+WHY = {
+    "frequency_penalty": "a penalty scores a token by the tokens before it, and a diffusion LM fills "
+                         "positions in no left-to-right order",
+    "presence_penalty": "a penalty scores a token by the tokens before it, and a diffusion LM fills "
+                        "positions in no left-to-right order",
+    "repetition_penalty": "a penalty scores a token by the tokens before it, and a diffusion LM fills "
+                          "positions in no left-to-right order",
+    "logit_bias": "not served",
+    "best_of": "not served: ask n samples and rank them yourself",
+    "suffix": "not served (no insertion)",
+    "tools": "no tool calling",
+    "tool_choice": "no tool calling",
+    "response_format": "no structured output (JSON or schemas)",
+}
+# Fields of vLLM's this server does not serve yet, and what to use meanwhile.
+NOT_YET = {
+    "stop_token_ids": "is not served yet: stop takes strings, and the model's end tokens end the answer",
+    "include_stop_str_in_output": "is not served yet: the answer ends before the stop string",
+}
 COMMON = frozenset({"model", "max_tokens", "stop", "n", "stream", "pin_branches", "logprobs",
                     *LOPA_FIELDS, *OPENAI_SAMPLING, *IGNORED, *NEUTRAL, *HONOURED})
 COMPLETION_FIELDS = COMMON | {"prompt", "echo", *COMPLETION_NEUTRAL}
@@ -78,6 +98,9 @@ def _common(body: Any, known: frozenset[str], served: str | Sequence[str]) -> tu
     if not isinstance(body, dict):
         raise InvalidParameter("body", "must be a JSON object")
     unknown = sorted(set(body) - known)
+    for name in unknown:
+        if name in NOT_YET:
+            raise InvalidParameter(name, NOT_YET[name])
     if "prompt" in unknown and "messages" in known:  # a completions body sent to chat
         raise InvalidParameter("prompt", "is /v1/completions' field: a chat takes messages, a list of "
                                          "{role, content}")
@@ -86,8 +109,9 @@ def _common(body: Any, known: frozenset[str], served: str | Sequence[str]) -> tu
     for name, accepted in {**NEUTRAL, **COMPLETION_NEUTRAL, **CHAT_NEUTRAL}.items():
         if name in known and body.get(name) is not None and not _neutral(body[name], accepted):
             shown = " or ".join(json.dumps(a) for a in accepted)
+            why = f" ({WHY[name]})" if name in WHY else ""
             raise InvalidParameter(name, f"is not supported by this server: only {shown} (the default), "
-                                         f"got {json.dumps(body[name])}")
+                                         f"got {json.dumps(body[name])}{why}")
     model = typed("model", body.get("model"), (str,))
     if not model:
         raise InvalidParameter("model", f"is required (this server serves {names[0]!r})")

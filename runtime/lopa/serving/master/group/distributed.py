@@ -89,6 +89,7 @@ class DistributedExecutor:
             temperature=params.temperature,
             top_p=params.top_p,
             top_k=params.top_k,
+            min_p=params.min_p,
             seed=params.seed,
             excluded_ids=sorted(excluded_ids),
         )
