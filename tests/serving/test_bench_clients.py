@@ -64,6 +64,8 @@ def test_guidellm_scenario_sets_only_target_model_tokenizer_data_and_load(tmp_pa
     chat = guidellm.scenario(target, Load(), tmp_path / "b.json", endpoint="chat", compat=True)["spec"]
     assert "request_format" not in chat["backend"]  # guidellm's own default: chat
     assert chat["backend"]["extras"] == {"body": {"ignore_eos": False}}
+    keyed = Target("http://127.0.0.1:8000", "lopa-bundled", tmp_path, api_key="sk-x")
+    assert guidellm.scenario(keyed, Load(), tmp_path / "b.json")["spec"]["backend"]["api_key"] == "sk-x"
 
 
 def _inference_perf_reports(directory: Path) -> None:
@@ -109,6 +111,8 @@ def test_inference_perf_config_keeps_its_request_defaults(tmp_path: Path) -> Non
     assert config["data"]["output_distribution"]["mean"] == 30
     compat = inference_perf.config(Target("http://h:1", "m", tmp_path), Load(), tmp_path, compat=True)
     assert compat["server"]["ignore_eos"] is False
+    keyed = inference_perf.config(Target("http://h:1", "m", tmp_path, api_key="sk-x"), Load(), tmp_path)
+    assert keyed["server"]["api_key"] == "sk-x"  # inference-perf sends it as a Bearer token
 
 
 METRICS = """# TYPE lopa_requests_total counter
@@ -231,8 +235,10 @@ def _bench(out: Path, *flags: str, rate: str = "2", seconds: str = "10") -> dict
 def test_inference_perf_with_ignore_eos_off_runs_against_lopa_serve(
     tmp_path: Path, inference_perf_venv: Path
 ) -> None:
-    """The plumbing today: the client's requests all answered, its token totals lopa's."""
-    report = _bench(tmp_path, "--compat")
+    """The plumbing today: the client's requests all answered, its token totals lopa's; behind an
+    API key (lopa serve --api-key), which the client sends."""
+    report = _bench(tmp_path, "--compat", "--api-key", "sk-bench")
+    assert "api_key: sk-bench" in (tmp_path / "inference-perf" / "config.yml").read_text()
     run, lopa = report["runs"][0], report["lopa"]["inference-perf"]
     assert run["error"] is None and run["exit_status"] == 0, report["table"]
     assert run["ok"] == 20 and run["failed"] == 0, report["table"]  # 2 requests/s for 10 s

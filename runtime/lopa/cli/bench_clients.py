@@ -36,6 +36,8 @@ def add_parser(kinds: argparse._SubParsersAction) -> None:
     parser.add_argument("--output-tokens", type=int, default=Load.output_tokens,
                         help="max_tokens of every request (default: %(default)s)")
     parser.add_argument("--workers", type=int, default=ServeOptions.workers, help="lopa serve --workers")
+    parser.add_argument("--api-key", default=None,
+                        help="lopa serve --api-key: the server asks for it, the clients send it")
     parser.add_argument("--branches", type=int, default=ServeOptions.branches, help="lopa serve --branches")
     parser.add_argument("--model", default=None,
                         help="checkpoint directory with a Hugging Face tokenizer "
@@ -68,7 +70,7 @@ def plan_from(args: argparse.Namespace) -> Plan:
     if args.rate <= 0:
         raise InvalidParameter("rate", f"must be > 0, got {args.rate}")
     load = Load(args.rate, args.seconds, args.prompt_tokens, args.output_tokens)
-    serve = ServeOptions(workers=args.workers, branches=args.branches, model=args.model)
+    serve = ServeOptions(workers=args.workers, branches=args.branches, model=args.model, api_key=args.api_key)
     return Plan(out=Path(args.out), clients=clients, load=load, serve=serve, compat=args.compat,
                 guidellm_endpoint=args.guidellm_endpoint, inference_perf_streaming=not args.no_streaming,
                 tolerance=args.tolerance, build=not args.no_build)

@@ -37,6 +37,8 @@ def scenario(target: Target, load: Load, report: Path, endpoint: str = "completi
         backend["request_format"] = ENDPOINTS[endpoint]
     if compat:
         backend["extras"] = {"body": {"ignore_eos": False}}
+    if target.api_key:
+        backend["api_key"] = target.api_key  # the openai_http backend's Bearer token
     return {"spec": {
         "backend": backend,
         "profile": {"kind": "constant", "rate": [load.rate]},

@@ -40,6 +40,8 @@ def config(target: Target, load: Load, work: Path, streaming: bool = True, compa
     server: dict[str, Any] = {"type": "vllm", "model_name": target.model, "base_url": target.base_url}
     if compat:
         server["ignore_eos"] = False
+    if target.api_key:
+        server["api_key"] = target.api_key  # sent as a Bearer token
     return {
         "api": {"type": "completion", "streaming": streaming},
         "data": {"type": "random", "input_distribution": _fixed(load.prompt_tokens),

@@ -87,9 +87,11 @@ def client_bodies(model: str, output_tokens: int) -> list[Probe]:
     ]
 
 
-def send(base_url: str, probe: Probe, timeout_s: float = 60.0) -> ProbeAnswer:
+def send(base_url: str, probe: Probe, timeout_s: float = 60.0, api_key: str | None = None) -> ProbeAnswer:
+    bearer = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+    headers = {"Content-Type": "application/json", **bearer}
     request = urllib.request.Request(f"{base_url}{probe.path}", data=json.dumps(probe.body).encode(),
-                                     headers={"Content-Type": "application/json"}, method="POST")
+                                     headers=headers, method="POST")
     asked = probe.body.get("max_tokens", probe.body.get("max_completion_tokens"))
     try:
         with urllib.request.urlopen(request, timeout=timeout_s) as reply:

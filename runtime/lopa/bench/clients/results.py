@@ -25,6 +25,7 @@ class Target:
     base_url: str  # http://host:port, no /v1
     model: str  # the served model id (as /v1/models lists it)
     tokenizer: Path  # a local Hugging Face tokenizer directory
+    api_key: str | None = None  # the server's API key (a Bearer token), if it has one
 
 
 @dataclass

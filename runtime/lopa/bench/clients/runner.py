@@ -100,8 +100,9 @@ def execute(plan: Plan) -> dict[str, Any]:
     checks: list[Check] = []
     with ServedLopa(plan.serve, plan.out / "serve") as lopa:
         model = lopa.models()[0]
-        target = Target(lopa.base_url, model, tokenizer_dir(plan.serve.model))
-        answers = [probe.send(lopa.base_url, p) for p in probe.default_probes(model, plan.load.output_tokens)]
+        target = Target(lopa.base_url, model, tokenizer_dir(plan.serve.model), plan.serve.api_key)
+        probes = probe.default_probes(model, plan.load.output_tokens)
+        answers = [probe.send(lopa.base_url, p, api_key=plan.serve.api_key) for p in probes]
         checks += probe_checks(answers, settings(plan))
         for name in plan.clients:
             before = lopa.counters()

@@ -25,6 +25,7 @@ class ServeOptions:
     workers: int = 2
     branches: int = 3
     model: str | None = None  # checkpoint directory (default: the bundled model)
+    api_key: str | None = None  # `lopa serve --api-key`: the clients send it as a Bearer token
     start_timeout_s: float = 600.0
 
 
@@ -90,7 +91,8 @@ class ServedLopa:
         command = [sys.executable, "-m", "lopa", "serve", "--workers", str(o.workers), "--branches",
                    str(o.branches), "--http-port", str(self.http_port), "--metrics-port",
                    str(self.metrics_port), "--listen", self.listen, "--logs", str(self.log_dir)]
-        return command + (["--model", o.model] if o.model else [])
+        command += ["--model", o.model] if o.model else []
+        return command + (["--api-key", o.api_key] if o.api_key else [])
 
     def __enter__(self) -> ServedLopa:
         self.log_dir.mkdir(parents=True, exist_ok=True)
@@ -130,7 +132,8 @@ class ServedLopa:
             return None
 
     def models(self) -> list[str]:
-        with urllib.request.urlopen(f"{self.base_url}/v1/models", timeout=5) as reply:
+        request = urllib.request.Request(f"{self.base_url}/v1/models", headers=auth(self.options.api_key))
+        with urllib.request.urlopen(request, timeout=5) as reply:
             return [entry["id"] for entry in json.load(reply)["data"]]
 
     def counters(self) -> LopaCounters:
@@ -148,3 +151,8 @@ class ServedLopa:
         except subprocess.TimeoutExpired:
             process.kill()
             process.wait()
+
+
+def auth(api_key: str | None) -> dict[str, str]:
+    """The header that carries the server's API key (none without one)."""
+    return {"Authorization": f"Bearer {api_key}"} if api_key else {}
