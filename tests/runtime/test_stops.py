@@ -65,3 +65,13 @@ def test_generate_refuses_more_tokens_than_the_model_holds(bundled_engine: Local
     with pytest.raises(InvalidParameter) as error:
         bundled_engine.generate(tasks.held_out(1)[0].prompt, params)
     assert error.value.field == "max_new_tokens" and "exceed max_length 256" in str(error.value)
+
+
+def test_a_stop_string_is_kept_when_asked() -> None:
+    """vLLM's include_stop_str_in_output: the answer ends after the stop string, not before it."""
+    from lopa.stops import first_stop
+
+    assert first_stop("abc.ZVx.ZV", ["ZV", "."]) == 3
+    assert first_stop("abc.ZVx.ZV", ["ZV", "."], include=True) == 4
+    assert first_stop("abcZV.", ["ZV", "."], include=True) == 5
+    assert first_stop("abc", ["ZV"], include=True) is None

@@ -259,8 +259,6 @@ def test_what_stays_refused_says_why_and_min_p_is_served(server: tuple[int, Path
     for field, value, why in (
         ("frequency_penalty", 0.5, "fills positions in no left-to-right order"),
         ("best_of", 2, "ask n samples"),
-        ("stop_token_ids", [5], "is not served yet"),
-        ("include_stop_str_in_output", True, "is not served yet"),
     ):
         status, error = _call(port, "POST", "/v1/completions", {"model": "a", "prompt": PROMPT, field: value})
         assert status == 400 and error["error"]["param"] == field and why in error["error"]["message"], error
@@ -271,3 +269,42 @@ def test_what_stays_refused_says_why_and_min_p_is_served(server: tuple[int, Path
         {"model": "a", "prompt": PROMPT, "max_tokens": 32, "temperature": 1.5, "min_p": 0.9},
     )
     assert status == 200 and tasks.is_valid(tasks.held_out(1)[0].task, PROMPT, done["choices"][0]["text"])
+
+
+def test_stop_token_ids_end_the_answer_and_a_stop_string_may_stay(server: tuple[int, Path]) -> None:
+    port, _ = server
+    c_id = _call(port, "POST", "/tokenize", {"prompt": "c"})[1]["tokens"][0]
+    for stream in (False, True):
+        body = {"model": "a", "prompt": PROMPT, "max_tokens": 32, "stop_token_ids": [c_id], "stream": stream}
+        text, finish = _answer(port, body)
+        assert text.endswith("c") and "c" not in text[:-1] and finish == "stop", text
+        plain, _ = _answer(port, {"model": "a", "prompt": PROMPT, "max_tokens": 32, "stream": stream})
+        stop = plain.split(".")[2][:2]  # the start of the answer's second word
+        body = {"model": "a", "prompt": PROMPT, "max_tokens": 32, "stop": [stop], "stream": stream}
+        cut, _ = _answer(port, body)
+        kept, finish = _answer(port, {**body, "include_stop_str_in_output": True})
+        assert cut == plain[: plain.index(stop)] and kept == cut + stop and finish == "stop", (cut, kept)
+    status, error = _call(
+        port, "POST", "/v1/completions", {"model": "a", "prompt": PROMPT, "stop_token_ids": [10**9]}
+    )
+    assert status == 400 and error["error"]["param"] == "stop_token_ids"
+
+
+def _answer(port: int, body: dict) -> tuple[str, str]:
+    """(the text, the finish reason) of a completion, streamed or not."""
+    if not body.get("stream"):
+        done = _call(port, "POST", "/v1/completions", body)[1]
+        return done["choices"][0]["text"], done["choices"][0]["finish_reason"]
+    request = urllib.request.Request(
+        f"http://127.0.0.1:{port}/v1/completions",
+        json.dumps(body).encode(),
+        {"Content-Type": "application/json", "Authorization": f"Bearer {KEY}"},
+    )
+    text, finish = "", ""
+    with urllib.request.urlopen(request, timeout=60) as response:
+        for raw in response:
+            line = raw.decode().strip()
+            if line.startswith("data: {"):
+                choice = json.loads(line.removeprefix("data: "))["choices"][0]
+                text, finish = text + choice["text"], choice["finish_reason"] or finish
+    return text, finish

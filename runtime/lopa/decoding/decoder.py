@@ -25,22 +25,26 @@ class Decoder:
         self.eos_ids = frozenset(eos_ids)
         self.max_length = max_length
 
-    def spec_for(self, prompt: Sequence[int], params: DecodingParams) -> SequenceConstants:
-        """The per-request constants. The request was checked where it entered (the master's
-        admission, LocalEngine.generate)."""
+    def spec_for(
+        self, prompt: Sequence[int], params: DecodingParams, stop_token_ids: Sequence[int] = ()
+    ) -> SequenceConstants:
+        """The per-request constants: the model's end tokens and the request's own stop tokens end
+        its answer. The request was checked where it entered (the master's admission,
+        LocalEngine.generate)."""
         return SequenceConstants(
             mask_id=self.mask_id,
-            eos_ids=self.eos_ids,
+            eos_ids=self.eos_ids | frozenset(stop_token_ids),
             block_size=params.block_size,
             max_blocks=decoded_tokens(params.max_new_tokens, params.block_size) // params.block_size,
             max_length=self.max_length,
         )
 
     def start(
-        self, prompt: Sequence[int], params: DecodingParams, should_stop: StopCheck | None = None
+        self, prompt: Sequence[int], params: DecodingParams, should_stop: StopCheck | None = None,
+        stop_token_ids: Sequence[int] = (),
     ) -> Generation:
         """The request's round-by-round state."""
-        return Generation(self.spec_for(prompt, params), prompt, params, should_stop)
+        return Generation(self.spec_for(prompt, params, stop_token_ids), prompt, params, should_stop)
 
     def generate(
         self,

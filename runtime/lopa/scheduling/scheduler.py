@@ -81,7 +81,9 @@ class Scheduler:
         started = []
         for request in requests:
             should_stop = stop_check(self.decode, request.stop)
-            started.append((request, self.decoder.start(request.prompt_ids, request.params, should_stop)))
+            ids, stops = request.prompt_ids, request.stop_token_ids
+            generation = self.decoder.start(ids, request.params, should_stop, stops)
+            started.append((request, generation))
         with self._lock:
             if self._stopping:
                 raise SchedulerStopped("the server is stopping: the request was not queued")
@@ -292,8 +294,9 @@ class Scheduler:
     def _complete(self, run: _Running) -> None:
         try:
             result = run.generation.result()
-            stop, eos_ids = run.request.stop, self.decoder.eos_ids
-            cut = cut_at_stop(result, self.decode, stop) if stop else None
+            request = run.request
+            stop, eos_ids = request.stop, self.decoder.eos_ids | frozenset(request.stop_token_ids)
+            cut = cut_at_stop(result, self.decode, stop, request.include_stop) if stop else None
             if cut is not None:
                 (text, result), reason = cut, "stop"
             else:

@@ -59,6 +59,8 @@ class Ask:
     ignore_eos: Any = False
     min_tokens: Any = 0
     add_special_tokens: Any = False
+    stop_token_ids: Any = ()  # vLLM's: more tokens that end the answer
+    include_stop_str_in_output: Any = False  # vLLM's: a stop string stays at the end of the answer
 
 
 @dataclass(frozen=True)
@@ -70,6 +72,8 @@ class Admitted:
     stop: tuple[str, ...] = ()
     pin_branches: bool = False
     ignore_eos: bool = False
+    stop_token_ids: tuple[int, ...] = ()
+    include_stop: bool = False
 
 
 class InvalidInBatch(InvalidParameter):
@@ -152,7 +156,22 @@ class Admission:
             limit = params.max_new_tokens
             raise InvalidParameter("min_tokens", f"{min_tokens} exceeds max_new_tokens {limit}")
         pin = typed("pin_branches", ask.pin_branches, (bool,)) or False
-        return Admitted(ids, params, stop, pin, ignore_eos)
+        stop_ids = self.stop_token_ids(ask.stop_token_ids)
+        include_stop = bool(typed("include_stop_str_in_output", ask.include_stop_str_in_output, (bool,)))
+        return Admitted(ids, params, stop, pin, ignore_eos, stop_ids, include_stop)
+
+    def stop_token_ids(self, value: Any) -> tuple[int, ...]:
+        """vLLM's stop_token_ids: token ids of the vocabulary (not the mask) that end the answer."""
+        if value is None or (_sequence(value) and not len(value)):
+            return ()
+        name = "stop_token_ids"
+        if not _sequence(value) or len(value) > MAX_STOP_STRINGS:
+            raise InvalidParameter(name, f"must be a list of at most {MAX_STOP_STRINGS} token ids")
+        ids = token_ids(value, name)
+        bad = [t for t in ids if not 0 <= t < self.vocab_size or t == self.mask_id]
+        if bad:
+            raise InvalidParameter(name, f"ids {bad[:5]} are outside the vocabulary or the mask id")
+        return tuple(ids)
 
     def params(self, ask: Ask) -> DecodingParams:
         """The server's defaults with the request's overrides, checked against the server's limits."""
@@ -269,9 +288,9 @@ def _sequence(value: Any) -> bool:
     return isinstance(value, Sequence) and not isinstance(value, (str, bytes))
 
 
-def token_ids(value: Any) -> list[int]:
+def token_ids(value: Any, name: str = "prompt_token_ids") -> list[int]:
     if not _sequence(value) or not all(isinstance(t, int) and not isinstance(t, bool) for t in value):
-        raise InvalidParameter("prompt_token_ids", "must be a list of integers")
+        raise InvalidParameter(name, "must be a list of integers")
     return list(value)
 
 

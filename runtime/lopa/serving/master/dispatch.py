@@ -228,7 +228,8 @@ class Dispatcher:
 
     def _request(self, ticket: Ticket) -> Request:
         admitted = ticket.admitted
-        tracker = DeltaTracker(self.decode, frozenset(self.scheduler.decoder.eos_ids), admitted.stop)
+        ends = self.scheduler.decoder.eos_ids | frozenset(admitted.stop_token_ids)
+        tracker = DeltaTracker(self.decode, ends, admitted.stop, admitted.include_stop)
         prompt_length = len(admitted.prompt_ids)
         answer_end = prompt_length + admitted.params.max_new_tokens  # the rest of the last block is cut
         mask_id = self.scheduler.decoder.mask_id
@@ -259,6 +260,8 @@ class Dispatcher:
             admitted.stop,
             admitted.pin_branches,
             admitted.ignore_eos,
+            admitted.stop_token_ids,
+            admitted.include_stop,
             on_step=on_step if ticket.stream else None,
             on_done=on_done,
             abort=ticket.abort,

@@ -20,6 +20,7 @@ class DeltaTracker:
     decode: Callable[[list[int]], str]
     eos_ids: frozenset[int]
     stop: Sequence[str] = ()
+    include_stop: bool = False  # the stop string is sent (the answer ends after it)
     offset: int = 0  # token ids already sent
     sent_text: str = ""
     _done: bool = field(default=False)
@@ -58,7 +59,7 @@ class DeltaTracker:
     def _stable(self, text: str) -> str:
         if text.endswith("\ufffd"):
             text = text.rstrip("\ufffd")
-        cut = first_stop(text, self.stop)  # the earliest, as the final answer is cut (cut_at_stop)
+        cut = first_stop(text, self.stop, self.include_stop)  # as the final answer is cut (cut_at_stop)
         if cut is not None:
             return text[:cut]
         hold = max((len(s) - 1 for s in self.stop), default=0)

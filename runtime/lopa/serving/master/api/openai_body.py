@@ -33,7 +33,8 @@ NEUTRAL: dict[str, tuple[Any, ...]] = {
     "repetition_penalty": (1,),  # vLLM's extra
 }
 # vLLM's extras this server honours (checked by admission): benchmark clients send them.
-HONOURED = frozenset({"ignore_eos", "min_tokens", "add_special_tokens"})
+HONOURED = frozenset({"ignore_eos", "min_tokens", "add_special_tokens", "stop_token_ids",
+                      "include_stop_str_in_output"})
 COMPLETION_NEUTRAL: dict[str, tuple[Any, ...]] = {"best_of": (1,), "suffix": ("",)}
 CHAT_NEUTRAL: dict[str, tuple[Any, ...]] = {
     "tools": ([],), "tool_choice": ("none",), "response_format": ({"type": "text"},),
@@ -52,11 +53,6 @@ WHY = {
     "tools": "no tool calling",
     "tool_choice": "no tool calling",
     "response_format": "no structured output (JSON or schemas)",
-}
-# Fields of vLLM's this server does not serve yet, and what to use meanwhile.
-NOT_YET = {
-    "stop_token_ids": "is not served yet: stop takes strings, and the model's end tokens end the answer",
-    "include_stop_str_in_output": "is not served yet: the answer ends before the stop string",
 }
 COMMON = frozenset({"model", "max_tokens", "stop", "n", "stream", "pin_branches", "logprobs",
                     *LOPA_FIELDS, *OPENAI_SAMPLING, *IGNORED, *NEUTRAL, *HONOURED})
@@ -98,9 +94,6 @@ def _common(body: Any, known: frozenset[str], served: str | Sequence[str]) -> tu
     if not isinstance(body, dict):
         raise InvalidParameter("body", "must be a JSON object")
     unknown = sorted(set(body) - known)
-    for name in unknown:
-        if name in NOT_YET:
-            raise InvalidParameter(name, NOT_YET[name])
     if "prompt" in unknown and "messages" in known:  # a completions body sent to chat
         raise InvalidParameter("prompt", "is /v1/completions' field: a chat takes messages, a list of "
                                          "{role, content}")
