@@ -248,7 +248,6 @@ def test_logprobs_are_the_fills_own(server: tuple[int, Path]) -> None:
     for refused, param in (
         ({"logprobs": 2}, "logprobs"),
         ({"logprobs": 0, "echo": True}, "echo"),
-        ({"logprobs": 0, "stream": True}, "logprobs"),
     ):
         status, error = _call(port, "POST", "/v1/completions", {"model": "a", "prompt": PROMPT, **refused})
         assert status == 400 and error["error"]["param"] == param, error
@@ -308,3 +307,31 @@ def _answer(port: int, body: dict) -> tuple[str, str]:
                 choice = json.loads(line.removeprefix("data: "))["choices"][0]
                 text, finish = text + choice["text"], choice["finish_reason"] or finish
     return text, finish
+
+
+def test_a_stream_carries_each_deltas_logprobs(server: tuple[int, Path]) -> None:
+    """Streamed, the logprobs of every event's tokens concatenate to the unary reply's."""
+    port, _ = server
+    body = {
+        "model": "a",
+        "prompt": PROMPT,
+        "max_tokens": 32,
+        "branches": 3,
+        "pin_branches": True,
+        "logprobs": 0,
+    }
+    whole = _call(port, "POST", "/v1/completions", body)[1]["choices"][0]["logprobs"]
+    request = urllib.request.Request(
+        f"http://127.0.0.1:{port}/v1/completions",
+        json.dumps({**body, "stream": True}).encode(),
+        {"Content-Type": "application/json", "Authorization": f"Bearer {KEY}"},
+    )
+    tokens, values = [], []
+    with urllib.request.urlopen(request, timeout=60) as response:
+        for raw in response:
+            line = raw.decode().strip()
+            if line.startswith("data: {"):
+                part = json.loads(line.removeprefix("data: "))["choices"][0]["logprobs"]
+                tokens += part["tokens"]
+                values += part["token_logprobs"]
+    assert tokens == whole["tokens"] and values == pytest.approx(whole["token_logprobs"], abs=1e-6)

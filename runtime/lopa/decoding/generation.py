@@ -21,7 +21,7 @@ from lopa.decoding.executor import BranchWindow
 from lopa.params import BranchPolicy, BranchScore, DecodingParams
 
 StopCheck = Callable[[list[int]], bool]  # contiguous generated ids -> stop now?
-_TINY = 1e-45  # the smallest fp32 probability (a logprob is finite)
+SMALLEST_P = 1e-45  # the smallest fp32 probability (a logprob is finite)
 
 
 @dataclass(frozen=True)
@@ -35,6 +35,7 @@ class StepEvent:
     candidates: int
     winner: int
     granted_branches: int = 0  # lookahead branches the budget granted this round
+    probs: dict[int, float] = field(default_factory=dict)  # each filled position's P (see Branch)
 
 
 @dataclass
@@ -195,7 +196,7 @@ class Generation:
         ]
         return StepEvent(
             self.forwards, fills, list(after.tokens), after.prompt_length, len(self._live), self.winners[-1],
-            self._granted,
+            self._granted, dict(after.probs),
         )
 
     def result(self) -> GenerationResult:
@@ -208,7 +209,7 @@ class Generation:
             prompt_ids=self.prompt,
             generated_ids=generated,
             output_ids=output,
-            output_logprobs=[math.log(max(p, _TINY)) for p in probs],
+            output_logprobs=[math.log(max(p, SMALLEST_P)) for p in probs],
             forwards=self.forwards,
             wall_s=time.perf_counter() - self.began,
             winners=self.winners,

@@ -13,12 +13,13 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import math
 import re
 import time
 from collections.abc import AsyncIterator, Callable, Sequence
 from typing import Any
 
-from lopa.decoding.generation import StepEvent
+from lopa.decoding.generation import SMALLEST_P, StepEvent
 from lopa.params import InvalidParameter
 from lopa.scheduling.request import (
     Abort,
@@ -237,8 +238,10 @@ class Dispatcher:
         def on_step(event: StepEvent) -> None:
             offset, ids, text = tracker.step(event.tokens[prompt_length:answer_end], mask_id)
             fills = [(p - prompt_length, t) for p, t in event.fills]
+            first = prompt_length + offset
+            logprobs = [math.log(max(event.probs.get(first + i, 1.0), SMALLEST_P)) for i in range(len(ids))]
             ticket.post(Progress(event.step, offset, ids, text, fills, event.candidates, event.winner,
-                                 event.granted_branches))
+                                 event.granted_branches, logprobs))
 
         def on_done(outcome: Outcome) -> None:
             item: Any = outcome

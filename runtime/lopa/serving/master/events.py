@@ -24,6 +24,7 @@ class Progress:
     candidates: int  # candidates verified this round
     winner: int
     granted_branches: int  # lookahead branches the budget granted this round
+    logprobs: list[float] = field(default_factory=list)  # of token_ids (docs/decoding.md section 6)
 
 
 @dataclass(frozen=True)

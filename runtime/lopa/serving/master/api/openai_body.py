@@ -119,8 +119,6 @@ def _common(body: Any, known: frozenset[str], served: str | Sequence[str]) -> tu
         raise InvalidParameter("stream_options", f"must be an object, got {json.dumps(options)}")
     if options is not None and not stream:
         raise InvalidParameter("stream_options", "is only allowed with stream: true")
-    if stream and body.get("logprobs") is not None and body.get("logprobs") is not False:
-        raise InvalidParameter("logprobs", "with stream is not yet served: ask without stream")
     flags = {}
     for name in ("include_usage", "continuous_usage_stats"):
         try:

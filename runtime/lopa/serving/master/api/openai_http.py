@@ -188,7 +188,8 @@ class OpenAIApi:
         ident = f"{'chatcmpl' if chat else 'cmpl'}-{uuid.uuid4().hex}"
         echoes = self._echoes(parsed, tickets)
         if parsed.stream:
-            return await stream(request, tickets, parsed, ident, chat, echoes)
+            tokenizer = self.dispatcher.admission.tokenizer
+            return await stream(request, tickets, parsed, ident, chat, echoes, tokenizer)
         # A client that disconnects cancels the handler, and with it every ticket's wait (each then
         # counted as cancelled); otherwise each is counted by its own outcome.
         done = await asyncio.gather(*(ticket.finished() for ticket in tickets), return_exceptions=True)

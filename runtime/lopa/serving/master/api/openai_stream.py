@@ -14,6 +14,7 @@ import contextlib
 import json
 import logging
 import time
+from collections.abc import Sequence
 from typing import Any
 
 from aiohttp import web
@@ -29,14 +30,15 @@ FINISH = {"eos": "stop", "stop": "stop", "length": "length"}
 
 
 async def stream(request: web.Request, tickets: list[Ticket], parsed: Parsed, ident: str, chat: bool,
-                 echoes: list[str] | None = None) -> web.StreamResponse:
+                 echoes: list[str] | None = None, tokenizer: Any = None) -> web.StreamResponse:
     """Server-sent events of every ticket, then [DONE]. A failure ends the batch's other requests
     (counted as cancelled); a handler cancelled while its client still listens (the master stops)
     writes the error event and [DONE] before it goes."""
     headers = {"Content-Type": "text/event-stream", "Cache-Control": "no-cache"}
     response = web.StreamResponse(headers=headers)
     try:
-        await _events(request, response, tickets, parsed, ident, chat, echoes or [""] * len(tickets))
+        echoes = echoes or [""] * len(tickets)
+        await _events(request, response, tickets, parsed, ident, chat, echoes, tokenizer)
     except ConnectionResetError:  # an ordinary event: one line, no traceback
         log.info("HTTP client %s went away during its stream", request.remote)
     except asyncio.CancelledError:  # the client went away, or the master stops: say so if it can hear
@@ -53,9 +55,14 @@ async def stream(request: web.Request, tickets: list[Ticket], parsed: Parsed, id
 
 async def _events(
     request: web.Request, response: web.StreamResponse, tickets: list[Ticket], parsed: Parsed, ident: str,
-    chat: bool, echoes: list[str],
+    chat: bool, echoes: list[str], tokenizer: Any = None,
 ) -> None:
-    """echoes: the text each choice's first event starts with (completions' echo: its prompt)."""
+    """echoes: the text each choice's first event starts with (completions' echo: its prompt);
+    tokenizer: names the tokens of each event's logprobs (parsed.logprobs)."""
+
+    def logprobs(ids: Sequence[int], values: Sequence[float]) -> dict[str, Any] | None:
+        return logprob_entries(tokenizer, ids, values, chat) if parsed.logprobs else None
+
     await response.prepare(request)
     out = _Chunks(response, ident, parsed.model, chat)
     merged, pumps = _merge(tickets)
@@ -77,7 +84,8 @@ async def _events(
                     if parsed.continuous_usage:
                         extra["usage"] = usage_of(prompts[index], sent[index])
                     delta = echoes[index] + item.text if first[index] else item.text
-                    await out.send(index, delta, extra=extra, first=first[index])
+                    await out.send(index, delta, extra=extra, first=first[index],
+                                   logprobs=logprobs(item.token_ids, item.logprobs))
                     if item.text:
                         tickets[index].first_token_sent()
                     first[index], rounds[index] = False, []
@@ -91,8 +99,10 @@ async def _events(
             # add up every chunk's usage would count it twice); the choice's stats stay in lopa.
             own = usage(outcome) if parsed.continuous_usage or not parsed.include_usage else None
             delta = echoes[index] + item.text if first[index] else item.text
+            rest = outcome.result.output_logprobs[item.offset : item.offset + len(item.token_ids)]
             await out.send(index, delta, FINISH[outcome.finish_reason],
-                           {"usage": own, "lopa": stats}, first=first[index])
+                           {"usage": own, "lopa": stats}, first=first[index],
+                           logprobs=logprobs(item.token_ids, rest))
             done.append(outcome)
     finally:
         for task in pumps:  # a failure or a client gone: the others stop, counted as cancelled
@@ -118,12 +128,14 @@ class _Chunks:
         await self.response.write(f"data: {json.dumps(event)}\n\n".encode())
 
     async def send(self, index: int, delta: str, finish: str | None = None, extra: dict | None = None,
-                   first: bool = False) -> None:
+                   first: bool = False, logprobs: dict[str, Any] | None = None) -> None:
         if self.chat:
             piece = {"role": "assistant", "content": delta} if first else {"content": delta}
             choice: dict[str, Any] = {"index": index, "delta": piece, "finish_reason": finish}
+            if logprobs is not None:
+                choice["logprobs"] = logprobs
         else:
-            choice = {"index": index, "text": delta, "finish_reason": finish, "logprobs": None}
+            choice = {"index": index, "text": delta, "finish_reason": finish, "logprobs": logprobs}
         await self.write([choice], extra)
 
 
@@ -168,10 +180,17 @@ def lopa_stats(c: Completion) -> dict[str, float]:
 
 def token_logprobs(tokenizer: Any, c: Completion, chat: bool) -> dict[str, Any]:
     """OpenAI's logprobs of a choice: each token of its text with the logprob it was filled with
-    (docs/decoding.md section 6); special tokens (its EOS) are not text and not listed."""
+    (docs/decoding.md section 6)."""
+    return logprob_entries(tokenizer, c.result.output_ids, c.result.output_logprobs, chat)
+
+
+def logprob_entries(
+    tokenizer: Any, ids: Sequence[int], logprobs: Sequence[float], chat: bool
+) -> dict[str, Any]:
+    """OpenAI's logprobs object of these tokens (a choice's, or a stream event's delta); special tokens
+    (an EOS) are not text and not listed."""
     special = set(getattr(tokenizer, "all_special_ids", ()))
-    pairs = [(t, lp) for t, lp in zip(c.result.output_ids, c.result.output_logprobs, strict=True)
-             if t not in special]
+    pairs = [(t, lp) for t, lp in zip(ids, logprobs, strict=True) if t not in special]
     pieces = [tokenizer.decode([t]) for t, _ in pairs]
     if chat:
         content = [{"token": piece, "logprob": lp, "bytes": list(piece.encode()), "top_logprobs": []}
