@@ -13,6 +13,7 @@ import torch
 import yaml
 
 from kube import certs
+from lopa.params import InvalidParameter
 from lopa.serving.client import LopaClient
 from lopa.serving.launcher import free_ports
 
@@ -117,3 +118,20 @@ def test_master_stops_cleanly_on_sigterm(tmp_path: Path, checkpoint: Path) -> No
         master.kill()
     assert master.returncode == 0, rest[-3000:]
     assert "Traceback" not in rest and "Exception ignored" not in rest, rest[-3000:]
+
+
+def test_serve_places_its_workers_and_rendezvous_on_the_ports_asked() -> None:
+    from lopa.cli import build_parser
+    from lopa.cli.serve import check_flags, serving_config
+
+    worker, rendezvous = free_ports(3)[:2]
+    args = build_parser("serve").parse_args(["serve", "--workers", "2", "--worker-port", str(worker),
+                                             "--rendezvous-port", str(rendezvous)])
+    check_flags(args)
+    config = serving_config(args)
+    assert config.workers.addresses == (f"127.0.0.1:{worker}", f"127.0.0.1:{worker + 1}")
+    assert config.workers.rendezvous == f"127.0.0.1:{rendezvous}"
+    flags = ["serve", "--worker-port", "50050", "--listen", "127.0.0.1:50051"]
+    clash = build_parser("serve").parse_args(flags)
+    with pytest.raises(InvalidParameter, match="the workers' ports 50050-50051 hold --listen's 50051"):
+        check_flags(clash)

@@ -88,8 +88,6 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--http-port", type=int, default=0,
                         help="serve the OpenAI-compatible HTTP API on this port too (default: the config's "
                         "master.http_port, else 0 = off)")
-    parser.add_argument("--metrics-port", type=int, default=0,
-                        help="master Prometheus metrics port (default: 0 = no metrics endpoint)")
     parser.add_argument("--max-batch", type=int, default=None,
                         help="requests decoded at once, one KV cache each (default: the config's "
                         "limits.max_batch, else 8)")
@@ -105,9 +103,21 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     )
     parser.add_argument("--logs", default=None,
                         help="directory for the children's logs, created if missing (default: inherit)")
+    add_port_flags(parser)
     add_vllm_flags(parser)
     add_decoding_flags(parser)
     parser.set_defaults(handler=run)
+
+
+def add_port_flags(parser: argparse.ArgumentParser) -> None:
+    """The group's other ports (every port is free when left at 0)."""
+    parser.add_argument("--metrics-port", type=int, default=0,
+                        help="master Prometheus metrics port (default: 0 = no metrics endpoint)")
+    parser.add_argument("--worker-port", type=int, default=0,
+                        help="the workers listen on this port and the next ones, one each, on loopback "
+                        "(default: 0 = free ports)")
+    parser.add_argument("--rendezvous-port", type=int, default=0,
+                        help="the workers' rendezvous port, on loopback (default: 0 = a free port)")
 
 
 def add_vllm_flags(parser: argparse.ArgumentParser) -> None:
@@ -184,8 +194,9 @@ def check_flags(args: argparse.Namespace) -> None:
         raise InvalidParameter("max_step_tokens", f"must be >= 0 (0 = the device's default), got {got}")
     if not 0 <= args.http_port <= MAX_PORT:
         raise InvalidParameter("http_port", f"must be in [0, {MAX_PORT}], got {args.http_port}")
-    if not 0 <= args.metrics_port <= MAX_PORT:
-        raise InvalidParameter("metrics_port", f"must be in [0, {MAX_PORT}], got {args.metrics_port}")
+    for flag in ("metrics_port", "worker_port", "rendezvous_port"):
+        if not 0 <= getattr(args, flag) <= MAX_PORT:
+            raise InvalidParameter(flag, f"must be in [0, {MAX_PORT}], got {getattr(args, flag)}")
     if not 0 < args.start_timeout <= MAX_SECONDS:  # also refuses NaN
         got = args.start_timeout
         raise InvalidParameter("start_timeout", f"must be in (0, {MAX_SECONDS:.0f}] seconds, got {got:g}")
@@ -260,17 +271,37 @@ def _check_ports(args: argparse.Namespace) -> None:
     config key)."""
     host, port = split_address(args.listen)  # checked by listen_problem first
     taken = {"listen": port}
-    for flag in ("http_port", "metrics_port"):
+    for flag in ("http_port", "metrics_port", "rendezvous_port"):
         port = getattr(args, flag)
         if not port:
             continue
         for other, used in taken.items():
             if port == used:
                 raise InvalidParameter(flag, f"must differ from --{other.replace('_', '-')} (both {port})")
-        problem = listen_problem(f"{host}:{port}")
+        problem = listen_problem(f"{'127.0.0.1' if flag == 'rendezvous_port' else host}:{port}")
         if problem:
             raise InvalidParameter(flag, problem)
         taken[flag] = port
+    _check_worker_ports(args, taken)
+
+
+def _check_worker_ports(args: argparse.Namespace, taken: dict[str, int]) -> None:
+    """--worker-port and the ports after it, one per worker: free, in range and apart from the others."""
+    if not args.worker_port:
+        return
+    count = args.workers or 2
+    ports = range(args.worker_port, args.worker_port + count)
+    if ports[-1] > MAX_PORT:
+        needed = f"{count} workers need ports {ports[0]}-{ports[-1]}"
+        raise InvalidParameter("worker_port", f"{needed}, past {MAX_PORT}")
+    for flag, used in taken.items():
+        if used in ports:
+            raise InvalidParameter("worker_port", f"the workers' ports {ports[0]}-{ports[-1]} hold --"
+                                                  f"{flag.replace('_', '-')}'s {used}")
+    for port in ports:
+        problem = listen_problem(f"127.0.0.1:{port}")
+        if problem:
+            raise InvalidParameter("worker_port", problem)
 
 
 def serving_config(args: argparse.Namespace) -> ServingConfig:
@@ -323,7 +354,8 @@ def serving_config(args: argparse.Namespace) -> ServingConfig:
         master = dataclasses.replace(master, access_log=False)
     config = dataclasses.replace(base, decoding=decoding, limits=limits, master=master)
     workers = args.workers if args.workers is not None else (base.workers.count if _sets_count(args) else 2)
-    given, config = config, loopback_config(config, workers, args.listen)
+    ports = args.worker_port, args.rendezvous_port
+    given, config = config, loopback_config(config, workers, args.listen, *ports)
     log.info("%s", device_choice.start_line(config, given))
     validate(config)
     usable_max_length(config, model_path(model.path))  # what the children would refuse, refused now

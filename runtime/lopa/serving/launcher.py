@@ -89,13 +89,21 @@ def worker_threads(workers: int) -> int:
     return max(1, usable_cpus() // max(1, workers))
 
 
-def loopback_config(base: ServingConfig, workers: int, listen: str | None = None) -> ServingConfig:
+def loopback_config(
+    base: ServingConfig, workers: int, listen: str | None = None, worker_port: int = 0,
+    rendezvous_port: int = 0,
+) -> ServingConfig:
     """base with a master and `workers` workers on free loopback ports, its device and backend resolved
     (auto: this machine's accelerator; gloo when several ranks share one GPU). With TLS the
     master also gets a plaintext health port (unless base has one): the launcher has no client
-    certificate, and waits for SERVING there."""
+    certificate, and waits for SERVING there. worker_port: the workers listen on worker_port,
+    worker_port + 1, ... instead; rendezvous_port: rank 0's rendezvous (0: free ones)."""
     base = device_choice.resolve(base, ranks_per_device=workers)  # every rank shares this machine's device
     ports = free_ports(workers + 3)
+    if rendezvous_port:
+        ports[0] = rendezvous_port
+    if worker_port:
+        ports[1 : workers + 1] = range(worker_port, worker_port + workers)
     listen = listen or f"127.0.0.1:{ports[-1]}"
     health_port = base.master.health_port or (ports[-2] if base.tls.enabled else 0)
     return dataclasses.replace(
