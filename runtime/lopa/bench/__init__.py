@@ -4,12 +4,18 @@ tpf, evaluate, report  `lopa bench tpf`: LoPA vs D2F on the bundled model (token
 ablation               `lopa bench ablation`: LoPA's winner choice against a random one and the anchor
 orders                 `lopa bench orders`: TPF of random token-filling orders against LoPA's
 single, figures        one request through a steered executor (the checks above); their PNGs
+commit_cost            `lopa bench commit`: the two-phase KV commit's cost per round
+options                `lopa bench options`: branch score and branch count settings against the paper's
 step                   `lopa bench step`: one decoding step against its weights' memory floor
+products, weights      `lopa bench products`, `weights`: the step's matrix products and FP8 weights
+profiling              torch.profiler around a piece of a benchmark
 concurrency            the concurrency sweep, over the local engine or a served group
 serving                `lopa bench serving`: step time split and the sweep over real workers
 transport              `lopa bench transport`: the step stream's round-trip floor
 rows                   one JSON line per measured row, then a table
 attacks, edges         `lopa bench edges`: hostile clients of a master's ports, at full size
+samples                `lopa bench samples`: n samples in one request against n requests
+stream_cost            `lopa bench stream-cost`: the master's CPU per round along a long stream
 
 The package imports nothing itself: a hostile client (attacks, a process of its own) starts
 without torch.

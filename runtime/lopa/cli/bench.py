@@ -11,6 +11,7 @@ import torch
 from lopa.bench import edges as edges_bench
 from lopa.bench import samples as samples_bench
 from lopa.bench import serving as serving_bench
+from lopa.bench import stream_cost as stream_cost_bench
 from lopa.bench import transport as transport_bench
 from lopa.bench.report import plot, table, write_json
 from lopa.bench.tpf import KS, MODES, run_sweep
@@ -28,7 +29,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     parser = subparsers.add_parser(
         "bench",
         help="benchmarks: tpf, step, write-checkpoint, products, weights, concurrency, serving, transport, "
-        "clients, ablation, orders, options, commit, edges, samples",
+        "clients, ablation, orders, options, commit, edges, samples, stream-cost",
     )
     kinds = parser.add_subparsers(dest="bench", required=True)
     tpf = kinds.add_parser(
@@ -58,6 +59,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     bench_checks.add_parsers(kinds)
     edges_bench.add_parser(kinds)
     samples_bench.add_parser(kinds)
+    stream_cost_bench.add_parser(kinds)
 
 
 def run(args: argparse.Namespace) -> int:

@@ -47,7 +47,12 @@ class Branch:
 
     blocks[0] is the prompt. `creation` is the Conf of the lookahead token that
     created the branch (1.0 for the base branch). `probs`: each filled position's P under the
-    forward that filled it (its logprob, for the caller).
+    forward that filled it (its logprob, for the caller), see prob().
+
+    IN_CACHE blocks lead the table and never change again, so the rules start at `cached` (the
+    leading blocks known IN_CACHE; 0 is always safe) and a copy shares them: a round costs what
+    its window holds, not what the answer holds. Their probs move to `settled`, one dict shared
+    by every copy (the cached content is the same in every branch).
     """
 
     tokens: list[int]
@@ -56,6 +61,8 @@ class Branch:
     creation: float = 1.0
     lookahead_position: int | None = None
     probs: dict[int, float] = field(default_factory=dict)
+    cached: int = 0
+    settled: dict[int, float] = field(default_factory=dict)
 
     @classmethod
     def from_prompt(cls, prompt: list[int]) -> Branch:
@@ -66,14 +73,32 @@ class Branch:
     def prompt_length(self) -> int:
         return self.blocks[0].end
 
+    @property
+    def live_blocks(self) -> list[Block]:
+        """The blocks from the first one not known IN_CACHE (index i here is block cached + i)."""
+        return self.blocks[self.cached :]
+
+    @property
+    def live_start(self) -> int:
+        """The first position of a block not known IN_CACHE (every position before it is final)."""
+        return self.blocks[self.cached].start if self.cached < len(self.blocks) else len(self.tokens)
+
+    def prob(self, position: int) -> float | None:
+        """P of the token filled at `position` (None: not filled by decoding)."""
+        found = self.probs.get(position)
+        return self.settled.get(position) if found is None else found
+
     def copy(self) -> Branch:
+        live = [Block(b.start, b.end, b.state, b.fully_activated) for b in self.live_blocks]
         return Branch(
             tokens=list(self.tokens),
-            blocks=[Block(b.start, b.end, b.state, b.fully_activated) for b in self.blocks],
+            blocks=self.blocks[: self.cached] + live,
             eos_seen=self.eos_seen,
             creation=self.creation,
             lookahead_position=self.lookahead_position,
             probs=dict(self.probs),
+            cached=self.cached,
+            settled=self.settled,
         )
 
     def masks_left(self, block: Block, mask_id: int) -> int:

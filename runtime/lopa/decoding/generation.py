@@ -12,7 +12,8 @@ from __future__ import annotations
 
 import math
 import time
-from collections.abc import Callable, Sequence
+from collections import ChainMap
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from lopa.decoding import rules
@@ -35,7 +36,7 @@ class StepEvent:
     candidates: int
     winner: int
     granted_branches: int = 0  # lookahead branches the budget granted this round
-    probs: dict[int, float] = field(default_factory=dict)  # each filled position's P (see Branch)
+    probs: Mapping[int, float] = field(default_factory=dict)  # each filled position's P (Branch.prob)
 
 
 @dataclass
@@ -123,6 +124,7 @@ class Generation:
         self._live: list[Branch] = []
         self._granted = 0
         self._round_tokens = 0  # window tokens of the round verify() laid out
+        self._contiguous = 0  # where the contiguous answer ended when last read (_contiguous_end)
 
     @property
     def mean_branches(self) -> float:
@@ -189,14 +191,14 @@ class Generation:
         """The latest round, for streaming."""
         before, after = self._previous, self.base
         mask = self.consts.mask_id
-        fills = [
-            (p, t)
-            for p, t in enumerate(after.tokens)
-            if t != mask and (p >= len(before.tokens) or before.tokens[p] == mask)
+        fills = [  # before's cached blocks hold no mask: nothing there was filled this round
+            (p, after.tokens[p])
+            for p in range(before.live_start, len(after.tokens))
+            if after.tokens[p] != mask and (p >= len(before.tokens) or before.tokens[p] == mask)
         ]
         return StepEvent(
             self.forwards, fills, list(after.tokens), after.prompt_length, len(self._live), self.winners[-1],
-            self._granted, dict(after.probs),
+            self._granted, ChainMap(after.probs, after.settled),
         )
 
     def result(self) -> GenerationResult:
@@ -204,12 +206,12 @@ class Generation:
         generated = base.tokens[base.prompt_length :]
         output = self._up_to_eos(generated)[: self.params.max_new_tokens]
         # A filled token's P is > 0 (the argmax, or a sample): the floor only guards an underflow.
-        probs = [base.probs.get(base.prompt_length + i, 1.0) for i in range(len(output))]
+        probs = [base.prob(base.prompt_length + i) for i in range(len(output))]
         return GenerationResult(
             prompt_ids=self.prompt,
             generated_ids=generated,
             output_ids=output,
-            output_logprobs=[math.log(max(p, SMALLEST_P)) for p in probs],
+            output_logprobs=[0.0 if p is None else math.log(max(p, SMALLEST_P)) for p in probs],
             forwards=self.forwards,
             wall_s=time.perf_counter() - self.began,
             winners=self.winners,
@@ -220,16 +222,25 @@ class Generation:
 
     def contiguous(self) -> list[int]:
         """The answer's tokens up to the first mask (what a stop check may read)."""
-        generated = self.base.tokens[self.base.prompt_length :][: self.params.max_new_tokens]
-        mask = self.consts.mask_id
-        end = generated.index(mask) if mask in generated else len(generated)
-        return generated[:end]
+        return self.base.tokens[self.base.prompt_length : self._contiguous_end()]
+
+    def _contiguous_end(self) -> int:
+        """Where the contiguous answer ends: fills are final, so the search goes on from the last
+        round's end (a round reads what it filled, not the whole answer)."""
+        tokens, mask = self.base.tokens, self.consts.mask_id
+        limit = min(len(tokens), self.base.prompt_length + self.params.max_new_tokens)
+        end = max(self._contiguous, self.base.prompt_length)
+        while end < limit and tokens[end] != mask:
+            end += 1
+        self._contiguous = end
+        return end
 
     def _answer_complete(self) -> bool:
         """An answer shorter than its whole blocks is final once its max_new_tokens positions are
         filled (fills never change): the rest of the last block is not decoded for nothing."""
         limit = self.params.max_new_tokens
-        return limit % self.consts.block_size != 0 and len(self.contiguous()) >= limit
+        answered = self._contiguous_end() - self.base.prompt_length
+        return limit % self.consts.block_size != 0 and answered >= limit
 
     # -- the rules ------------------------------------------------------------------------------------
 
@@ -246,7 +257,7 @@ class Generation:
             lookahead = branch.lookahead_position is not None
             return rules.round_tokens([s.prob for s in row], params.tau_conf, lookahead)
         if params.branch_score is BranchScore.BLOCK_MIN:
-            blocks = [[s.conf for s in row if b.start <= s.position < b.end] for b in branch.blocks]
+            blocks = [[s.conf for s in row if b.start <= s.position < b.end] for b in branch.live_blocks]
             future = rules.least_block_confidence(blocks)
             return params.alpha * branch.creation + (1.0 - params.alpha) * future
         return rules.branch_score([s.conf for s in row], branch.creation, params.alpha, params.beta)
@@ -279,7 +290,7 @@ class Generation:
 
     def _window(self, branch: Branch, start: int) -> BranchWindow:
         block_ids: list[int] = []
-        for index, block in enumerate(branch.blocks):
+        for index, block in enumerate(branch.live_blocks, branch.cached):  # the window starts after them
             lo = max(block.start, start)
             if lo < block.end:
                 block_ids.extend([index] * (block.end - lo))

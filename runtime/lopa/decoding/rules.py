@@ -9,6 +9,7 @@ from __future__ import annotations
 import math
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
+from itertools import pairwise
 
 from lopa.decoding.blocks import Block, BlockState, Branch, SequenceConstants
 
@@ -43,15 +44,17 @@ def maybe_add_block(branch: Branch, consts: SequenceConstants, tau_add: float) -
 
 
 def update_activation(branch: Branch, mask_id: int, tau_act: float) -> None:
-    """Step 2: block j decoded >= tau_act fully activates block j+1 (sticky)."""
-    for previous, block in zip(branch.blocks, branch.blocks[1:], strict=False):
+    """Step 2: block j decoded >= tau_act fully activates block j+1 (sticky). A cached block's flag
+    is never read again: the pairs start at the last cached block."""
+    blocks = branch.blocks[max(0, branch.cached - 1) :]
+    for previous, block in pairwise(blocks):
         if not block.fully_activated and branch.decoded_fraction(previous, mask_id) >= tau_act:
             block.fully_activated = True
 
 
 def is_finished(branch: Branch) -> bool:
     """Step 3: no masks remain and no block is ACTIVE (blocks leave ACTIVE only with 0 masks)."""
-    return all(b.state is not BlockState.ACTIVE for b in branch.blocks)
+    return all(b.state is not BlockState.ACTIVE for b in branch.live_blocks)
 
 
 # -- layout -------------------------------------------------------------------------------------
@@ -59,10 +62,11 @@ def is_finished(branch: Branch) -> bool:
 
 def window_start(branch: Branch) -> int:
     """First TO_CACHE position if any, else the first ACTIVE position (== cache length)."""
-    for block in branch.blocks:
+    live = branch.live_blocks
+    for block in live:
         if block.state is BlockState.TO_CACHE:
             return block.start
-    for block in branch.blocks:
+    for block in live:
         if block.state is BlockState.ACTIVE:
             return block.start
     return len(branch.tokens)
@@ -71,7 +75,7 @@ def window_start(branch: Branch) -> int:
 def to_cache_length(branch: Branch) -> int:
     """u: the number of TO_CACHE tokens at the head of the window."""
     u = 0
-    for block in branch.blocks:
+    for block in branch.live_blocks:
         if block.state is BlockState.TO_CACHE:
             u += block.size
         elif u or block.state is BlockState.ACTIVE:
@@ -81,8 +85,8 @@ def to_cache_length(branch: Branch) -> int:
 
 def completed_prefix_end(branch: Branch) -> int:
     """End of the leading run of completed (TO_CACHE / IN_CACHE) blocks."""
-    end = 0
-    for block in branch.blocks:
+    end = branch.blocks[branch.cached - 1].end if branch.cached else 0
+    for block in branch.live_blocks:
         if not block.completed:
             break
         end = block.end
@@ -93,7 +97,7 @@ def masked_positions(branch: Branch, mask_id: int) -> list[int]:
     """Masked positions of ACTIVE blocks, in position order."""
     return [
         p
-        for block in branch.blocks
+        for block in branch.live_blocks
         if block.state is BlockState.ACTIVE
         for p in range(block.start, block.end)
         if branch.tokens[p] == mask_id
@@ -117,7 +121,7 @@ def anchor_fill(
 ) -> None:
     """Apply step 5 to every ACTIVE block with masks, in block order; EOS sets eos_seen."""
     by_position = {s.position: s for s in stats}
-    for block in branch.blocks:
+    for block in branch.live_blocks:
         if block.state is not BlockState.ACTIVE:
             continue
         block_stats = [
@@ -136,10 +140,18 @@ def anchor_fill(
 
 
 def mark_cached(branch: Branch) -> None:
-    """After a forward, the TO_CACHE blocks it wrote are IN_CACHE."""
-    for block in branch.blocks:
+    """After a forward, the TO_CACHE blocks it wrote are IN_CACHE; the leading cached run grows and
+    its probs settle (Branch.cached, Branch.settled)."""
+    for block in branch.live_blocks:
         if block.state is BlockState.TO_CACHE:
             block.state = BlockState.IN_CACHE
+    blocks, probs = branch.blocks, branch.probs
+    while branch.cached < len(blocks) and blocks[branch.cached].state is BlockState.IN_CACHE:
+        block = blocks[branch.cached]
+        for position in range(block.start, block.end):
+            if position in probs:
+                branch.settled[position] = probs.pop(position)
+        branch.cached += 1
 
 
 def promote(branch: Branch, mask_id: int, allowed: set[int] | None = None) -> None:
@@ -148,7 +160,7 @@ def promote(branch: Branch, mask_id: int, allowed: set[int] | None = None) -> No
     `allowed` restricts promotion to those block indices (LoPA: blocks the anchor
     fill completed), so TO_CACHE content is identical across branches.
     """
-    for index, block in enumerate(branch.blocks):
+    for index, block in enumerate(branch.live_blocks, branch.cached):
         if block.state is not BlockState.ACTIVE:
             continue
         if branch.masks_left(block, mask_id) or (allowed is not None and index not in allowed):
@@ -160,7 +172,7 @@ def completed_active_blocks(branch: Branch, mask_id: int) -> set[int]:
     """Indices of ACTIVE blocks with no masks left (LoPA's base_completed)."""
     return {
         i
-        for i, b in enumerate(branch.blocks)
+        for i, b in enumerate(branch.live_blocks, branch.cached)
         if b.state is BlockState.ACTIVE and not branch.masks_left(b, mask_id)
     }
 

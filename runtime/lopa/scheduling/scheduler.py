@@ -274,14 +274,13 @@ class Scheduler:
         for run in chosen:
             if run not in self._running:
                 continue
-            event = run.generation.event()
             # The first token a client can read: the answer's first position, committed (fills out
             # of order are not yet text), as vLLM's and the benchmark clients' TTFT end.
             if run.first_token is None and run.generation.contiguous():
                 run.first_token = now
             if run.request.on_step is not None:
                 try:
-                    run.request.on_step(event)
+                    run.request.on_step(run.generation.event())
                 except Exception as error:  # the caller's stream broke: this request ends, not the batch
                     log.exception("on_step callback failed")
                     self._finish(run, error)

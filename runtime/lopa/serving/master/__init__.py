@@ -7,7 +7,7 @@ api/         the doors: gRPC (grpc_service) and OpenAI HTTP (openai_http, openai
 admission    the only place a request is checked: Ask -> Admitted (types, ranges, limits, prompt)
 dispatch     Admitted -> the shared Scheduler (lopa.scheduling); per request a Ticket of events
 events       what decoding tells a client, whatever the transport (Progress, Finished)
-streaming    committed text deltas of a stream (pure)
+streaming    committed text deltas of a stream (pure; each round's cost grows with its new ids)
 group/       the worker group: one step stream per worker (links), the master's executor over
              them (distributed)
 

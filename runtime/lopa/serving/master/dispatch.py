@@ -230,13 +230,15 @@ class Dispatcher:
     def _request(self, ticket: Ticket) -> Request:
         admitted = ticket.admitted
         ends = self.scheduler.decoder.eos_ids | frozenset(admitted.stop_token_ids)
-        tracker = DeltaTracker(self.decode, ends, admitted.stop, admitted.include_stop)
         prompt_length = len(admitted.prompt_ids)
         answer_end = prompt_length + admitted.params.max_new_tokens  # the rest of the last block is cut
+        tracker = DeltaTracker(
+            self.decode, ends, admitted.stop, admitted.include_stop, prompt_length, answer_end
+        )
         mask_id = self.scheduler.decoder.mask_id
 
         def on_step(event: StepEvent) -> None:
-            offset, ids, text = tracker.step(event.tokens[prompt_length:answer_end], mask_id)
+            offset, ids, text = tracker.step(event.tokens, mask_id)
             fills = [(p - prompt_length, t) for p, t in event.fills]
             first = prompt_length + offset
             logprobs = [math.log(max(event.probs.get(first + i, 1.0), SMALLEST_P)) for i in range(len(ids))]
