@@ -115,13 +115,16 @@ class LocalEngine:
         chat: bool = False,
         pin_branches: bool = False,
         ignore_eos: bool = False,
+        top_logprobs: int = 0,
     ) -> Completion:
         """Decode one prompt; safe to call from many threads at once (their rounds are batched).
-        on_step runs on the scheduler thread."""
+        on_step runs on the scheduler thread; top_logprobs: each answer token's most probable
+        alternatives kept (GenerationResult.output_alternatives)."""
         ids = self.encode(prompt, chat)
         check_length(len(ids), params, self.decoder.max_length)
         waiter = Waiter()
-        request = Request(ids, params, tuple(stop), pin_branches, ignore_eos, on_step=on_step, on_done=waiter)
+        request = Request(ids, params, tuple(stop), pin_branches, ignore_eos, on_step=on_step, on_done=waiter,
+                          top_logprobs=top_logprobs)
         self.scheduler.submit(request)
         self.scheduler.start()
         # This thread only waits now: a pool from any torch op it ran would slow the scheduler's.

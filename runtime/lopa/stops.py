@@ -84,4 +84,6 @@ def cut_at_stop(
     if cut is None:
         return None
     count = text_of(decode, ids).covering(cut)  # as a stream counts the ids it sent (streaming.py)
-    return text[:cut], replace(result, output_ids=ids[:count], output_logprobs=result.output_logprobs[:count])
+    kept = replace(result, output_ids=ids[:count], output_logprobs=result.output_logprobs[:count],
+                   output_alternatives=result.output_alternatives[:count])
+    return text[:cut], kept

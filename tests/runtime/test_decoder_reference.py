@@ -25,8 +25,15 @@ from synthetic_cases import (
     synthetic_model,
 )
 
+from lopa.decoding.decoder import Decoder
+from lopa.execution.local import LocalExecutor
 from lopa.model.protocol import WindowBatch, WindowModel
 from lopa.params import AttentionMode, ConfKind, DecodingParams
+from lopa.scheduling.budget import Budget
+from lopa.scheduling.request import Request, Waiter
+from lopa.scheduling.scheduler import Scheduler
+
+TOP = 3  # alternatives asked per answer token
 
 # -- the reference ----------------------------------------------------------------------------------
 
@@ -47,6 +54,7 @@ class RefResult:
     eos_round: int | None  # the round in which EOS was first filled
     max_blocks_seen: int
     fill_probs: dict[int, float]  # each filled position's P in the round that filled it
+    fill_tops: dict[int, list[tuple[int, float]]]  # its TOP most probable tokens then, with their logprob
 
 
 def ref_conf(probs: torch.Tensor, kind: ConfKind) -> float:
@@ -78,6 +86,8 @@ def reference_d2f(
     forwards = semi_rounds = 0
     eos_round: int | None = None
     fill_probs: dict[int, float] = {}
+    fill_tops: dict[int, list[tuple[int, float]]] = {}
+    tops: dict[int, list[tuple[int, float]]] = {}
 
     def decoded(b: RefBlock) -> float:
         return sum(1 for t in seq[b.start : b.end] if t != mask_id) / (b.end - b.start)
@@ -142,6 +152,8 @@ def reference_d2f(
                 probs = torch.softmax(logits.float(), dim=-1)
                 token = int(torch.argmax(probs))
                 cands.append((p, token, float(probs[token]), ref_conf(probs, params.conf)))
+                top = torch.topk(probs, TOP)
+                tops[p] = [(int(t), math.log(float(v))) for t, v in zip(top.indices, top.values, strict=True)]
             fills = [c for c in cands if c[2] > params.tau_conf]
             if not fills and b.full:
                 best = cands[0]
@@ -152,6 +164,7 @@ def reference_d2f(
             for p, token, prob, _ in fills:
                 seq[p] = token
                 fill_probs[p] = prob
+                fill_tops[p] = tops[p]
                 if token in eos_ids:
                     round_eos = True
         if round_eos and not eos:
@@ -166,7 +179,8 @@ def reference_d2f(
                 if mask_id in seq[b.start : b.end]:
                     break
                 b.state = "to_cache"
-    return RefResult(seq[len(prompt) :], forwards, semi_rounds, eos_round, len(blocks) - 1, fill_probs)
+    generated = seq[len(prompt) :]
+    return RefResult(generated, forwards, semi_rounds, eos_round, len(blocks) - 1, fill_probs, fill_tops)
 
 
 # -- synthetic models -------------------------------------------------------------------------------
@@ -281,3 +295,22 @@ def test_k0_matches_reference_on_a_random_checkpoint(
     # Each answer token's logprob is its P in the round that filled it (docs/decoding.md section 6).
     expected = [math.log(ref.fill_probs[len(prompt) + i]) for i in range(len(result.output_ids))]
     assert result.output_logprobs == pytest.approx(expected, rel=1e-6, abs=1e-9)
+    # Asked for, each answer token's TOP most probable tokens in that round come with it; the same
+    # request otherwise decodes the same (the scheduler runs it: the product's loop).
+    executor = LocalExecutor(loaded.window_model(64))
+    decoder = Decoder(executor, mask, eos, 64)
+    scheduler = Scheduler(decoder, executor, str, 1, Budget(tokens=100_000))
+    waiter = Waiter()
+    scheduler.submit(Request(prompt, params, on_done=waiter, top_logprobs=TOP))
+    scheduler.start()
+    try:
+        served = waiter.wait().result
+    finally:
+        scheduler.stop()
+    assert served.output_ids == result.output_ids and served.output_logprobs == result.output_logprobs
+    for i, alternatives in enumerate(served.output_alternatives):
+        want = ref.fill_tops[len(prompt) + i]
+        assert [t for t, _ in alternatives] == [t for t, _ in want]
+        assert [lp for _, lp in alternatives] == pytest.approx([lp for _, lp in want], rel=1e-5, abs=1e-6)
+        assert alternatives[0][0] == served.output_ids[i]  # greedy: the argmax, at its own logprob
+        assert alternatives[0][1] == pytest.approx(served.output_logprobs[i], rel=1e-5, abs=1e-6)

@@ -120,7 +120,7 @@ def test_models_and_health(api: openai.OpenAI, served: tuple[LocalCluster, int])
         ({"extra_body": {"echo_back": 1}}, "echo_back", "echo_back: is not supported by this server"),
         ({"presence_penalty": 0.5}, "presence_penalty",
          "presence_penalty: is not supported by this server: only 0 (the default), got 0.5"),
-        ({"logprobs": 2}, "logprobs", "logprobs: is served at 0 only"),
+        ({"logprobs": 21}, "logprobs", "logprobs: must be in [0, 20], got 21"),
         ({"extra_body": {"min_tokens": 4}}, "min_tokens", "min_tokens: is supported with ignore_eos only"),
     ],
 )

@@ -39,9 +39,9 @@ def test_defaults_and_nulls_give_the_plain_request() -> None:
 @pytest.mark.parametrize(
     ("call", "fields", "field", "reason"),
     [
-        (chat, {"top_logprobs": 3}, "top_logprobs", "is served at 0 only"),
+        (chat, {"top_logprobs": 3}, "top_logprobs", "needs logprobs: true"),
         (chat, {"prompt": "hi"}, "prompt", "a chat takes messages"),
-        (completion, {"logprobs": 3}, "logprobs", "is served at 0 only"),  # 3 asks for alternatives
+        (completion, {"logprobs": 2.5}, "logprobs", "must be an integer"),  # the alternatives' count
         (chat, {"tools": [{"type": "function"}]}, "tools", "only [] (the default)"),
         (chat, {"response_format": {"type": "json_object"}}, "response_format", 'only {"type": "text"}'),
         (chat, {"echo": False}, "echo", "is not supported by this server"),  # a completions field

@@ -200,21 +200,25 @@ def test_echo_and_vllms_top_k_off(server: tuple[int, Path]) -> None:
 
 
 def test_logprobs_are_the_fills_own(server: tuple[int, Path]) -> None:
-    """Each returned token's logprob is the one it was filled with: what the local engine's
-    decode of the same request reports (docs/decoding.md section 6), in OpenAI's shapes."""
+    """Each returned token's logprob, and its alternatives, are those of the forward that filled
+    it: what the local engine's decode of the same request reports (docs/decoding.md section 6),
+    in OpenAI's shapes, from the served group's workers."""
     from lopa.bundled.defaults import model_defaults
     from lopa.engine import LocalEngine
 
     port, _ = server
     engine = LocalEngine.from_dirs(bundled_model_dir(), max_batch=1)
     try:
-        local = engine.generate(PROMPT, model_defaults(bundled_model_dir()).with_overrides(branches=3))
+        params = model_defaults(bundled_model_dir()).with_overrides(branches=3)
+        local = engine.generate(PROMPT, params, top_logprobs=3)
+        piece = {t: engine.tokenizer.decode([t]) for t, _ in (a for alts in local.result.output_alternatives
+                                                                for a in alts)}
     finally:
         engine.close()
     eos = 97  # the bundled tokenizer's <|endoftext|>
-    expected = [
-        lp for t, lp in zip(local.result.output_ids, local.result.output_logprobs, strict=True) if t != eos
-    ]
+    kept = [i for i, t in enumerate(local.result.output_ids) if t != eos]
+    expected = [local.result.output_logprobs[i] for i in kept]
+    alternatives = [[(piece[t], lp) for t, lp in local.result.output_alternatives[i]] for i in kept]
     # pin_branches: every branch granted, as the lone local decode has them
     body = {
         "model": "a",
@@ -230,6 +234,13 @@ def test_logprobs_are_the_fills_own(server: tuple[int, Path]) -> None:
     assert "".join(logprobs["tokens"]) == done["choices"][0]["text"] == local.text
     assert logprobs["token_logprobs"] == pytest.approx(expected, abs=1e-6)
     assert all(lp <= 0 for lp in logprobs["token_logprobs"]) and logprobs["text_offset"][1] == 1
+    assert logprobs["top_logprobs"] is None
+    # logprobs 3: the 3 likeliest tokens of each position's filling forward, and the returned one.
+    tops = _call(port, "POST", "/v1/completions", {**body, "logprobs": 3})[1]["choices"][0]["logprobs"]
+    assert tops["token_logprobs"] == pytest.approx(expected, abs=1e-6)
+    for token, value, listed, want in zip(tops["tokens"], expected, tops["top_logprobs"], alternatives,
+                                          strict=True):
+        assert listed == pytest.approx({**dict(want), token: value}, abs=1e-5)
     chat = _call(
         port,
         "POST",
@@ -245,11 +256,25 @@ def test_logprobs_are_the_fills_own(server: tuple[int, Path]) -> None:
     )[1]
     content = chat["choices"][0]["logprobs"]["content"]
     assert [c["logprob"] for c in content] == pytest.approx(expected, abs=1e-6)
-    for refused, param in (
-        ({"logprobs": 2}, "logprobs"),
-        ({"logprobs": 0, "echo": True}, "echo"),
+    assert all(c["top_logprobs"] == [] for c in content)
+    messages = [{"role": "user", "content": PROMPT}]
+    chat = _call(port, "POST", "/v1/chat/completions", {
+        "model": "a", "max_tokens": 32, "branches": 3, "pin_branches": True, "logprobs": True,
+        "top_logprobs": 2, "messages": messages,
+    })[1]
+    for entry, want in zip(chat["choices"][0]["logprobs"]["content"], alternatives, strict=True):
+        listed = entry["top_logprobs"]
+        assert [a["token"] for a in listed] == [token for token, _ in want[:2]]
+        assert [a["logprob"] for a in listed] == pytest.approx([lp for _, lp in want[:2]], abs=1e-5)
+        assert all(bytes(a["bytes"]).decode() == a["token"] for a in listed)
+    for path, refused, param in (
+        ("/v1/completions", {"logprobs": 21}, "logprobs"),
+        ("/v1/completions", {"logprobs": 0, "echo": True}, "echo"),
+        ("/v1/chat/completions", {"top_logprobs": 2}, "top_logprobs"),
+        ("/v1/chat/completions", {"logprobs": True, "top_logprobs": 21}, "top_logprobs"),
     ):
-        status, error = _call(port, "POST", "/v1/completions", {"model": "a", "prompt": PROMPT, **refused})
+        prompt = {"prompt": PROMPT} if path == "/v1/completions" else {"messages": messages}
+        status, error = _call(port, "POST", path, {"model": "a", **prompt, **refused})
         assert status == 400 and error["error"]["param"] == param, error
 
 
@@ -318,7 +343,7 @@ def test_a_stream_carries_each_deltas_logprobs(server: tuple[int, Path]) -> None
         "max_tokens": 32,
         "branches": 3,
         "pin_branches": True,
-        "logprobs": 0,
+        "logprobs": 2,
     }
     whole = _call(port, "POST", "/v1/completions", body)[1]["choices"][0]["logprobs"]
     request = urllib.request.Request(
@@ -326,7 +351,7 @@ def test_a_stream_carries_each_deltas_logprobs(server: tuple[int, Path]) -> None
         json.dumps({**body, "stream": True}).encode(),
         {"Content-Type": "application/json", "Authorization": f"Bearer {KEY}"},
     )
-    tokens, values = [], []
+    tokens, values, tops = [], [], []
     with urllib.request.urlopen(request, timeout=60) as response:
         for raw in response:
             line = raw.decode().strip()
@@ -334,4 +359,6 @@ def test_a_stream_carries_each_deltas_logprobs(server: tuple[int, Path]) -> None
                 part = json.loads(line.removeprefix("data: "))["choices"][0]["logprobs"]
                 tokens += part["tokens"]
                 values += part["token_logprobs"]
+                tops += part["top_logprobs"]
     assert tokens == whole["tokens"] and values == pytest.approx(whole["token_logprobs"], abs=1e-6)
+    assert tops == whole["top_logprobs"] and all(2 <= len(listed) <= 3 for listed in tops)

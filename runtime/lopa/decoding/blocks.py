@@ -5,6 +5,19 @@ from __future__ import annotations
 import enum
 from dataclasses import dataclass, field
 
+Alternatives = tuple[tuple[int, float], ...]  # (token, logprob), the most probable first
+
+
+@dataclass(frozen=True)
+class PositionStat:
+    """What verification yields for one masked position of one branch."""
+
+    position: int  # absolute
+    token: int  # x_hat: argmax, or a sample when temperature > 0
+    prob: float  # P(x_hat); the fill threshold always uses it
+    conf: float  # Conf: the ranking/scoring value (prob, neg_entropy or margin)
+    alternatives: Alternatives = ()  # the most probable tokens, when the request asked for them
+
 
 class BlockState(enum.Enum):
     ACTIVE = "active"  # being decoded
@@ -46,12 +59,12 @@ class Branch:
     """One candidate: a full token sequence (prompt + generated, masks included) and its blocks.
 
     blocks[0] is the prompt. `creation` is the Conf of the lookahead token that
-    created the branch (1.0 for the base branch). `probs`: each filled position's P under the
-    forward that filled it (its logprob, for the caller), see prob().
+    created the branch (1.0 for the base branch). `filled`: each filled position's statistics
+    under the forward that filled it (its logprob and alternatives, for the caller), see fill().
 
     IN_CACHE blocks lead the table and never change again, so the rules start at `cached` (the
     leading blocks known IN_CACHE; 0 is always safe) and a copy shares them: a round costs what
-    its window holds, not what the answer holds. Their probs move to `settled`, one dict shared
+    its window holds, not what the answer holds. Their fills move to `settled`, one dict shared
     by every copy (the cached content is the same in every branch).
     """
 
@@ -60,9 +73,9 @@ class Branch:
     eos_seen: bool = False
     creation: float = 1.0
     lookahead_position: int | None = None
-    probs: dict[int, float] = field(default_factory=dict)
+    filled: dict[int, PositionStat] = field(default_factory=dict)
     cached: int = 0
-    settled: dict[int, float] = field(default_factory=dict)
+    settled: dict[int, PositionStat] = field(default_factory=dict)
 
     @classmethod
     def from_prompt(cls, prompt: list[int]) -> Branch:
@@ -83,9 +96,9 @@ class Branch:
         """The first position of a block not known IN_CACHE (every position before it is final)."""
         return self.blocks[self.cached].start if self.cached < len(self.blocks) else len(self.tokens)
 
-    def prob(self, position: int) -> float | None:
-        """P of the token filled at `position` (None: not filled by decoding)."""
-        found = self.probs.get(position)
+    def fill(self, position: int) -> PositionStat | None:
+        """The statistics the token at `position` was filled with (None: not filled by decoding)."""
+        found = self.filled.get(position)
         return self.settled.get(position) if found is None else found
 
     def copy(self) -> Branch:
@@ -96,7 +109,7 @@ class Branch:
             eos_seen=self.eos_seen,
             creation=self.creation,
             lookahead_position=self.lookahead_position,
-            probs=dict(self.probs),
+            filled=dict(self.filled),
             cached=self.cached,
             settled=self.settled,
         )

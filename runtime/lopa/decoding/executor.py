@@ -68,10 +68,11 @@ class BatchExecutor(Protocol):
     def ready(self) -> bool: ...
     def begin(
         self, params: DecodingParams, num_candidates: int, sequence: int = 0,
-        excluded_ids: Collection[int] = (),
+        excluded_ids: Collection[int] = (), alternatives: int = 0,
     ) -> None:
         """A request starts in KV sequence `sequence`; `excluded_ids`: tokens it never fills (their
-        probability is removed before the decision rules see a position: ignore_eos)."""
+        probability is removed before the decision rules see a position: ignore_eos);
+        `alternatives`: the most probable tokens each PositionStat carries (top_logprobs)."""
     def verify_many(self, parts: Sequence[VerifyPart]) -> list[PartOutcome]: ...
     def commit_many(self, commits: Sequence[tuple[int, int]]) -> None: ...
     def release(self, sequence: int) -> None: ...

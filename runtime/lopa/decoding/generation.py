@@ -17,7 +17,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from lopa.decoding import rules
-from lopa.decoding.blocks import Branch, SequenceConstants
+from lopa.decoding.blocks import Alternatives, Branch, PositionStat, SequenceConstants
 from lopa.decoding.executor import BranchWindow
 from lopa.params import BranchPolicy, BranchScore, DecodingParams
 
@@ -36,7 +36,7 @@ class StepEvent:
     candidates: int
     winner: int
     granted_branches: int = 0  # lookahead branches the budget granted this round
-    probs: Mapping[int, float] = field(default_factory=dict)  # each filled position's P (Branch.prob)
+    filled: Mapping[int, PositionStat] = field(default_factory=dict)  # by position (Branch.fill)
 
 
 @dataclass
@@ -57,6 +57,9 @@ class GenerationResult:
     # The log-probability of each output token under the forward that filled it (docs/decoding.md
     # section 6): an anchor fill's from its round, a lookahead token's from the round that spawned it.
     output_logprobs: list[float] = field(default_factory=list)
+    # Each output token's most probable alternatives under that forward, when the request asked for
+    # them (Request.top_logprobs; the executor's `alternatives`), else empty tuples.
+    output_alternatives: list[Alternatives] = field(default_factory=list)
 
     @property
     def tokens(self) -> int:
@@ -198,7 +201,7 @@ class Generation:
         ]
         return StepEvent(
             self.forwards, fills, list(after.tokens), after.prompt_length, len(self._live), self.winners[-1],
-            self._granted, ChainMap(after.probs, after.settled),
+            self._granted, ChainMap(after.filled, after.settled),
         )
 
     def result(self) -> GenerationResult:
@@ -206,12 +209,13 @@ class Generation:
         generated = base.tokens[base.prompt_length :]
         output = self._up_to_eos(generated)[: self.params.max_new_tokens]
         # A filled token's P is > 0 (the argmax, or a sample): the floor only guards an underflow.
-        probs = [base.prob(base.prompt_length + i) for i in range(len(output))]
+        fills = [base.fill(base.prompt_length + i) for i in range(len(output))]
         return GenerationResult(
             prompt_ids=self.prompt,
             generated_ids=generated,
             output_ids=output,
-            output_logprobs=[0.0 if p is None else math.log(max(p, SMALLEST_P)) for p in probs],
+            output_logprobs=[0.0 if f is None else math.log(max(f.prob, SMALLEST_P)) for f in fills],
+            output_alternatives=[() if f is None else f.alternatives for f in fills],
             forwards=self.forwards,
             wall_s=time.perf_counter() - self.began,
             winners=self.winners,
@@ -278,7 +282,7 @@ class Generation:
         for stat in rules.spawn_positions(pool, count):
             branch = base.copy()
             branch.tokens[stat.position] = stat.token
-            branch.probs[stat.position] = stat.prob  # filled by the forward these stats came from
+            branch.filled[stat.position] = stat  # filled by the forward these stats came from
             branch.creation, branch.lookahead_position = stat.conf, stat.position
             if stat.token in consts.eos_ids:
                 branch.eos_seen = True

@@ -8,21 +8,9 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
 from itertools import pairwise
 
-from lopa.decoding.blocks import Block, BlockState, Branch, SequenceConstants
-
-
-@dataclass(frozen=True)
-class PositionStat:
-    """What verification yields for one masked position of one branch."""
-
-    position: int  # absolute
-    token: int  # x_hat: argmax, or a sample when temperature > 0
-    prob: float  # P(x_hat); the fill threshold always uses it
-    conf: float  # Conf: the ranking/scoring value (prob, neg_entropy or margin)
-
+from lopa.decoding.blocks import Block, BlockState, Branch, PositionStat, SequenceConstants
 
 # -- section 3, steps 1-3: per-round block growth ---------------------------------------------
 
@@ -131,7 +119,7 @@ def anchor_fill(
         ]
         for fill in select_fills(block_stats, tau_conf, block.fully_activated):
             branch.tokens[fill.position] = fill.token
-            branch.probs[fill.position] = fill.prob
+            branch.filled[fill.position] = fill
             if fill.token in consts.eos_ids:
                 branch.eos_seen = True
 
@@ -141,16 +129,16 @@ def anchor_fill(
 
 def mark_cached(branch: Branch) -> None:
     """After a forward, the TO_CACHE blocks it wrote are IN_CACHE; the leading cached run grows and
-    its probs settle (Branch.cached, Branch.settled)."""
+    its fills settle (Branch.cached, Branch.settled)."""
     for block in branch.live_blocks:
         if block.state is BlockState.TO_CACHE:
             block.state = BlockState.IN_CACHE
-    blocks, probs = branch.blocks, branch.probs
+    blocks, filled = branch.blocks, branch.filled
     while branch.cached < len(blocks) and blocks[branch.cached].state is BlockState.IN_CACHE:
         block = blocks[branch.cached]
         for position in range(block.start, block.end):
-            if position in probs:
-                branch.settled[position] = probs.pop(position)
+            if position in filled:
+                branch.settled[position] = filled.pop(position)
         branch.cached += 1
 
 

@@ -10,7 +10,7 @@ import torch
 
 from lopa.decoding.executor import BranchWindow, PartOutcome, VerifyPart, verify_alone
 from lopa.decoding.rules import PositionStat
-from lopa.execution.sampling import position_stats
+from lopa.execution.sampling import distributions, position_stats
 from lopa.execution.vocab_pass import reductions
 from lopa.model.protocol import WindowBatch, WindowModel
 from lopa.params import DecodingParams
@@ -59,6 +59,7 @@ class SequenceState:
     params: DecodingParams
     device: torch.device
     excluded: torch.Tensor | None = None  # token ids never filled (ignore_eos), on the device
+    alternatives: int = 0  # the most probable tokens kept per masked position (top_logprobs)
     last_logit: torch.Tensor | None = None  # raw output at the last cached token
     staged_last: torch.Tensor | None = None  # [R, V]: each row's output at index u-1
     staged_count: int = 0
@@ -111,14 +112,14 @@ class LocalExecutor:
 
     def begin(
         self, params: DecodingParams, num_candidates: int, sequence: int = 0,
-        excluded_ids: Collection[int] = (),
+        excluded_ids: Collection[int] = (), alternatives: int = 0,
     ) -> None:
         self.model.reset(num_candidates, sequence)
         device = torch.device(self.device)
         excluded = None
         if excluded_ids:
             excluded = torch.tensor(sorted(excluded_ids), dtype=torch.long, device=device)
-        self._states[sequence] = SequenceState(params, device, excluded)
+        self._states[sequence] = SequenceState(params, device, excluded, alternatives)
 
     def release(self, sequence: int) -> None:
         """The sequence's request ended: forget it (its cache is reset by the next begin)."""
@@ -156,9 +157,12 @@ class LocalExecutor:
             greedy = self._greedy_stats(parts, plans, logits)
         outcomes: list[PartOutcome] = []
         on_device: dict[int, DeviceStats] = {}
+        alternatives: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
         for index, (part, plan, part_logits) in enumerate(zip(parts, plans, logits, strict=True)):
             try:
                 stats = self._part_stats(part, plan, part_logits, greedy.get(index), reduced is None)
+                if stats is not None and self.state(part.sequence).alternatives:
+                    alternatives[index] = self._alternatives(part, plan, part_logits)
             except Exception as error:  # this request's sampling failed: the others are unaffected
                 self.drop_staged(part.sequence)
                 outcomes.append(error)
@@ -167,14 +171,19 @@ class LocalExecutor:
                 on_device[index] = stats
             outcomes.append([[] for _ in part.windows])  # kept when caching only: nothing to decide
         if on_device:
-            self._to_outcomes(parts, on_device, outcomes)
+            self._to_outcomes(parts, on_device, outcomes, alternatives)
         return outcomes
 
     def _to_outcomes(
-        self, parts: Sequence[VerifyPart], on_device: dict[int, DeviceStats], outcomes: list[PartOutcome]
+        self,
+        parts: Sequence[VerifyPart],
+        on_device: dict[int, DeviceStats],
+        outcomes: list[PartOutcome],
+        alternatives: dict[int, tuple[torch.Tensor, torch.Tensor]],
     ) -> None:
         """Every part's statistics in one device-to-host copy: one synchronisation per round, not one
-        per request or group (the values are each part's own: only the copy is shared)."""
+        per request or group (the values are each part's own: only the copy is shared). The
+        alternatives of the requests that asked for them follow in a copy of their own."""
         columns = zip(*on_device.values(), strict=True)
         try:
             # A lone part's columns as they are (a cat of one tensor is a copy).
@@ -190,6 +199,23 @@ class LocalExecutor:
             windows = parts[index].windows
             outcomes[index] = self._split(windows, ids[begin:end], probs[begin:end], confs[begin:end])
             begin = end
+        for index, (tokens, logprobs) in alternatives.items():
+            if index in on_device and not isinstance(outcomes[index], Exception):
+                try:
+                    outcomes[index] = with_alternatives(outcomes[index], tokens.tolist(), logprobs.tolist())
+                except Exception as error:  # as a failed sampling: this request's round fails alone
+                    self.drop_staged(parts[index].sequence)
+                    outcomes[index] = error
+
+    def _alternatives(
+        self, part: VerifyPart, plan: OutputPlan, logits: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """The most probable tokens of each masked position and their logprobs ([N, count] each),
+        under the distribution its token is drawn from (after temperature, top-p, top-k, min-p)."""
+        state = self.state(part.sequence)
+        probs = distributions(self._masked_logits(part, plan, logits), state.params)
+        top = probs.topk(min(state.alternatives, probs.shape[-1]), dim=-1)
+        return top.indices, top.values.log()
 
     def _greedy_stats(
         self, parts: Sequence[VerifyPart], plans: Sequence[OutputPlan], logits: Sequence[torch.Tensor]
@@ -373,6 +399,15 @@ class LocalExecutor:
                 index += 1
             out.append(row)
         return out
+
+
+def with_alternatives(
+    rows: list[list[PositionStat]], tokens: list[list[int]], logprobs: list[list[float]]
+) -> list[list[PositionStat]]:
+    """Each position's statistics with its alternatives (tokens and logprobs in position order)."""
+    pairs = iter(zip(tokens, logprobs, strict=True))  # one per position, over the rows in order
+    return [[replace(stat, alternatives=tuple(zip(*next(pairs), strict=True))) for stat in row]
+            for row in rows]
 
 
 def _to_host(

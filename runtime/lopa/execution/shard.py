@@ -52,10 +52,11 @@ class ShardExecutor:
         self._received: torch.Tensor | None = None
 
     def begin(
-        self, params: DecodingParams, num_rows: int, sequence: int, excluded_ids: Collection[int] = ()
+        self, params: DecodingParams, num_rows: int, sequence: int, excluded_ids: Collection[int] = (),
+        alternatives: int = 0,
     ) -> None:
         """A request starts in this KV sequence: `num_rows` candidate rows here (this rank's share)."""
-        self.local.begin(params, num_rows, sequence, excluded_ids)
+        self.local.begin(params, num_rows, sequence, excluded_ids, alternatives)
 
     def drop_staged(self, sequence: int) -> None:
         self.local.drop_staged(sequence)

@@ -3,9 +3,10 @@
 A GPU model running its kernels reduces the masked positions' logits to (x_hat, P, Conf) inside the
 lm_head (WindowedLM.forward_many_stats, lopa.kernels.vocab_stats): the [positions, vocab]
 logits never reach memory. That pass computes greedy statistics only, from the model's own logits:
-a round takes it when every part is greedy without top-p / top-k, excludes no token (ignore_eos)
-and has no masked position at window index 0 (D2F's stale logit: its row is the stored logit, not
-a forward's output). Otherwise the round returns logits and the executor reduces them
+a round takes it when every part is greedy without top-p / top-k, excludes no token (ignore_eos),
+asks for no alternatives (top_logprobs: they need the whole distribution) and has no masked
+position at window index 0 (D2F's stale logit: its row is the stored logit, not a forward's
+output). Otherwise the round returns logits and the executor reduces them
 (lopa.execution.sampling), as on a CPU.
 """
 
@@ -33,7 +34,8 @@ def reductions(
     out = []
     for part, plan in zip(parts, plans, strict=True):
         state = states.get(part.sequence)
-        if state is None or not reducible(state.params) or state.excluded is not None or plan.from_stored:
+        if (state is None or not reducible(state.params) or state.excluded is not None or plan.from_stored
+                or state.alternatives):
             return None
         out.append((plan.n_masked, state.params.conf))
     return out

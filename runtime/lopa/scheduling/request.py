@@ -68,6 +68,7 @@ class Request:
     ignore_eos: bool = False  # never fill an end token: the answer is max_new_tokens long
     stop_token_ids: tuple[int, ...] = ()  # more tokens that end the answer, as the model's end tokens do
     include_stop: bool = False  # a stop string stays at the end of the answer (vLLM's)
+    top_logprobs: int = 0  # each answer token's most probable alternatives kept (GenerationResult)
     on_step: Callable[[StepEvent], None] | None = None
     on_done: Callable[[Outcome], None] | None = None
     abort: Abort = field(default_factory=Abort)

@@ -161,7 +161,8 @@ class Scheduler:
             sequence = self._free.pop(0)
             try:
                 excluded = self.decoder.eos_ids if request.ignore_eos else ()
-                self.executor.begin(request.params, request.params.branches + 1, sequence, excluded)
+                rows = request.params.branches + 1
+                self.executor.begin(request.params, rows, sequence, excluded, request.top_logprobs)
             except Exception as error:
                 self._free.insert(0, sequence)
                 if not self.executor.ready():  # the group went away: wait for the next one

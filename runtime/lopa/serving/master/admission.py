@@ -27,6 +27,7 @@ SETTING_TYPES: dict[str, tuple[type, ...]] = {
     f.name: _TYPES.get(str(f.type), (str,)) for f in fields(DecodingParams) if f.name != "max_new_tokens"
 }
 MAX_STOP_STRINGS = 64  # per request: each is searched in the answer after every round
+MAX_TOP_LOGPROBS = 20  # alternatives per answer token, as OpenAI's and vLLM's default limit
 # Full-length prompts of token ids one request body may carry (a batch of shorter ones: more): what
 # bounds the JSON values of a body, beside a few thousand for its other fields and chat turns.
 PROMPTS_PER_BODY = 8
@@ -61,6 +62,7 @@ class Ask:
     add_special_tokens: Any = False
     stop_token_ids: Any = ()  # vLLM's: more tokens that end the answer
     include_stop_str_in_output: Any = False  # vLLM's: a stop string stays at the end of the answer
+    top_logprobs: Any = 0  # each answer token's most probable alternatives (at most MAX_TOP_LOGPROBS)
 
 
 @dataclass(frozen=True)
@@ -74,6 +76,7 @@ class Admitted:
     ignore_eos: bool = False
     stop_token_ids: tuple[int, ...] = ()
     include_stop: bool = False
+    top_logprobs: int = 0
 
 
 class InvalidInBatch(InvalidParameter):
@@ -158,7 +161,10 @@ class Admission:
         pin = typed("pin_branches", ask.pin_branches, (bool,)) or False
         stop_ids = self.stop_token_ids(ask.stop_token_ids)
         include_stop = bool(typed("include_stop_str_in_output", ask.include_stop_str_in_output, (bool,)))
-        return Admitted(ids, params, stop, pin, ignore_eos, stop_ids, include_stop)
+        top = typed("top_logprobs", ask.top_logprobs, (int,)) or 0
+        if not 0 <= top <= MAX_TOP_LOGPROBS:
+            raise InvalidParameter("top_logprobs", f"must be in [0, {MAX_TOP_LOGPROBS}], got {top}")
+        return Admitted(ids, params, stop, pin, ignore_eos, stop_ids, include_stop, top)
 
     def stop_token_ids(self, value: Any) -> tuple[int, ...]:
         """vLLM's stop_token_ids: token ids of the vocabulary (not the mask) that end the answer."""

@@ -240,10 +240,12 @@ class Dispatcher:
         def on_step(event: StepEvent) -> None:
             offset, ids, text = tracker.step(event.tokens, mask_id)
             fills = [(p - prompt_length, t) for p, t in event.fills]
-            first = prompt_length + offset
-            logprobs = [math.log(max(event.probs.get(first + i, 1.0), SMALLEST_P)) for i in range(len(ids))]
+            filled = [event.filled.get(prompt_length + offset + i) for i in range(len(ids))]
+            logprobs = [0.0 if f is None else math.log(max(f.prob, SMALLEST_P)) for f in filled]
+            asked = admitted.top_logprobs
+            alternatives = [() if f is None else f.alternatives for f in filled] if asked else []
             ticket.post(Progress(event.step, offset, ids, text, fills, event.candidates, event.winner,
-                                 event.granted_branches, logprobs))
+                                 event.granted_branches, logprobs, alternatives))
 
         def on_done(outcome: Outcome) -> None:
             item: Any = outcome
@@ -267,6 +269,7 @@ class Dispatcher:
             admitted.ignore_eos,
             admitted.stop_token_ids,
             admitted.include_stop,
+            admitted.top_logprobs,
             on_step=on_step if ticket.stream else None,
             on_done=on_done,
             abort=ticket.abort,

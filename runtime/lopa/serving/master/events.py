@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from lopa.decoding.blocks import Alternatives
 from lopa.scheduling.request import Completion
 
 
@@ -25,6 +26,7 @@ class Progress:
     winner: int
     granted_branches: int  # lookahead branches the budget granted this round
     logprobs: list[float] = field(default_factory=list)  # of token_ids (docs/decoding.md section 6)
+    alternatives: list[Alternatives] = field(default_factory=list)  # of token_ids, when asked for
 
 
 @dataclass(frozen=True)

@@ -198,7 +198,7 @@ class WorkerService(worker_pb2_grpc.WorkerServicer):
             if part.HasField("begin"):
                 try:
                     shard.begin(params_of(part.begin), max(1, part.begin.num_rows), part.sequence,
-                                part.begin.excluded_ids)
+                                part.begin.excluded_ids, part.begin.alternatives)
                 except Exception as error:  # bad sampling settings: this request fails, not the round
                     errors[index] = self._local_failure(error)
         return errors
@@ -220,6 +220,8 @@ class WorkerService(worker_pb2_grpc.WorkerServicer):
                         tokens=[s.token for s in row],
                         probs=[s.prob for s in row],
                         confs=[s.conf for s in row],
+                        alternative_tokens=[t for s in row for t, _ in s.alternatives],
+                        alternative_logprobs=[lp for s in row for _, lp in s.alternatives],
                     )
 
     def _local_failure(self, error: Exception) -> str:

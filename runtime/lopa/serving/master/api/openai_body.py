@@ -26,8 +26,7 @@ LOPA_FIELDS = frozenset(SETTING_TYPES) - OPENAI_SAMPLING
 IGNORED = frozenset({"user", "stream_options", "metadata", "store"})
 # Features this server lacks, accepted at their defaults (or null), which change nothing: clients and
 # benchmark tools (OpenAI SDKs, vLLM's and genai-perf's) send them spelled out. Any other value is a
-# 400 naming the field. Each maps to its accepted values (booleans only where a boolean is named;
-# completions' logprobs: 0 asks for the sampled tokens' logprobs, so only false or null pass).
+# 400 naming the field. Each maps to its accepted values (booleans only where a boolean is named).
 NEUTRAL: dict[str, tuple[Any, ...]] = {
     "frequency_penalty": (0,), "presence_penalty": (0,), "logit_bias": ({},),
     "repetition_penalty": (1,),  # vLLM's extra
@@ -58,7 +57,6 @@ COMMON = frozenset({"model", "max_tokens", "stop", "n", "stream", "pin_branches"
                     *LOPA_FIELDS, *OPENAI_SAMPLING, *IGNORED, *NEUTRAL, *HONOURED})
 COMPLETION_FIELDS = COMMON | {"prompt", "echo", *COMPLETION_NEUTRAL}
 CHAT_FIELDS = COMMON | {"messages", "max_completion_tokens", "top_logprobs", *CHAT_NEUTRAL}
-NO_ALTERNATIVES = "is served at 0 only: each returned token's own logprob, not yet its alternatives"
 ROLES = frozenset({"system", "user", "assistant", "developer"})
 
 
@@ -81,6 +79,7 @@ class Parsed:
     samples: int = 1  # n: the choices of each prompt (asks holds them all, prompt by prompt)
     echo: bool = False  # completions' echo: each choice's text starts with its prompt's
     logprobs: bool = False  # each returned token's logprob (docs/decoding.md section 6)
+    top_logprobs: int = 0  # and its most probable alternatives (completions: logprobs N; chat: top_logprobs)
 
 
 def _names(served: str | Sequence[str]) -> tuple[str, ...]:
@@ -164,12 +163,12 @@ def completion_request(body: Any, served_model: str | Sequence[str], max_prompts
     echo = bool(typed("echo", body.get("echo"), (bool,)))
     logprobs = body.get("logprobs")
     if logprobs is not None and logprobs is not False:
-        if typed("logprobs", logprobs, (int,)) != 0:
-            raise InvalidParameter("logprobs", f"{NO_ALTERNATIVES}; got {json.dumps(logprobs)}")
+        top = typed("logprobs", logprobs, (int,))  # its range: admission's top_logprobs (body_field)
         if echo:
             raise InvalidParameter("echo", "with logprobs is not served: a prompt's tokens have no "
                                            "logprob in a diffusion LM (nothing fills them)")
-        parsed = replace(parsed, logprobs=True)
+        parsed = replace(parsed, logprobs=True, top_logprobs=top)
+        ask = replace(ask, top_logprobs=top)
     prompt = body.get("prompt")
     if isinstance(prompt, list) and prompt and isinstance(prompt[0], (str, list)):
         _check_count(len(prompt), parsed.samples, max_prompts)  # before any prompt is looked at
@@ -239,12 +238,13 @@ def chat_request(body: Any, served_model: str | Sequence[str]) -> Parsed:
         turns.append({"role": message["role"], "content": content})
     budget = body.get("max_completion_tokens")
     budget = body.get("max_tokens") if budget is None else budget
-    asks = samples(replace(ask, messages=turns, max_new_tokens=budget), parsed.samples)
-    top = typed("top_logprobs", body.get("top_logprobs"), (int,))
-    if top:
-        raise InvalidParameter("top_logprobs", f"{NO_ALTERNATIVES}; got {top}")
     logprobs = bool(typed("logprobs", body.get("logprobs"), (bool,)))
-    return replace(parsed, asks=asks, batch=len(asks) > 1, logprobs=logprobs)
+    top = typed("top_logprobs", body.get("top_logprobs"), (int,)) or 0  # its range: admission's
+    if top and not logprobs:
+        raise InvalidParameter("top_logprobs", "needs logprobs: true (the alternatives of each returned "
+                                               "token's logprob)")
+    asks = samples(replace(ask, messages=turns, max_new_tokens=budget, top_logprobs=top), parsed.samples)
+    return replace(parsed, asks=asks, batch=len(asks) > 1, logprobs=logprobs, top_logprobs=top)
 
 
 def body_field(field: str, chat: bool, sent: Collection[str] = ()) -> str:
@@ -255,6 +255,8 @@ def body_field(field: str, chat: bool, sent: Collection[str] = ()) -> str:
         return "max_completion_tokens" if "max_completion_tokens" in sent else "max_tokens"
     if field in ("prompt", "prompt_token_ids", "messages"):
         return "messages" if chat else "prompt"
+    if field == "top_logprobs" and not chat:  # completions ask the alternatives' count in logprobs
+        return "logprobs"
     if field.startswith("stop[") and isinstance(sent, dict) and isinstance(sent.get("stop"), str):
         return "stop"
     return field

@@ -280,7 +280,8 @@ class OpenAIApi:
             else:
                 choice["text"] = echoes[index] + c.text
             if parsed.logprobs:
-                choice["logprobs"] = token_logprobs(self.dispatcher.admission.tokenizer, c, chat)
+                choice["logprobs"] = token_logprobs(self.dispatcher.admission.tokenizer, c, chat,
+                                                    parsed.top_logprobs)
             if parsed.batch:  # each prompt's own decoding stats
                 choice["lopa"] = lopa_stats(c)
             choices.append(choice)

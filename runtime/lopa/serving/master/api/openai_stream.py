@@ -13,12 +13,14 @@ import asyncio
 import contextlib
 import json
 import logging
+import math
 import time
 from collections.abc import Sequence
 from typing import Any
 
 from aiohttp import web
 
+from lopa.decoding.blocks import Alternatives
 from lopa.scheduling.request import Completion, SchedulerStopped
 from lopa.serving.master.api.openai_body import Parsed
 from lopa.serving.master.api.openai_errors import failure
@@ -59,10 +61,6 @@ async def _events(
 ) -> None:
     """echoes: the text each choice's first event starts with (completions' echo: its prompt);
     tokenizer: names the tokens of each event's logprobs (parsed.logprobs)."""
-
-    def logprobs(ids: Sequence[int], values: Sequence[float]) -> dict[str, Any] | None:
-        return logprob_entries(tokenizer, ids, values, chat) if parsed.logprobs else None
-
     await response.prepare(request)
     out = _Chunks(response, ident, parsed.model, chat)
     merged, pumps = _merge(tickets)
@@ -85,7 +83,7 @@ async def _events(
                         extra["usage"] = usage_of(prompts[index], sent[index])
                     delta = echoes[index] + item.text if first[index] else item.text
                     await out.send(index, delta, extra=extra, first=first[index],
-                                   logprobs=logprobs(item.token_ids, item.logprobs))
+                                   logprobs=_delta_logprobs(tokenizer, parsed, chat, item))
                     if item.text:
                         tickets[index].first_token_sent()
                     first[index], rounds[index] = False, []
@@ -99,10 +97,9 @@ async def _events(
             # add up every chunk's usage would count it twice); the choice's stats stay in lopa.
             own = usage(outcome) if parsed.continuous_usage or not parsed.include_usage else None
             delta = echoes[index] + item.text if first[index] else item.text
-            rest = outcome.result.output_logprobs[item.offset : item.offset + len(item.token_ids)]
             await out.send(index, delta, FINISH[outcome.finish_reason],
                            {"usage": own, "lopa": stats}, first=first[index],
-                           logprobs=logprobs(item.token_ids, rest))
+                           logprobs=_delta_logprobs(tokenizer, parsed, chat, item))
             done.append(outcome)
     finally:
         for task in pumps:  # a failure or a client gone: the others stop, counted as cancelled
@@ -178,27 +175,63 @@ def lopa_stats(c: Completion) -> dict[str, float]:
             "wall_s": round(r.wall_s, 4), "ttft_s": round(c.ttft_s, 4), "queue_s": round(c.queue_s, 4)}
 
 
-def token_logprobs(tokenizer: Any, c: Completion, chat: bool) -> dict[str, Any]:
-    """OpenAI's logprobs of a choice: each token of its text with the logprob it was filled with
-    (docs/decoding.md section 6)."""
-    return logprob_entries(tokenizer, c.result.output_ids, c.result.output_logprobs, chat)
+def _delta_logprobs(tokenizer: Any, parsed: Parsed, chat: bool, item: Progress | Finished
+                    ) -> dict[str, Any] | None:
+    """The logprobs of an event's tokens when the request asked for them (parsed.logprobs)."""
+    if not parsed.logprobs:
+        return None
+    if isinstance(item, Progress):
+        values, alternatives = item.logprobs, item.alternatives
+    else:  # the rest of the answer after the last Progress
+        rest, result = slice(item.offset, item.offset + len(item.token_ids)), item.completion.result
+        values, alternatives = result.output_logprobs[rest], result.output_alternatives[rest]
+    return logprob_entries(tokenizer, item.token_ids, values, chat, parsed.top_logprobs, alternatives)
+
+
+def token_logprobs(tokenizer: Any, c: Completion, chat: bool, top: int = 0) -> dict[str, Any]:
+    """OpenAI's logprobs of a choice: each token of its text with the logprob it was filled with,
+    and `top` alternatives (docs/decoding.md section 6)."""
+    result = c.result
+    return logprob_entries(tokenizer, result.output_ids, result.output_logprobs, chat, top,
+                           result.output_alternatives)
 
 
 def logprob_entries(
-    tokenizer: Any, ids: Sequence[int], logprobs: Sequence[float], chat: bool
+    tokenizer: Any, ids: Sequence[int], logprobs: Sequence[float], chat: bool, top: int = 0,
+    alternatives: Sequence[Alternatives] = (),
 ) -> dict[str, Any]:
     """OpenAI's logprobs object of these tokens (a choice's, or a stream event's delta); special tokens
-    (an EOS) are not text and not listed."""
+    (an EOS) are not text and not listed. With `top`, each token's alternatives of a probability
+    above 0 (chat: up to `top` of them; completions: those and the returned token, as vLLM's)."""
     special = set(getattr(tokenizer, "all_special_ids", ()))
-    pairs = [(t, lp) for t, lp in zip(ids, logprobs, strict=True) if t not in special]
-    pieces = [tokenizer.decode([t]) for t, _ in pairs]
+    kept = [i for i, t in enumerate(ids) if t not in special]
+    pieces = _pieces(tokenizer, [ids[i] for i in kept])
+    values = [logprobs[i] for i in kept]
+    tops = [_named(tokenizer, alternatives[i]) for i in kept] if top else []
     if chat:
         content = [{"token": piece, "logprob": lp, "bytes": list(piece.encode()), "top_logprobs": []}
-                   for piece, (_, lp) in zip(pieces, pairs, strict=True)]
+                   for piece, lp in zip(pieces, values, strict=True)]
+        for entry, alternatives_of in zip(content, tops, strict=False):
+            entry["top_logprobs"] = [{"token": piece, "logprob": lp, "bytes": list(piece.encode())}
+                                     for piece, lp in alternatives_of[:top]]
         return {"content": content, "refusal": None}
     offsets, at = [], 0
     for piece in pieces:
         offsets.append(at)
         at += len(piece)
-    return {"tokens": pieces, "token_logprobs": [lp for _, lp in pairs], "top_logprobs": None,
-            "text_offset": offsets}
+    listed = None
+    if top:  # vLLM's: the alternatives, and the returned token where it is not among them
+        listed = [{**dict(named), piece: lp} if piece not in dict(named) else dict(named)
+                  for piece, lp, named in zip(pieces, values, tops, strict=True)]
+    return {"tokens": pieces, "token_logprobs": values, "top_logprobs": listed, "text_offset": offsets}
+
+
+def _named(tokenizer: Any, alternatives: Alternatives) -> list[tuple[str, float]]:
+    """(text, logprob) of each alternative a token could have been (P > 0), the likeliest first."""
+    possible = [(t, lp) for t, lp in alternatives if math.isfinite(lp)]
+    return list(zip(_pieces(tokenizer, [t for t, _ in possible]), [lp for _, lp in possible], strict=True))
+
+
+def _pieces(tokenizer: Any, ids: Sequence[int]) -> list[str]:
+    """Each id's own text, in one call to the tokenizer."""
+    return tokenizer.batch_decode([[t] for t in ids]) if ids else []

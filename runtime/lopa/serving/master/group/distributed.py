@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Collection, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from lopa.decoding.executor import BranchWindow, PartOutcome, VerifyPart, verify_alone
 from lopa.decoding.rules import PositionStat
@@ -50,6 +50,7 @@ class _Sequence:
     params: DecodingParams
     begin: worker_pb2.Begin | None  # sent with its first round
     n_stage: int = 0  # TO_CACHE tokens of its latest round (what its commit appends)
+    alternatives: int = 0  # per masked position in each reply (Begin.alternatives)
 
 
 class DistributedExecutor:
@@ -76,7 +77,7 @@ class DistributedExecutor:
 
     def begin(
         self, params: DecodingParams, num_candidates: int, sequence: int = 0,
-        excluded_ids: Collection[int] = (),
+        excluded_ids: Collection[int] = (), alternatives: int = 0,
     ) -> None:
         if not self.group.attached:
             raise WorkerLost("the worker group is not attached")
@@ -92,8 +93,9 @@ class DistributedExecutor:
             min_p=params.min_p,
             seed=params.seed,
             excluded_ids=sorted(excluded_ids),
+            alternatives=alternatives,
         )
-        self._sequences[sequence] = _Sequence(params, begin)
+        self._sequences[sequence] = _Sequence(params, begin, alternatives=alternatives)
         self._commits.pop(sequence, None)
 
     def release(self, sequence: int) -> None:
@@ -220,4 +222,20 @@ class DistributedExecutor:
                     PositionStat(p, t, pr, c)
                     for p, t, pr, c in zip(masked, stats.tokens, stats.probs, stats.confs, strict=True)
                 ]
+                if count := self._sequences[part.sequence].alternatives:
+                    out[candidate] = _with_alternatives(out[candidate], stats, count, rank)
         return StepFailed("; ".join(errors)) if errors else out
+
+
+def _with_alternatives(
+    row: list[PositionStat], stats: worker_pb2.BranchStats, count: int, rank: int
+) -> list[PositionStat]:
+    """A branch's statistics with the `count` alternatives per position its worker sent."""
+    tokens, logprobs = stats.alternative_tokens, stats.alternative_logprobs
+    if len(tokens) != len(row) * count or len(logprobs) != len(tokens):
+        raise WorkerLost(f"worker rank {rank}: {len(tokens)} alternatives for {len(row)} positions x {count}")
+    return [
+        replace(stat, alternatives=tuple(zip(tokens[i * count : (i + 1) * count],
+                                             logprobs[i * count : (i + 1) * count], strict=True)))
+        for i, stat in enumerate(row)
+    ]
