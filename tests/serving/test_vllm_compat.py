@@ -16,10 +16,13 @@ import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 
+import grpc
 import openai
 import pytest
 
 from lopa.bundled import bundled_model_dir, tasks
+from lopa.cli import main
+from lopa.serving.client import LopaClient
 from lopa.serving.launcher import free_ports
 
 from .conftest import lopa_serve
@@ -29,8 +32,15 @@ PROMPT = tasks.held_out(1)[0].prompt
 
 
 @pytest.fixture(scope="module")
-def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[int, Path]]:
+def ports() -> tuple[int, int]:
+    """(gRPC, HTTP) of the served group."""
     grpc_port, http_port = free_ports(2)
+    return grpc_port, http_port
+
+
+@pytest.fixture(scope="module")
+def server(ports: tuple[int, int], tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[int, Path]]:
+    grpc_port, http_port = ports
     logs = tmp_path_factory.mktemp("vllm-logs")
     flags = [
         str(bundled_model_dir()),
@@ -362,3 +372,62 @@ def test_a_stream_carries_each_deltas_logprobs(server: tuple[int, Path]) -> None
                 tops += part["top_logprobs"]
     assert tokens == whole["tokens"] and values == pytest.approx(whole["token_logprobs"], abs=1e-6)
     assert tops == whole["top_logprobs"] and all(2 <= len(listed) <= 3 for listed in tops)
+
+
+def test_the_grpc_api_takes_the_same_key_and_vllms_fields(
+    server: tuple[int, Path], ports: tuple[int, int], monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """One key locks both APIs (health stays open), and a gRPC request carries what an HTTP one
+    does: stop_token_ids, include_stop_str_in_output, each token's logprob and alternatives."""
+    port, _ = server
+    address = f"127.0.0.1:{ports[0]}"
+    with LopaClient(address) as anonymous:
+        assert anonymous.health() == "SERVING"  # the probes send no key
+        for call in (lambda: anonymous.generate(PROMPT, max_new_tokens=8), anonymous.model_info,
+                     lambda: list(anonymous.stream(PROMPT, max_new_tokens=8))):
+            with pytest.raises(grpc.RpcError) as refused:
+                call()
+            assert refused.value.code() == grpc.StatusCode.UNAUTHENTICATED
+            assert "authorization: Bearer" in refused.value.details()
+    with LopaClient(address, api_key="not-the-key") as wrong, pytest.raises(grpc.RpcError) as refused:
+        wrong.model_info()
+    assert refused.value.code() == grpc.StatusCode.UNAUTHENTICATED
+    body = {"model": "a", "prompt": PROMPT, "max_tokens": 32, "branches": 3, "pin_branches": True}
+    http = _call(port, "POST", "/v1/completions", {**body, "logprobs": 2})[1]["choices"][0]
+    same = {"max_new_tokens": 32, "branches": 3, "pin_branches": True}
+    with LopaClient(address, api_key=KEY) as client:
+        reply = client.generate(PROMPT, top_logprobs=2, **same)
+        chunks = list(client.stream(PROMPT, top_logprobs=2, **same))
+        assert reply.text == http["text"]
+        assert len(reply.logprobs) == len(reply.token_ids) == len(reply.alternatives)
+        kept = [i for i, t in enumerate(reply.token_ids) if t != 97]  # the end token is not text (HTTP)
+        http_logprobs = http["logprobs"]["token_logprobs"]
+        assert [reply.logprobs[i] for i in kept] == pytest.approx(http_logprobs, abs=1e-6)
+        for i, listed in zip(kept, http["logprobs"]["top_logprobs"], strict=True):
+            alternatives = reply.alternatives[i]
+            assert len(alternatives.token_ids) == 2
+            likeliest = sorted(listed.values(), reverse=True)[:2]
+            assert list(alternatives.logprobs) == pytest.approx(likeliest, abs=1e-5)
+        streamed = [t for chunk in chunks for t in chunk.token_ids]
+        assert streamed == list(reply.token_ids)
+        streamed_logprobs = [lp for chunk in chunks for lp in chunk.logprobs]
+        assert streamed_logprobs == pytest.approx(list(reply.logprobs), abs=1e-6)
+        assert [a for chunk in chunks for a in chunk.alternatives] == list(reply.alternatives)
+        c_id = _call(port, "POST", "/tokenize", {"prompt": "c"})[1]["tokens"][0]
+        ended = client.generate(PROMPT, max_new_tokens=32, stop_token_ids=[c_id])
+        # It ends the answer as an end token does: gRPC's "eos" (OpenAI's "stop")
+        assert ended.text.endswith("c") and "c" not in ended.text[:-1] and ended.finish_reason == "eos"
+        stop = reply.text.split(".")[2][:2]
+        kept_stop = client.generate(PROMPT, stop=[stop], include_stop_str_in_output=True, **same)
+        assert kept_stop.text == reply.text[: reply.text.index(stop)] + stop
+        with pytest.raises(grpc.RpcError) as invalid:
+            client.generate(PROMPT, top_logprobs=21)
+        assert invalid.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+        assert invalid.value.details().startswith("top_logprobs: must be in [0, 20]")
+    assert main(["client", "info", "--address", address, "--api-key", KEY]) == 0
+    monkeypatch.setenv("LOPA_API_KEY", f"{KEY},another")  # the client sends the first, as documented
+    assert main(["client", "info", "--address", address]) == 0
+    monkeypatch.delenv("LOPA_API_KEY")
+    assert main(["client", "info", "--address", address]) == 1
+    assert "UNAUTHENTICATED" in capsys.readouterr().err

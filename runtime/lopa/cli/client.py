@@ -4,12 +4,14 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 from pathlib import Path
 from typing import Any
 
 from lopa.cli.decoding_flags import HELP, OPTIONAL_TYPES, flag_name
 from lopa.params import DecodingParams, InvalidParameter
+from lopa.serving.shared.config import API_KEY_ENV
 
 OVERRIDES = ("branches", "block_size", "tau_add", "tau_act", "tau_conf", "conf", "alpha", "beta",
              "branch_score", "branch_policy", "attention", "temperature", "top_p", "top_k", "min_p", "seed")
@@ -49,6 +51,9 @@ def add_connection_flags(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--ca", default=None, help="CA bundle of the server's certificate: use TLS")
     parser.add_argument("--cert", default=None, help="client certificate (mutual TLS; with --key)")
     parser.add_argument("--key", default=None, help="client key (mutual TLS; with --cert)")
+    parser.add_argument("--api-key", default=None,
+                        help=f"the API key the master asks for (default: the first of {API_KEY_ENV} of the "
+                        "environment, else none)")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -57,7 +62,10 @@ def run(args: argparse.Namespace) -> int:
     from lopa.serving.client import LopaClient
 
     check_tls_flags(args)
-    with LopaClient(args.address, ca=args.ca, cert=args.cert, key=args.key) as client:
+    api_key = args.api_key
+    if api_key is None:  # as the master reads it: keys separated by commas
+        api_key = os.environ.get(API_KEY_ENV, "").split(",")[0].strip() or None
+    with LopaClient(args.address, ca=args.ca, cert=args.cert, key=args.key, api_key=api_key) as client:
         try:
             return info(client) if args.action == "info" else generate(client, args)
         except grpc.RpcError as error:

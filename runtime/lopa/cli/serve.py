@@ -135,8 +135,8 @@ def add_vllm_flags(parser: argparse.ArgumentParser) -> None:
                         "model's positions)")
     parser.add_argument("--api-key", nargs="+", default=None, metavar="KEY",
                         help=f"require one of these keys (Authorization: Bearer KEY) on the HTTP API's paths "
-                        f"but the probes, /version and /metrics (default: {API_KEY_ENV} of the environment, "
-                        "else none)")
+                        "but the probes, /version and /metrics, and on the gRPC API but health (default: "
+                        f"{API_KEY_ENV} of the environment, else none)")
     parser.add_argument("--no-access-log", action="store_true",
                         help="no line per HTTP request in the master's log (default: one line each, "
                         "without the prompt)")

@@ -23,7 +23,11 @@ class LopaClient:
         cert: str | None = None,
         key: str | None = None,
         tls: bool = False,
+        api_key: str | None = None,
     ) -> None:
+        """ca, cert, key: TLS (the CA bundle, a client certificate and its key); api_key: sent with
+        every call of the API (a master started with LOPA_API_KEY refuses calls without one)."""
+        self.metadata = (("authorization", f"Bearer {api_key}"),) if api_key else None
         if tls or ca or cert:
             self.channel = grpc.secure_channel(address, channel_credentials(ca, cert, key))
         else:
@@ -48,12 +52,20 @@ class LopaClient:
         chat: bool = False,
         pin_branches: bool = False,
         ignore_eos: bool = False,
+        stop_token_ids: Sequence[int] = (),
+        include_stop_str_in_output: bool = False,
+        top_logprobs: int = 0,
         **decoding: Any,
     ) -> lopa_pb2.GenerateRequest:
         """pin_branches: under load, wait for room for every branch asked instead of getting fewer;
-        ignore_eos: never fill an end token (the answer is exactly max_new_tokens long)."""
-        request = lopa_pb2.GenerateRequest(stop=list(stop), chat=chat, pin_branches=pin_branches,
-                                           ignore_eos=ignore_eos)
+        ignore_eos: never fill an end token (the answer is exactly max_new_tokens long);
+        stop_token_ids, include_stop_str_in_output: vLLM's; top_logprobs: each answer token's
+        most probable alternatives returned with it."""
+        request = lopa_pb2.GenerateRequest(
+            stop=list(stop), chat=chat, pin_branches=pin_branches, ignore_eos=ignore_eos,
+            stop_token_ids=list(stop_token_ids), include_stop_str_in_output=include_stop_str_in_output,
+            top_logprobs=top_logprobs,
+        )
         if isinstance(prompt, str):
             request.prompt = prompt
         else:
@@ -66,15 +78,15 @@ class LopaClient:
         return request
 
     def generate(self, prompt: str | Sequence[int], timeout: float | None = None, **kw: Any) -> Any:
-        return self.stub.Generate(self.request(prompt, **kw), timeout=timeout)
+        return self.stub.Generate(self.request(prompt, **kw), timeout=timeout, metadata=self.metadata)
 
     def stream(
         self, prompt: str | Sequence[int], timeout: float | None = None, **kw: Any
     ) -> Iterator[lopa_pb2.GenerateChunk]:
-        return self.stub.GenerateStream(self.request(prompt, **kw), timeout=timeout)
+        return self.stub.GenerateStream(self.request(prompt, **kw), timeout=timeout, metadata=self.metadata)
 
     def model_info(self, timeout: float | None = 10.0) -> lopa_pb2.ModelInfo:
-        return self.stub.GetModelInfo(lopa_pb2.ModelInfoRequest(), timeout=timeout)
+        return self.stub.GetModelInfo(lopa_pb2.ModelInfoRequest(), timeout=timeout, metadata=self.metadata)
 
     def health(self, service: str = "", timeout: float = 5.0) -> str:
         """SERVING, NOT_SERVING, ... or UNREACHABLE."""

@@ -158,8 +158,14 @@ def grpc_servers(
     config: ServingConfig, pipeline: Pipeline, health: health_aio.HealthServicer
 ) -> tuple[grpc.aio.Server, grpc.aio.Server | None, bool]:
     """(the client API's server, the plaintext health port's or None, whether the API is on TLS),
-    bound to their ports, not started."""
-    server = grpc.aio.server(options=grpc_bounds(config, pipeline.dispatcher.admission.max_message_bytes))
+    bound to their ports, not started. With API keys (LOPA_API_KEY) the API's calls need one, as the
+    HTTP API's do; health stays open."""
+    from lopa.serving.master.api.grpc_keys import KeyInterceptor
+    from lopa.serving.master.keys import api_keys
+
+    keys = api_keys()
+    server = grpc.aio.server(interceptors=[KeyInterceptor(keys)] if keys else None,
+                             options=grpc_bounds(config, pipeline.dispatcher.admission.max_message_bytes))
     # a request that does not parse: INVALID_ARGUMENT, not UNKNOWN
     add_lopa_servicer(LopaService(pipeline.dispatcher, pipeline.served), server)
     health_pb2_grpc.add_HealthServicer_to_server(health, server)
@@ -180,9 +186,9 @@ def grpc_servers(
 async def start_openai_http(config: ServingConfig, pipeline: Pipeline, host: str) -> web.AppRunner:
     """The OpenAI-compatible HTTP API on master.http_port, bounded by the master.http_* keys and the
     admission's limits, started (its runner, to clean up)."""
-    from lopa.serving.master.api.api_keys import api_keys
     from lopa.serving.master.api.connection_guard import HttpBounds
     from lopa.serving.master.api.openai_http import OpenAIApi, start_http
+    from lopa.serving.master.keys import api_keys
 
     master, admission, metrics = config.master, pipeline.dispatcher.admission, pipeline.metrics
     bounds = HttpBounds(master.http_max_connections, master.http_header_timeout_s,

@@ -9,13 +9,14 @@ UNAVAILABLE, deadline DEADLINE_EXCEEDED, a client's cancel CANCELLED, anything e
 from __future__ import annotations
 
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
 from enum import Enum
 from typing import Any, NoReturn
 
 import grpc
 
 from lopa import __version__
+from lopa.decoding.blocks import Alternatives
 from lopa.params import DecodingParams, InvalidParameter
 from lopa.proto import lopa_pb2, lopa_pb2_grpc
 from lopa.scheduling.request import Completion, QueueFull, RequestAborted
@@ -46,11 +47,14 @@ class LopaService(lopa_pb2_grpc.LopaServicer):
         except Exception as error:
             await _abort(context, error)
         completion = finished.completion
+        result = completion.result
         return lopa_pb2.GenerateResponse(
             text=completion.text,
-            token_ids=completion.result.output_ids,
+            token_ids=result.output_ids,
             finish_reason=completion.finish_reason,
             stats=stats_of(completion),
+            logprobs=result.output_logprobs,
+            alternatives=alternatives_of(result.output_alternatives) if ticket.admitted.top_logprobs else (),
         )
 
     async def GenerateStream(
@@ -60,7 +64,7 @@ class LopaService(lopa_pb2_grpc.LopaServicer):
         events = ticket.events()
         try:
             async for event in events:
-                yield chunk_of(event)
+                yield chunk_of(event, ticket.admitted.top_logprobs > 0)
                 if isinstance(event, Progress) and event.token_ids:
                     ticket.first_token_sent()
         except Exception as error:
@@ -115,6 +119,9 @@ def ask_of(request: lopa_pb2.GenerateRequest) -> Ask:
                   if request.decoding.HasField(name)},
         pin_branches=request.pin_branches,
         ignore_eos=request.ignore_eos,
+        stop_token_ids=request.stop_token_ids,
+        include_stop_str_in_output=request.include_stop_str_in_output,
+        top_logprobs=request.top_logprobs,
     )
 
 
@@ -149,7 +156,8 @@ async def _abort(context: Any, error: BaseException) -> NoReturn:
     raise AssertionError("unreachable")
 
 
-def chunk_of(event: Progress | Finished) -> lopa_pb2.GenerateChunk:
+def chunk_of(event: Progress | Finished, asked: bool = False) -> lopa_pb2.GenerateChunk:
+    """A stream's event as a chunk; `asked`: the request asked for alternatives (top_logprobs)."""
     if isinstance(event, Progress):
         return lopa_pb2.GenerateChunk(
             step=event.step,
@@ -160,7 +168,10 @@ def chunk_of(event: Progress | Finished) -> lopa_pb2.GenerateChunk:
             candidates=event.candidates,
             winner=event.winner,
             granted_branches=event.granted_branches,
+            logprobs=event.logprobs,
+            alternatives=alternatives_of(event.alternatives),
         )
+    result, rest = event.completion.result, slice(event.offset, event.offset + len(event.token_ids))
     return lopa_pb2.GenerateChunk(
         last=True,
         offset=event.offset,
@@ -168,7 +179,13 @@ def chunk_of(event: Progress | Finished) -> lopa_pb2.GenerateChunk:
         text=event.text,
         finish_reason=event.completion.finish_reason,
         stats=stats_of(event.completion),
+        logprobs=result.output_logprobs[rest],
+        alternatives=alternatives_of(result.output_alternatives[rest]) if asked else (),
     )
+
+
+def alternatives_of(each: Sequence[Alternatives]) -> list[lopa_pb2.Alternatives]:
+    return [lopa_pb2.Alternatives(token_ids=[t for t, _ in a], logprobs=[lp for _, lp in a]) for a in each]
 
 
 def stats_of(completion: Completion) -> lopa_pb2.Stats:
