@@ -18,7 +18,7 @@ from lopa.proto import worker_pb2
 from lopa.scheduling.request import SchedulerStopped
 from lopa.serving.launcher import free_ports
 from lopa.serving.master.api.grpc_service import status_of
-from lopa.serving.master.dispatch import outcome_label
+from lopa.serving.master.failures import failure_of
 from lopa.serving.master.group.distributed import DistributedExecutor, StepFailed
 from lopa.serving.master.group.links import WorkerLink, WorkerLost
 from lopa.serving.shared.config import load_config
@@ -125,7 +125,8 @@ def test_the_master_fails_the_request_and_keeps_the_group() -> None:
     assert status_of(StepFailed("x")) is grpc.StatusCode.INTERNAL
     # A request the stopping master did not finish may be retried elsewhere (not CANCELLED).
     stopped = SchedulerStopped("stopping")
-    assert (status_of(stopped), outcome_label(stopped)) == (grpc.StatusCode.UNAVAILABLE, "unavailable")
+    assert status_of(stopped) is grpc.StatusCode.UNAVAILABLE
+    assert failure_of(stopped).kind.label == "unavailable"
 
 
 class _CancelledLink(_Link):

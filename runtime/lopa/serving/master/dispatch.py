@@ -14,7 +14,6 @@ from __future__ import annotations
 import asyncio
 import logging
 import math
-import re
 import time
 from collections.abc import AsyncIterator, Callable, Sequence
 from typing import Any
@@ -27,13 +26,21 @@ from lopa.scheduling.request import (
     Outcome,
     QueueFull,
     Request,
-    RequestAborted,
     SchedulerStopped,
 )
 from lopa.scheduling.scheduler import Scheduler
 from lopa.serving.master.admission import Admission, Admitted, Ask
-from lopa.serving.master.errors import GROUP_RETRY_AFTER_S, GroupUnavailable, WorkerLost
+from lopa.serving.master.errors import GroupUnavailable
 from lopa.serving.master.events import Event, Finished, Progress
+from lopa.serving.master.failures import (
+    CANCELLED,
+    DEADLINE,
+    INTERNAL,
+    INVALID,
+    QUEUE_FULL,
+    UNAVAILABLE,
+    failure_of,
+)
 from lopa.serving.master.streaming import DeltaTracker
 from lopa.serving.shared.metrics import MasterMetrics
 
@@ -43,41 +50,7 @@ log = logging.getLogger("lopa.master")
 # cancel this close to the master's deadline is the client's deadline passing, not the client leaving.
 CLIENT_DEADLINE_LEAD_S = 0.5
 
-__all__ = ["Dispatcher", "GroupUnavailable", "QueueFull", "Ticket", "client_reason", "outcome_label",
-           "retry_after_s"]
-
-
-_RANK = re.compile(r"worker rank \d+")  # what a client may know of a lost worker (not its address)
-
-
-def client_reason(error: BaseException) -> str:
-    """What a client is told of a failure: a worker's loss without its address (a pod's name in a
-    cluster; the master's log has it), anything unexpected without its details."""
-    if isinstance(error, WorkerLost):
-        rank = _RANK.search(str(error))
-        lost = f"{rank.group()} was lost" if rank else "the worker group was lost"
-        return f"{lost} during this request; the master waits for the group to re-form: retry"
-    if isinstance(error, (InvalidParameter, QueueFull, RequestAborted, SchedulerStopped, GroupUnavailable)):
-        return str(error)
-    return "internal error (see the master log)"
-
-
-def retry_after_s(error: BaseException) -> int:
-    """Seconds until an unavailable server may take the request (the HTTP API's Retry-After)."""
-    if isinstance(error, GroupUnavailable):
-        return error.retry_after_s
-    return 1 if isinstance(error, SchedulerStopped) else GROUP_RETRY_AFTER_S
-
-
-def outcome_label(error: BaseException) -> str:
-    """A failed request's outcome in lopa_requests_total."""
-    if isinstance(error, InvalidParameter):
-        return "invalid"
-    if isinstance(error, (WorkerLost, SchedulerStopped, GroupUnavailable)):
-        return "unavailable"
-    if isinstance(error, RequestAborted):
-        return "deadline" if error.deadline else "cancelled"
-    return "error"
+__all__ = ["Dispatcher", "GroupUnavailable", "QueueFull", "Ticket"]
 
 
 class Ticket:
@@ -135,15 +108,15 @@ class Ticket:
         # checks that same deadline between rounds: that is a deadline, not a client cancel.
         deadline = self.abort.deadline
         expired = deadline is not None and time.monotonic() >= deadline - CLIENT_DEADLINE_LEAD_S
-        self._count_once("deadline" if expired else "cancelled")
+        self._count_once((DEADLINE if expired else CANCELLED).label)
 
     def _settle(self, item: Finished | BaseException) -> Finished:
         if isinstance(item, Finished):
             self._count_once("ok")
             return item
-        label = outcome_label(item)
-        self._count_once(label)
-        if label == "error":
+        kind = failure_of(item).kind
+        self._count_once(kind.label)
+        if kind is INTERNAL:
             log.error("request failed", exc_info=item)
         raise item
 
@@ -194,7 +167,7 @@ class Dispatcher:
         try:
             admitted = await asyncio.to_thread(self.admission.admit_all, asks)
         except InvalidParameter:
-            self.refused("invalid")
+            self.refused(INVALID.label)
             raise
         return self.submit(admitted, stream, remaining_s, arrived)
 
@@ -204,10 +177,10 @@ class Dispatcher:
     ) -> list[Ticket]:
         n = len(admitted)
         if self.draining:
-            self.refused("unavailable", n)
+            self.refused(UNAVAILABLE.label, n)
             raise GroupUnavailable("the master is shutting down (draining its requests): retry elsewhere", 1)
         if not self.group_ready():
-            self.refused("unavailable", n)
+            self.refused(UNAVAILABLE.label, n)
             raise GroupUnavailable("the worker group is not ready (see health)")
         timeout = self.request_timeout_s if remaining_s is None else min(self.request_timeout_s, remaining_s)
         server = timeout == self.request_timeout_s
@@ -220,10 +193,10 @@ class Dispatcher:
         try:
             self.scheduler.submit_many([self._request(ticket) for ticket in tickets])
         except QueueFull:
-            self.refused("rejected", n)
+            self.refused(QUEUE_FULL.label, n)
             raise
         except SchedulerStopped as error:  # stopping between the drain check and the queue
-            self.refused("unavailable", n)
+            self.refused(UNAVAILABLE.label, n)
             raise GroupUnavailable(str(error), 1) from None
         return tickets
 

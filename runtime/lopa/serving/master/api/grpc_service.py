@@ -1,9 +1,9 @@
 """The gRPC client API (Generate, GenerateStream, GetModelInfo): a thin adapter of the pipeline.
 
 A GenerateRequest becomes an admission Ask (protobuf field names -> the server's names); the
-pipeline's events become GenerateChunk / GenerateResponse messages. Status codes: bad input
-INVALID_ARGUMENT naming the protobuf field, full queue RESOURCE_EXHAUSTED, lost or missing workers
-UNAVAILABLE, deadline DEADLINE_EXCEEDED, a client's cancel CANCELLED, anything else INTERNAL.
+pipeline's events become GenerateChunk / GenerateResponse messages. A failure ends the call with the
+status code of its row in lopa.serving.master.failures (bad input INVALID_ARGUMENT naming the
+protobuf field; a retry pushback where the row says when to retry).
 """
 
 from __future__ import annotations
@@ -19,17 +19,12 @@ from lopa import __version__
 from lopa.decoding.blocks import Alternatives
 from lopa.params import DecodingParams, InvalidParameter
 from lopa.proto import lopa_pb2, lopa_pb2_grpc
-from lopa.scheduling.request import Completion, QueueFull, RequestAborted
+from lopa.scheduling.request import Completion, QueueFull
 from lopa.serving.master.admission import SETTING_TYPES, Ask
 from lopa.serving.master.api.grpc_parsing import Undecodable
-from lopa.serving.master.dispatch import (
-    Dispatcher,
-    GroupUnavailable,
-    client_reason,
-    outcome_label,
-    retry_after_s,
-)
+from lopa.serving.master.dispatch import Dispatcher, GroupUnavailable
 from lopa.serving.master.events import Finished, Progress
+from lopa.serving.master.failures import INVALID, failure_of
 from lopa.serving.master.served import ServedModel
 
 SERVICE = "lopa.v1.Lopa"
@@ -133,26 +128,19 @@ def field_name(name: str) -> str:
 
 
 def status_of(error: BaseException) -> grpc.StatusCode:
-    if isinstance(error, InvalidParameter):
-        return grpc.StatusCode.INVALID_ARGUMENT
-    if isinstance(error, QueueFull):
-        return grpc.StatusCode.RESOURCE_EXHAUSTED
-    if isinstance(error, RequestAborted):
-        return grpc.StatusCode.DEADLINE_EXCEEDED if error.deadline else grpc.StatusCode.CANCELLED
-    if outcome_label(error) == "unavailable":
-        return grpc.StatusCode.UNAVAILABLE
-    return grpc.StatusCode.INTERNAL
+    return grpc.StatusCode[failure_of(error).kind.grpc_code]
 
 
 async def _abort(context: Any, error: BaseException) -> NoReturn:
-    """The call ends with the error's status; an unavailable server says when to retry (gRPC's
-    retry pushback), and no message names a worker's address (client_reason)."""
-    message, status, trailers = client_reason(error), status_of(error), ()
-    if isinstance(error, InvalidParameter):  # named as the GenerateRequest names it
-        message = f"{field_name(error.field)}: {error.reason}"
-    if status == grpc.StatusCode.UNAVAILABLE:
-        trailers = (("grpc-retry-pushback-ms", str(1000 * retry_after_s(error))),)
-    await context.abort(status, message, trailing_metadata=trailers)
+    """The call ends with the error's row of the failure table: its status, its message (an invalid
+    field named as the GenerateRequest names it), when to retry (gRPC's retry pushback)."""
+    found = failure_of(error)
+    message, trailers = found.message, ()
+    if found.kind is INVALID and found.field is not None:
+        message = f"{field_name(found.field)}: {found.reason}"
+    if found.retry_after_s is not None:
+        trailers = (("grpc-retry-pushback-ms", str(1000 * found.retry_after_s)),)
+    await context.abort(grpc.StatusCode[found.kind.grpc_code], message, trailing_metadata=trailers)
     raise AssertionError("unreachable")
 
 

@@ -1,8 +1,7 @@
 """The OpenAI API's error answers: OpenAI's shape {"error": {"message", "type", "param", "code"}}.
 
-400 naming the body field, 429 when the queue is full, 503 when the worker group is lost or not
-formed (with Retry-After), 504 when the request's deadline passed, 500 otherwise. A failure's
-message is the dispatcher's client_reason: never an internal address.
+A request's failure is answered as its row of lopa.serving.master.failures says (400 naming the
+body field, 429, 503, 504, 499, 500; Retry-After where the row has one), with its message.
 """
 
 from __future__ import annotations
@@ -11,9 +10,7 @@ from typing import Any
 
 from aiohttp import web
 
-from lopa.params import InvalidParameter
-from lopa.scheduling.request import RequestAborted
-from lopa.serving.master.dispatch import client_reason, outcome_label, retry_after_s
+from lopa.serving.master.failures import failure_of
 
 
 def error_response(
@@ -27,24 +24,16 @@ def invalid(param: str, reason: str) -> web.Response:
     return error_response(400, f"{param}: {reason}", "invalid_request_error", param)
 
 
-def unavailable(message: str, retry_after: int) -> web.Response:
-    """503, with when to retry (a lost group re-forms in seconds)."""
-    response = error_response(503, message, "service_unavailable")
-    response.headers["Retry-After"] = str(retry_after)
+def failure(error: BaseException, param: str | None = None, message: str | None = None) -> web.Response:
+    """A request that failed, as its row of the failure table; `param` and `message` replace an
+    invalid field's server name and the message with the body's names."""
+    found = failure_of(error)
+    kind = found.kind
+    response = error_response(kind.http_status, message or found.message, kind.openai_type,
+                              param or found.field)
+    if found.retry_after_s is not None:
+        response.headers["Retry-After"] = str(found.retry_after_s)
     return response
-
-
-def failure(error: BaseException) -> web.Response:
-    """A request that was queued and did not complete (the message: client_reason's)."""
-    if isinstance(error, RequestAborted):
-        if error.deadline:
-            return error_response(504, str(error), "timeout")
-        return error_response(499, str(error), "cancelled")
-    if isinstance(error, InvalidParameter):
-        return error_response(400, str(error), "invalid_request_error", error.field)
-    if outcome_label(error) == "unavailable":
-        return unavailable(client_reason(error), retry_after_s(error))
-    return error_response(500, client_reason(error), "server_error")
 
 
 @web.middleware

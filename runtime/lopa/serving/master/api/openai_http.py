@@ -46,17 +46,16 @@ from lopa.serving.master.api.openai_body import (
     chat_request,
     completion_request,
 )
-from lopa.serving.master.api.openai_errors import error_response, failure, invalid, openai_errors, unavailable
+from lopa.serving.master.api.openai_errors import error_response, failure, invalid, openai_errors
 from lopa.serving.master.api.openai_stream import FINISH, lopa_stats, stream, token_logprobs, total_usage
 from lopa.serving.master.api.openai_tokens import TokenEndpoints, not_found
-from lopa.serving.master.dispatch import Dispatcher, GroupUnavailable, client_reason, retry_after_s
+from lopa.serving.master.dispatch import Dispatcher, GroupUnavailable
 from lopa.serving.shared.config import TlsConfig
 from lopa.serving.shared.tls import ssl_context
 
 __all__ = ["OpenAIApi", "failure", "start_http"]
 
 log = logging.getLogger("lopa.master")
-RETRY_AFTER_S = 1  # a full queue drains in about a request's time: retry soon, not at once
 HEALTH_RETRY_AFTER_S = 5  # a group forms or re-forms in seconds
 INLINE_BODY_BYTES = 1 << 16  # a larger body is parsed off the event loop, by one thread
 SHUTDOWN_S = 5.0  # at shutdown, what a request in flight is given to end (a stream: its error event)
@@ -263,11 +262,7 @@ class OpenAIApi:
             if param == "prompt":
                 return invalid(f"prompt[{index}]", reason)
             return invalid(param, f"{reason} (prompt[{index}])")
-        if isinstance(error, QueueFull):  # clients back off by Retry-After (seconds)
-            response = error_response(429, str(error), "rate_limit_exceeded")
-            response.headers["Retry-After"] = str(RETRY_AFTER_S)
-            return response
-        return unavailable(client_reason(error), retry_after_s(error))
+        return failure(error)
 
     def _response(self, done: list[Completion], parsed: Parsed, ident: str, chat: bool, echoes: list[str]
                   ) -> dict[str, Any]:
