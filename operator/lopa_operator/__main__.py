@@ -69,6 +69,7 @@ def scope(args: argparse.Namespace, own_namespace_file: Path = OWN_NAMESPACE_FIL
 
 
 def parse(argv: list[str] | None = None) -> argparse.Namespace:
+    # long: the operator's flags, one after another
     p = argparse.ArgumentParser(prog="lopa-operator", description=__doc__)
     version = f"lopa-operator {__version__} (kopf {kopf.__version__})"
     p.add_argument("--version", action="version", version=version)

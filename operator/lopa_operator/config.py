@@ -52,6 +52,7 @@ def _number(key: str, value: Any) -> Any:
 def render(name: str, namespace: str, spec: dict[str, Any], index: int) -> dict[str, Any]:
     """The config document of group `index` of deployment `name`; `spec` must have its defaults
     applied. Groups differ only in their workers' addresses."""
+    # long: the config document, one key after another
     workers = spec["branchParallelism"]
     doc: dict[str, Any] = {
         "model": {

@@ -166,6 +166,7 @@ def reconcile(
 def _reconcile(
     kube: Kube, obj: dict[str, Any], post: EventFn, logger: logging.Logger | logging.LoggerAdapter, memo: Memo
 ) -> dict[str, Any]:
+    # long: one reconcile pass, its steps in the order they apply
     meta = obj["metadata"]
     name, namespace = meta["name"], meta["namespace"]
     spec = specs.with_defaults(obj.get("spec"))

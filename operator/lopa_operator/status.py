@@ -138,6 +138,7 @@ class _Seen:
 
 
 def _seen(g: GroupRound, old: dict[str, Any], now: dt.datetime) -> _Seen:
+    # long: what one group's pods show, counted in one pass
     decision = g.decision
     deleted = {p["metadata"]["uid"] for p in decision.delete}
     alive = [p for p in g.pods if not group.is_terminating(p) and p["metadata"]["uid"] not in deleted]

@@ -66,6 +66,7 @@ def bench_workers(
     """One worker count: its step split row (of the first level's first pass) and its sweep rows
     (`passes` interleaved passes combined, see lopa.bench.concurrency). prompts[:WARMUP] warm up,
     the measured requests cycle through the rest."""
+    # long: one worker count's run: start, warm up, sweep, stop, in the order they run
     warmup, measured = list(prompts[:WARMUP]), list(prompts[WARMUP:]) or list(prompts)
     metrics_port = free_ports(1)[0]
     config = dataclasses.replace(config, master=MasterConfig(metrics_port=metrics_port))

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any
 
@@ -43,10 +42,3 @@ def model_defaults(model_dir: str | Path) -> DecodingParams:
     except TypeError as error:  # a value of the wrong type (a string for a number, ...)
         path = Path(model_dir) / DEFAULTS_FILE
         raise CheckpointError(path, f"a value has the wrong type: {error}") from None
-
-
-def write_defaults(model_dir: str | Path, params: dict[str, Any], comment: str = "") -> Path:
-    path = Path(model_dir) / DEFAULTS_FILE
-    body = {"_comment": comment, **params} if comment else dict(params)
-    path.write_text(json.dumps(body, indent=2) + "\n")
-    return path

@@ -35,6 +35,7 @@ PAPER_TPF = 10.1  # D2F-Dream-7B with LoPA on GSM8K (the LoPA paper)
 
 
 def add_parsers(kinds: argparse._SubParsersAction) -> None:
+    # long: the flags of `lopa bench step`, one after another
     bench = kinds.add_parser(
         "step",
         help="one decoding step on one device (CUDA graphs vs eager) against the weights' memory floor",

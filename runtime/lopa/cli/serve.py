@@ -49,6 +49,7 @@ DRAIN_MARGIN_S = 15.0
 
 
 def add_parser(subparsers: argparse._SubParsersAction) -> None:
+    # long: the flags of `lopa serve`, one after another
     parser = subparsers.add_parser(
         "serve",
         help="start a local master and N branch workers (subprocesses on loopback)",
@@ -307,6 +308,7 @@ def _check_worker_ports(args: argparse.Namespace, taken: dict[str, int]) -> None
 def serving_config(args: argparse.Namespace) -> ServingConfig:
     """The config the children get: the file (or defaults), the model flags, the decoding flags on top of
     the file's decoding keys and the model's own defaults, loopback addresses; validated."""
+    # long: every flag onto its config key, in one place
     from lopa.serving.launcher import loopback_config
 
     base = load_config(args.config, local=True) if args.config else parse_config({})

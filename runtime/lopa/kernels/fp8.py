@@ -43,7 +43,3 @@ def linear_reference(
 ) -> torch.Tensor:
     """x [..., K] @ dequantize(quantized, scale).T (+ bias), in x's dtype."""
     return F.linear(x, dequantize(quantized, scale, x.dtype), bias)
-
-
-def is_fp8(weight: torch.Tensor) -> bool:
-    return weight.dtype == E4M3

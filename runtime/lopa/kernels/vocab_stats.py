@@ -61,6 +61,7 @@ def _vocab_partials(
     BLOCK_N: tl.constexpr, BLOCK_V: tl.constexpr, BLOCK_K: tl.constexpr,
     HAS_SCALE: tl.constexpr, DOT_FP32: tl.constexpr,
 ):
+    # long: one Triton kernel: split, it would cost a launch and a pass over memory
     row = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
     part = tl.program_id(1)
     depth = tl.arange(0, BLOCK_K)

@@ -130,6 +130,7 @@ class PackedInputs:
         Per request only its tokens and block ids are copied; the other fields are gathered in
         Python and written with one tensor each: small torch calls per request were ~26 us each
         round and request, host time on a GPU's critical path."""
+        # long: a round's fields written in one pass, on the GPU's critical path
         bucket = self.bucket
         block_ids = host[self.block_ids].view(bucket.requests, bucket.rows, bucket.width)
         shape = (bucket.requests, bucket.rows, bucket.width)

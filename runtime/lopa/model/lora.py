@@ -37,6 +37,7 @@ def read_adapter(adapter_dir: str | Path, family: Family = DREAM) -> LoraAdapter
     """Read adapter_config.json + adapter_model.safetensors of an adapter over a `family` model,
     its modules named as that family names them; the pairs are keyed by lopa's module names.
     Unsupported settings and modules the family does not have raise CheckpointError."""
+    # long: the adapter's checks in the order its files are read
     adapter_dir = Path(adapter_dir)
     config_path = adapter_dir / ADAPTER_CONFIG
     raw = read_json_object(config_path)

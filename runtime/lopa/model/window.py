@@ -106,6 +106,7 @@ class WindowedLM:
         cuda_graphs: bool | None = None,
         max_batch: int = 1,
     ) -> None:
+        # long: the window model's buffers, allocated once together
         config = model.config
         if max_length > config.max_position_embeddings:
             raise ValueError(

@@ -135,6 +135,7 @@ def write_sharded_checkpoint(
     """Write a checkpoint too large to hold twice in memory: tensors drawn on `device` one at a time,
     saved in shards of about shard_bytes with model.safetensors.index.json, config.json and the
     test tokenizer. Returns the bytes written."""
+    # long: the shards and their index, written in order
     if config.vocab_size < TOKENIZER_VOCAB_SIZE:
         raise ValueError(f"vocab_size must be >= {TOKENIZER_VOCAB_SIZE} (the character tokenizer's size)")
     directory = Path(directory)
@@ -242,6 +243,7 @@ def write_random_lora_adapter(
 
     Unlike PEFT's initialisation, lora_B is random too, so the adapter changes the outputs.
     """
+    # long: the adapter's config and tensors, as PEFT writes them
     directory = Path(directory)
     directory.mkdir(parents=True, exist_ok=True)
     family = family_named(config.family)

@@ -66,6 +66,7 @@ def _train(
     log: TextIO,
     on_save: Callable[[Path, int], None] | None,
 ) -> dict[str, Any]:
+    # long: the training loop; its state is the loop's locals
     torch.manual_seed(config.seed)
     generator = torch.Generator().manual_seed(config.seed)
     model = DiffusionLM(model_config(config))

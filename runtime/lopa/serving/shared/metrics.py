@@ -53,6 +53,7 @@ class MasterMetrics:
 
     @classmethod
     def create(cls, model_name: str = "") -> MasterMetrics:
+        # long: the master's metrics, one declaration each
         r = CollectorRegistry()
         occupancy = Occupancy(model_name)
         r.register(occupancy)

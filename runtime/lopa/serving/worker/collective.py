@@ -80,11 +80,6 @@ class Group:
         if self.world_size > 1:
             dist.broadcast(buffer, src=src, group=self._pg)
 
-    def destroy(self) -> None:
-        if dist.is_initialized():
-            dist.destroy_process_group()
-
-
 def join(
     backend: str,
     rendezvous: str,

@@ -89,6 +89,7 @@ def _names(served: str | Sequence[str]) -> tuple[str, ...]:
 def _common(body: Any, known: frozenset[str], served: str | Sequence[str]) -> tuple[Parsed, Ask]:
     """The fields both endpoints share; the caller adds its prompt and its token budget. `served`:
     the ids the server answers to, the main one first."""
+    # long: the fields both endpoints share, checked in one place
     names = _names(served)
     if not isinstance(body, dict):
         raise InvalidParameter("body", "must be a JSON object")

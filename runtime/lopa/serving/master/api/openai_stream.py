@@ -61,6 +61,7 @@ async def _events(
 ) -> None:
     """echoes: the text each choice's first event starts with (completions' echo: its prompt);
     tokenizer: names the tokens of each event's logprobs (parsed.logprobs)."""
+    # long: one stream's loop; its state is the loop's locals
     await response.prepare(request)
     out = _Chunks(response, ident, parsed.model, chat)
     merged, pumps = _merge(tickets)

@@ -191,6 +191,7 @@ class WorkerGroup:
             self._stop.wait(self.probe_interval_s)
 
     def _try_attach(self) -> None:
+        # long: the attach handshake, its checks in the order the group needs them
         infos, waiting = [], []
         for link in self.links:
             try:
