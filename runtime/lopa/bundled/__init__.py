@@ -2,6 +2,10 @@
 
 `model/` is the embedded default, a Dream-format model; `llada/` the same recipe in the LLaDA
 format (own-position logits, LLaDA's names and config keys), trained on the same data.
+
+tasks     the task suite: hide the end of each word, where the filling order sets the speed
+chat      the chat template: a chat asks what a completion of its task prompt asks
+defaults  the decoding parameters a checkpoint is served with (`lopa_defaults.json`, any model)
 """
 
 from pathlib import Path

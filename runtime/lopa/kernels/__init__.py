@@ -13,7 +13,9 @@ always runs the references, a GPU with Triton the kernels (LOPA_KERNELS=torch: t
 - fp8_linear: the FP8 weight-only product for at most 256 rows (split-K for narrow outputs);
 - fp8_products: the choice per shape among fp8_linear, torch._scaled_mm and the reference;
 - vocab_stats: the lm_head and the greedy statistics (token, P, Conf) in one pass over the
-  vocabulary.
+  vocabulary;
+- dispatch: which implementation runs per device and shape; triton_support: Triton when it is
+  installed, and how a kernel is declared with it.
 
 Each kernel is checked against its reference in Triton's interpreter (TRITON_INTERPRET=1, on the
 CPU): tests/runtime/kernels, run by tests/runtime/test_kernels_interpreted.py.

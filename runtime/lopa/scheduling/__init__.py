@@ -4,4 +4,5 @@ request      a request as the scheduler holds it, and what it becomes
 budget       how many lookahead branches each running request gets in a round
 calibration  the budget an accelerator measures at start
 scheduler    the thread that runs every round
+warmup       the CUDA graphs a server captures at start, before it reports SERVING
 """

@@ -6,4 +6,8 @@ listen        binding a gRPC port exclusively, errors naming the config key
 tls           optional TLS of the client API (server and channel credentials)
 metrics       Prometheus metrics of both roles, each in its own registry
 parent_watch  children of `lopa serve` die with it (the lifeline pipe)
+device_choice model.device and workers.backend as a process runs them (`auto` resolved)
+group_link    the master-worker link's security: the group secret and mutual TLS
+log_limits    a repeated error logged once per interval, not a flood
+vllm_metrics  the model-server protocol's metrics under vLLM's names
 """

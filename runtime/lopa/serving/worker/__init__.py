@@ -2,4 +2,6 @@
 
 service     the worker process: load, join, serve the master's step stream over a ShardExecutor
 collective  torch.distributed group join (bounded) and the fused broadcast
+rendezvous  the collective's rendezvous through an authenticated store
+kv_memory   whether the KV caches fit the device's free memory, checked before they are allocated
 """
