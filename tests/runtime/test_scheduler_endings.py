@@ -8,6 +8,7 @@ settled, whatever the timing of stop().
 from __future__ import annotations
 
 import threading
+import time
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 
@@ -69,30 +70,37 @@ def test_a_stopped_scheduler_refuses_requests_instead_of_keeping_them() -> None:
 
 
 def test_requests_racing_a_stop_are_refused_or_settled() -> None:
-    s = scheduler(queue_size=4 * 20)  # room for every request: a stop landing late is no QueueFull
+    s = scheduler(queue_size=64)
     s.start()
     accepted: list[Waiter] = []
     refused = 0
     lock = threading.Lock()
+    sending = threading.Event()
 
     def client(_: int) -> None:
+        """Send until refused: every client is still sending when the stop lands."""
         nonlocal refused
-        for _ in range(20):
+        while True:
             try:
                 settled = submit(s)
+            except QueueFull:  # the queue is busy: send again
+                time.sleep(0.001)
+                continue
             except SchedulerStopped:
                 with lock:
                     refused += 1
-                continue
+                return
             with lock:
                 accepted.append(settled)
+            sending.set()
 
     with ThreadPoolExecutor(4) as pool:
         futures = [pool.submit(client, i) for i in range(4)]
+        assert sending.wait(SETTLE_S)
         s.stop()
         for future in futures:
-            future.result()
-    assert refused > 0  # the stop landed while clients were still sending
+            future.result(SETTLE_S)
+    assert refused == 4 and accepted  # each client's last request was refused, not lost
     for settled in accepted:
         outcome = settled.outcome(SETTLE_S)
         assert outcome is not None, "an accepted request was never settled"
