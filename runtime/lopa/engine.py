@@ -22,6 +22,7 @@ from lopa.scheduling.calibration import measured_tokens
 from lopa.scheduling.request import Completion, Request, Waiter
 from lopa.scheduling.scheduler import Observer, Scheduler
 from lopa.scheduling.warmup import warm_graphs
+from lopa.stops import StopPolicy
 
 DEFAULT_MAX_LENGTH = 4096
 DEFAULT_MAX_BATCH = 8
@@ -123,8 +124,8 @@ class LocalEngine:
         ids = self.encode(prompt, chat)
         check_length(len(ids), params, self.decoder.max_length)
         waiter = Waiter()
-        request = Request(ids, params, tuple(stop), pin_branches, ignore_eos, on_step=on_step, on_done=waiter,
-                          top_logprobs=top_logprobs)
+        request = Request(ids, params, StopPolicy(tuple(stop)), pin_branches, ignore_eos, top_logprobs,
+                          on_step=on_step, on_done=waiter)
         self.scheduler.submit(request)
         self.scheduler.start()
         # This thread only waits now: a pool from any torch op it ran would slow the scheduler's.

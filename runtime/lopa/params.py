@@ -164,3 +164,13 @@ def check_length(prompt_tokens: int, params: DecodingParams, max_length: int) ->
             f"prompt {prompt_tokens} + max_new_tokens {new} exceed max_length {max_length} in whole "
             f"blocks of {block}; at most {room}",
         )
+
+
+def check_text(name: str, text: str) -> None:
+    """JSON may carry a lone UTF-16 surrogate ("\\ud800"), which no UTF-8 text can hold."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as error:
+        bad = text[error.start : error.end].encode("unicode_escape").decode()
+        reason = f"is not valid Unicode text: a lone surrogate {bad} at index {error.start}"
+        raise InvalidParameter(name, reason) from None

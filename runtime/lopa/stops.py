@@ -1,4 +1,10 @@
-"""Stop strings (pure): when decoding may stop, and where the answer is cut.
+"""How a request's answer ends before its length (pure): the one stop policy.
+
+A request's StopPolicy holds its stop strings, whether the string that ends the answer stays in it
+(vLLM's include_stop_str_in_output) and its stop tokens (vLLM's stop_token_ids: they end the answer
+as the model's end tokens do). Admission checks it (check_stop_strings, check_stop_token_ids), the
+decoder stops early on it (check), a stream holds back what it may still cut (search) and the
+final answer is cut by it (cut): every part asks this module.
 
 An answer cut at a stop string keeps only the tokens that produced the kept text, so token ids,
 token counts, TPF and tokens/s describe what the caller receives, not what was decoded past it.
@@ -8,11 +14,81 @@ text), so a round's stop test costs what the round added, not the answer's lengt
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from dataclasses import replace
+from collections.abc import Collection, Sequence
+from dataclasses import dataclass, replace
+from typing import Any
 
 from lopa.decoding.decoder import GenerationResult, StopCheck
 from lopa.detokenize import Decode, IncrementalText, text_of
+from lopa.params import InvalidParameter, check_text
+
+MAX_STOP_STRINGS = 64  # per request: each is searched in the answer after every round
+
+
+@dataclass(frozen=True)
+class StopPolicy:
+    """A request's stop strings and stop tokens (checked where the request entered)."""
+
+    strings: tuple[str, ...] = ()
+    include: bool = False  # the stop string that ends the answer stays at its end
+    token_ids: tuple[int, ...] = ()  # more tokens that end the answer, as the model's end tokens do
+
+    def end_ids(self, eos_ids: Collection[int]) -> frozenset[int]:
+        """The tokens that end this request's answer: the model's and its own."""
+        return frozenset(eos_ids) | frozenset(self.token_ids)
+
+    def check(self, decode: Decode) -> StopCheck | None:
+        """The decoder's early-stop test (None: no stop string)."""
+        return stop_check(decode, self.strings)
+
+    def search(self) -> StopSearch:
+        """A search over a growing answer (a stream's: what it may send)."""
+        return StopSearch(self.strings, self.include)
+
+    def cut(self, result: GenerationResult, decode: Decode) -> tuple[str, GenerationResult] | None:
+        """The final answer cut at its first stop string, or None."""
+        return cut_at_stop(result, decode, self.strings, self.include) if self.strings else None
+
+
+def check_stop_strings(stop: Any, max_chars: int) -> tuple[str, ...]:
+    """Stop strings: at most MAX_STOP_STRINGS, each non-empty and no longer than the longest answer
+    (`max_chars`: a longer one could never match)."""
+    if stop is None:
+        return ()
+    if not _sequence(stop):
+        raise InvalidParameter("stop", "must be a list of strings")
+    if len(stop) > MAX_STOP_STRINGS:
+        raise InvalidParameter("stop", f"at most {MAX_STOP_STRINGS} stop sequences, got {len(stop)}")
+    if not all(isinstance(s, str) for s in stop):
+        raise InvalidParameter("stop", "must be a list of strings")
+    for index, text in enumerate(stop):
+        if not text:
+            raise InvalidParameter(f"stop[{index}]", "stop sequences must be non-empty")
+        if len(text) > max_chars:
+            raise InvalidParameter(f"stop[{index}]", f"{len(text)} characters: longer than any answer of "
+                                                     f"this server ({max_chars} characters at most)")
+        check_text(f"stop[{index}]", text)
+    return tuple(stop)
+
+
+def check_stop_token_ids(value: Any, vocab_size: int, mask_id: int) -> tuple[int, ...]:
+    """vLLM's stop_token_ids: token ids of the vocabulary (not the mask) that end the answer."""
+    if value is None or (_sequence(value) and not len(value)):
+        return ()
+    name = "stop_token_ids"
+    if not _sequence(value) or len(value) > MAX_STOP_STRINGS:
+        raise InvalidParameter(name, f"must be a list of at most {MAX_STOP_STRINGS} token ids")
+    if not all(isinstance(t, int) and not isinstance(t, bool) for t in value):
+        raise InvalidParameter(name, "must be a list of integers")
+    bad = [t for t in value if not 0 <= t < vocab_size or t == mask_id]
+    if bad:
+        raise InvalidParameter(name, f"ids {bad[:5]} are outside the vocabulary or the mask id")
+    return tuple(value)
+
+
+def _sequence(value: Any) -> bool:
+    """A JSON list or a protobuf repeated field, not a string."""
+    return isinstance(value, Sequence) and not isinstance(value, (str, bytes))
 
 
 def stop_check(decode: Decode, stop: Sequence[str]) -> StopCheck | None:

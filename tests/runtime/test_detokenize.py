@@ -14,7 +14,7 @@ from lopa.detokenize import Decode, IncrementalText, text_of
 from lopa.engine import bundled_model_dir
 from lopa.model.tokenizer import load_tokenizer
 from lopa.serving.master.streaming import DeltaTracker
-from lopa.stops import cut_at_stop
+from lopa.stops import StopPolicy, cut_at_stop
 
 CORPUS = [
     "Diffusion models fill masked tokens in parallel: déjà vu, naïve café, señor.",
@@ -111,7 +111,7 @@ def test_a_stream_sends_exactly_the_cut_answer(tokenizer: object, include: bool)
         for stop in {whole[at : at + rng.randint(1, 4)] for at in rng.sample(range(len(whole) - 4), 6)}:
             result = GenerationResult(prompt_ids=[0], generated_ids=ids, output_ids=ids, forwards=1, wall_s=1)
             final_text, final = cut_at_stop(result, decode, [stop], include)
-            tracker = DeltaTracker(decode, frozenset(), (stop,), include, begin=1)
+            tracker = DeltaTracker(decode, frozenset(), StopPolicy((stop,), include), begin=1)
             sent_text, sent_ids, filled = "", [], 0
             while filled < len(ids):
                 filled = min(len(ids), filled + rng.randint(1, 6))

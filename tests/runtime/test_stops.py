@@ -9,7 +9,7 @@ from lopa.bundled.defaults import model_defaults
 from lopa.decoding.decoder import GenerationResult
 from lopa.engine import LocalEngine, bundled_model_dir
 from lopa.params import InvalidParameter
-from lopa.stops import cut_at_stop, stop_check
+from lopa.stops import StopPolicy, check_stop_strings, check_stop_token_ids, cut_at_stop, stop_check
 
 VOCAB = {1: "ab", 2: "c", 3: "</", 4: "s>", 5: "x</"}
 
@@ -45,6 +45,30 @@ def test_stop_check() -> None:
     assert stop_check(decode, []) is None
     check = stop_check(decode, ["c</"])
     assert check is not None and not check([1, 2]) and check([1, 2, 3])
+
+
+def test_the_stop_policy_is_what_every_part_asks() -> None:
+    """Admission's checks, the decoder's early stop, a stream's search and the final cut all come
+    from one StopPolicy."""
+    policy = StopPolicy(("</s>",), include=True, token_ids=(7,))
+    assert policy.end_ids({0}) == {0, 7}
+    check = policy.check(decode)
+    assert check is not None and not check([1, 3]) and check([1, 3, 4])
+    text, kept = policy.cut(result_of([1, 2, 3, 4, 2]), decode)
+    assert text == "abc</s>" and kept.output_ids == [1, 2, 3, 4]  # the stop string stays (include)
+    search = policy.search()
+    assert (search.stop, search.include) == (("</s>",), True)
+    assert StopPolicy().check(decode) is None and StopPolicy().cut(result_of([1]), decode) is None
+    assert check_stop_strings(["a", "bc"], 10) == ("a", "bc") and check_stop_strings(None, 10) == ()
+    assert check_stop_token_ids([3, 5], vocab_size=8, mask_id=6) == (3, 5)
+    for bad, field in (([""], "stop[0]"), (["x" * 11], "stop[0]"), ("a", "stop"), (["\ud800"], "stop[0]")):
+        with pytest.raises(InvalidParameter) as refused:
+            check_stop_strings(bad, 10)
+        assert refused.value.field == field
+    for bad in ([6], [8], [-1], [True], "3"):
+        with pytest.raises(InvalidParameter) as refused:
+            check_stop_token_ids(bad, vocab_size=8, mask_id=6)
+        assert refused.value.field == "stop_token_ids"
 
 
 def test_generate_with_a_stop_string_counts_what_it_returns(bundled_engine: LocalEngine) -> None:

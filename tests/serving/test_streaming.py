@@ -10,18 +10,21 @@ import pytest
 from lopa.bundled.defaults import model_defaults
 from lopa.engine import LocalEngine, bundled_model_dir
 from lopa.params import DecodingParams
+from lopa.scheduling.request import Request
 from lopa.serving.master import dispatch
-from lopa.serving.master.admission import Admission, Admitted, Ask
+from lopa.serving.master.admission import Admission, Ask
 from lopa.serving.master.dispatch import Dispatcher, Ticket
 from lopa.serving.master.events import Progress
 from lopa.serving.master.streaming import DeltaTracker
 from lopa.serving.shared.config import Limits
 from lopa.serving.shared.metrics import MasterMetrics
+from lopa.stops import StopPolicy
 
 
 def test_deltas_hold_back_a_possible_stop_and_flush_at_the_end() -> None:
     vocab = {1: "ab", 2: "c", 3: "<", 4: "/", 5: "d", 9: ""}
-    tracker = DeltaTracker(lambda ids: "".join(vocab[i] for i in ids), frozenset({9}), stop=("</",))
+    decode = lambda ids: "".join(vocab[i] for i in ids)  # noqa: E731
+    tracker = DeltaTracker(decode, frozenset({9}), stop=StopPolicy(("</",)))
     mask = 0
     assert tracker.step([1, 0, 2], mask) == (0, [1], "a")  # "b" could start the stop: held back
     assert tracker.step([1, 2, 3, 0], mask) == (1, [2], "bc")  # "<" too, and its token
@@ -35,7 +38,7 @@ def test_deltas_hold_back_a_possible_stop_and_flush_at_the_end() -> None:
 
 def test_the_last_chunk_carries_the_ids_held_back() -> None:
     vocab = {1: "a", 2: "b", 3: "<"}
-    tracker = DeltaTracker(lambda ids: "".join(vocab[i] for i in ids), frozenset(), stop=("<<",))
+    tracker = DeltaTracker(lambda ids: "".join(vocab[i] for i in ids), frozenset(), stop=StopPolicy(("<<",)))
     assert tracker.step([1, 2, 3], 0) == (0, [1, 2], "ab")  # "<" might begin "<<"
     assert tracker.finish("ab<", [1, 2, 3]) == (2, [3], "<")  # the answer ended without the stop
 
@@ -45,7 +48,7 @@ def test_two_stop_strings_cut_at_the_earliest_whatever_their_order() -> None:
     # cut at "ba", the earliest (cut at "hm" it would send "ba", then could not finish).
     vocab = {1: "ddq", 2: "ijq", 3: "bah", 4: "hmd"}
     text = lambda ids: "".join(vocab[i] for i in ids)  # noqa: E731
-    tracker = DeltaTracker(text, frozenset(), stop=("hm", "ba"))
+    tracker = DeltaTracker(text, frozenset(), stop=StopPolicy(("hm", "ba")))
     assert tracker.step([1, 0, 0, 0], 0) == (0, [1], "dd")  # the last character is held back
     assert tracker.step([1, 2, 3, 4], 0) == (1, [2], "qijq")  # up to "ba", not up to "hm"
     assert tracker.finish("ddqijq", [1, 2]) == (2, [], "")
@@ -93,7 +96,7 @@ def test_a_stream_closed_by_its_client_stops_its_request() -> None:
         loop = asyncio.get_running_loop()
 
         def ticket() -> Ticket:
-            return Ticket(Admitted([1], DecodingParams()), True, loop, counted.append, time.monotonic() + 60)
+            return Ticket(Request([1], DecodingParams()), True, loop, counted.append, time.monotonic() + 60)
 
         progress = Progress(1, 0, [], "a", [], 1, 0, 0)
         open_one = ticket()
@@ -131,7 +134,7 @@ def test_a_cancel_at_the_clients_deadline_counts_as_a_deadline() -> None:
         loop = asyncio.get_running_loop()
         now = time.monotonic()
         for left in (dispatch.CLIENT_DEADLINE_LEAD_S / 2, 30.0):
-            Ticket(Admitted([1], DecodingParams()), True, loop, counted.append, now + left).cancel()
+            Ticket(Request([1], DecodingParams()), True, loop, counted.append, now + left).cancel()
 
     asyncio.run(run())
     assert counted == ["deadline", "cancelled"]

@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 
 from lopa.decoding.generation import GenerationResult, StepEvent
 from lopa.params import DecodingParams
+from lopa.stops import StopPolicy
 
 
 class RequestAborted(RuntimeError):
@@ -63,11 +64,9 @@ class Request:
 
     prompt_ids: list[int]
     params: DecodingParams
-    stop: tuple[str, ...] = ()
+    stop: StopPolicy = field(default_factory=StopPolicy)  # stop strings and stop tokens
     pin_branches: bool = False  # never grant fewer branches than asked: wait for room instead
     ignore_eos: bool = False  # never fill an end token: the answer is max_new_tokens long
-    stop_token_ids: tuple[int, ...] = ()  # more tokens that end the answer, as the model's end tokens do
-    include_stop: bool = False  # a stop string stays at the end of the answer (vLLM's)
     top_logprobs: int = 0  # each answer token's most probable alternatives kept (GenerationResult)
     on_step: Callable[[StepEvent], None] | None = None
     on_done: Callable[[Outcome], None] | None = None

@@ -22,7 +22,6 @@ from lopa.decoding.executor import BatchExecutor, PartOutcome, VerifyPart
 from lopa.decoding.generation import Generation, RoundPlan
 from lopa.scheduling.budget import Budget, Claim, grant
 from lopa.scheduling.request import Completion, Outcome, QueueFull, Request, RequestAborted, SchedulerStopped
-from lopa.stops import cut_at_stop, stop_check
 
 log = logging.getLogger("lopa.scheduler")
 _IDLE_WAIT_S = 0.05  # how often an idle scheduler re-checks deadlines and the executor
@@ -80,9 +79,9 @@ class Scheduler:
         batch is never half served."""
         started = []
         for request in requests:
-            should_stop = stop_check(self.decode, request.stop)
-            ids, stops = request.prompt_ids, request.stop_token_ids
-            generation = self.decoder.start(ids, request.params, should_stop, stops)
+            stop = request.stop
+            generation = self.decoder.start(request.prompt_ids, request.params, stop.check(self.decode),
+                                            stop.token_ids)
             started.append((request, generation))
         with self._lock:
             if self._stopping:
@@ -295,13 +294,13 @@ class Scheduler:
         try:
             result = run.generation.result()
             request = run.request
-            stop, eos_ids = request.stop, self.decoder.eos_ids | frozenset(request.stop_token_ids)
-            cut = cut_at_stop(result, self.decode, stop, request.include_stop) if stop else None
+            cut = request.stop.cut(result, self.decode)
             if cut is not None:
                 (text, result), reason = cut, "stop"
             else:
                 text = self.decode(result.output_ids)
-                reason = "eos" if result.output_ids and result.output_ids[-1] in eos_ids else "length"
+                ends = request.stop.end_ids(self.decoder.eos_ids)
+                reason = "eos" if result.output_ids and result.output_ids[-1] in ends else "length"
         except Exception as error:
             self._fail_one(run, error)
             return

@@ -4,8 +4,9 @@ A request passes through, in order:
 
 api/         the doors: gRPC (grpc_service) and OpenAI HTTP (openai_http, openai_body) translate
              their own messages into an admission Ask, and the pipeline's events back
-admission    the only place a request is checked: Ask -> Admitted (types, ranges, limits, prompt)
-dispatch     Admitted -> the shared Scheduler (lopa.scheduling); per request a Ticket of events
+admission    the only place a request is checked: Ask -> the scheduler's Request (types, ranges,
+             limits, prompt, stop policy)
+dispatch     Requests -> the shared Scheduler (lopa.scheduling); per request a Ticket of events
 events       what decoding tells a client, whatever the transport (Progress, Finished)
 failures     every way a request fails and each API's answer for it: one table (failure_of)
 streaming    committed text deltas of a stream (pure; each round's cost grows with its new ids)

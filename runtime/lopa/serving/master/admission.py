@@ -1,12 +1,14 @@
-"""Admission: a client's request, whatever its transport, checked once into what the scheduler runs.
+"""Admission: a client's request, whatever its transport, checked once into the scheduler's Request.
 
 Each API adapter (lopa.serving.master.api) translates its own message into an `Ask`, the request
 in the server's own names and not yet checked (a JSON body may carry any type). `Admission.admit`
 is the only place a parameter is checked: its type, its range (DecodingParams.validate), the
-server's limits, the prompt and the length. The scheduler, the decoder and the workers trust what
-it admits. Every refusal is an InvalidParameter naming the field in the server's names (the
-DecodingParams names, `prompt`, `prompt_token_ids`, `messages`, `max_new_tokens`, `stop[i]`);
-each adapter renames them into its own vocabulary.
+server's limits, the prompt and the length; its stop strings and stop tokens by the stop policy's
+checks (lopa.stops). It returns the Request the scheduler runs (the dispatcher adds the client's
+callbacks); the scheduler, the decoder and the workers trust it. Every refusal is an
+InvalidParameter naming the field in the server's names (the DecodingParams names, `prompt`,
+`prompt_token_ids`, `messages`, `max_new_tokens`, `stop[i]`); each adapter renames them into its
+own vocabulary.
 """
 
 from __future__ import annotations
@@ -17,16 +19,17 @@ from dataclasses import dataclass, field, fields, replace
 from typing import Any
 
 from lopa.model.tokenizer import chat_ids
-from lopa.params import DecodingParams, InvalidParameter, check_length, room_for
+from lopa.params import DecodingParams, InvalidParameter, check_length, check_text, room_for
+from lopa.scheduling.request import Request
 from lopa.serving.master.served import ServedModel
 from lopa.serving.shared.config import Limits
+from lopa.stops import MAX_STOP_STRINGS, StopPolicy, check_stop_strings, check_stop_token_ids
 
 # The JSON types each setting accepts (DecodingParams' annotations are strings under __future__).
 _TYPES = {"int": (int,), "int | None": (int,), "float": (int, float)}
 SETTING_TYPES: dict[str, tuple[type, ...]] = {
     f.name: _TYPES.get(str(f.type), (str,)) for f in fields(DecodingParams) if f.name != "max_new_tokens"
 }
-MAX_STOP_STRINGS = 64  # per request: each is searched in the answer after every round
 MAX_TOP_LOGPROBS = 20  # alternatives per answer token, as OpenAI's and vLLM's default limit
 # Full-length prompts of token ids one request body may carry (a batch of shorter ones: more): what
 # bounds the JSON values of a body, beside a few thousand for its other fields and chat turns.
@@ -63,20 +66,6 @@ class Ask:
     stop_token_ids: Any = ()  # vLLM's: more tokens that end the answer
     include_stop_str_in_output: Any = False  # vLLM's: a stop string stays at the end of the answer
     top_logprobs: Any = 0  # each answer token's most probable alternatives (at most MAX_TOP_LOGPROBS)
-
-
-@dataclass(frozen=True)
-class Admitted:
-    """A request that passed every check: what the scheduler runs."""
-
-    prompt_ids: list[int]
-    params: DecodingParams
-    stop: tuple[str, ...] = ()
-    pin_branches: bool = False
-    ignore_eos: bool = False
-    stop_token_ids: tuple[int, ...] = ()
-    include_stop: bool = False
-    top_logprobs: int = 0
 
 
 class InvalidInBatch(InvalidParameter):
@@ -132,7 +121,7 @@ class Admission:
     def _max_text_chars(self) -> int:
         return self.max_prompt_chars + MAX_STOP_STRINGS * min(self.max_stop_chars, 1024)
 
-    def admit_all(self, asks: Sequence[Ask]) -> list[Admitted]:
+    def admit_all(self, asks: Sequence[Ask]) -> list[Request]:
         """admit() of each; the first refusal names its request (InvalidInBatch)."""
         admitted = []
         for index, ask in enumerate(asks):
@@ -142,9 +131,9 @@ class Admission:
                 raise InvalidInBatch(index, error) from None
         return admitted
 
-    def admit(self, ask: Ask) -> Admitted:
+    def admit(self, ask: Ask) -> Request:
         params = self.params(ask)
-        stop = check_stop(ask.stop, self.max_stop_chars)
+        stop = check_stop_strings(ask.stop, self.max_stop_chars)
         ignore_eos = bool(typed("ignore_eos", ask.ignore_eos, (bool,)))
         min_tokens = wire_int("min_tokens", 0 if ask.min_tokens is None else ask.min_tokens)
         if min_tokens and not ignore_eos:
@@ -159,25 +148,12 @@ class Admission:
             limit = params.max_new_tokens
             raise InvalidParameter("min_tokens", f"{min_tokens} exceeds max_new_tokens {limit}")
         pin = typed("pin_branches", ask.pin_branches, (bool,)) or False
-        stop_ids = self.stop_token_ids(ask.stop_token_ids)
+        stop_ids = check_stop_token_ids(ask.stop_token_ids, self.vocab_size, self.mask_id)
         include_stop = bool(typed("include_stop_str_in_output", ask.include_stop_str_in_output, (bool,)))
         top = typed("top_logprobs", ask.top_logprobs, (int,)) or 0
         if not 0 <= top <= MAX_TOP_LOGPROBS:
             raise InvalidParameter("top_logprobs", f"must be in [0, {MAX_TOP_LOGPROBS}], got {top}")
-        return Admitted(ids, params, stop, pin, ignore_eos, stop_ids, include_stop, top)
-
-    def stop_token_ids(self, value: Any) -> tuple[int, ...]:
-        """vLLM's stop_token_ids: token ids of the vocabulary (not the mask) that end the answer."""
-        if value is None or (_sequence(value) and not len(value)):
-            return ()
-        name = "stop_token_ids"
-        if not _sequence(value) or len(value) > MAX_STOP_STRINGS:
-            raise InvalidParameter(name, f"must be a list of at most {MAX_STOP_STRINGS} token ids")
-        ids = token_ids(value, name)
-        bad = [t for t in ids if not 0 <= t < self.vocab_size or t == self.mask_id]
-        if bad:
-            raise InvalidParameter(name, f"ids {bad[:5]} are outside the vocabulary or the mask id")
-        return tuple(ids)
+        return Request(ids, params, StopPolicy(stop, include_stop, stop_ids), pin, ignore_eos, top)
 
     def params(self, ask: Ask) -> DecodingParams:
         """The server's defaults with the request's overrides, checked against the server's limits."""
@@ -300,32 +276,3 @@ def token_ids(value: Any, name: str = "prompt_token_ids") -> list[int]:
     return list(value)
 
 
-def check_stop(stop: Any, max_chars: int) -> tuple[str, ...]:
-    """Stop strings: at most MAX_STOP_STRINGS, each non-empty and no longer than the longest answer
-    (`max_chars`: a longer one could never match)."""
-    if stop is None:
-        return ()
-    if not _sequence(stop):
-        raise InvalidParameter("stop", "must be a list of strings")
-    if len(stop) > MAX_STOP_STRINGS:
-        raise InvalidParameter("stop", f"at most {MAX_STOP_STRINGS} stop sequences, got {len(stop)}")
-    if not all(isinstance(s, str) for s in stop):
-        raise InvalidParameter("stop", "must be a list of strings")
-    for index, text in enumerate(stop):
-        if not text:
-            raise InvalidParameter(f"stop[{index}]", "stop sequences must be non-empty")
-        if len(text) > max_chars:
-            raise InvalidParameter(f"stop[{index}]", f"{len(text)} characters: longer than any answer of "
-                                                     f"this server ({max_chars} characters at most)")
-        check_text(f"stop[{index}]", text)
-    return tuple(stop)
-
-
-def check_text(name: str, text: str) -> None:
-    """JSON may carry a lone UTF-16 surrogate ("\\ud800"), which no UTF-8 text can hold."""
-    try:
-        text.encode("utf-8")
-    except UnicodeEncodeError as error:
-        bad = text[error.start : error.end].encode("unicode_escape").decode()
-        reason = f"is not valid Unicode text: a lone surrogate {bad} at index {error.start}"
-        raise InvalidParameter(name, reason) from None

@@ -29,7 +29,7 @@ from lopa.scheduling.request import (
     SchedulerStopped,
 )
 from lopa.scheduling.scheduler import Scheduler
-from lopa.serving.master.admission import Admission, Admitted, Ask
+from lopa.serving.master.admission import Admission, Ask
 from lopa.serving.master.errors import GroupUnavailable
 from lopa.serving.master.events import Event, Finished, Progress
 from lopa.serving.master.failures import (
@@ -54,23 +54,31 @@ __all__ = ["Dispatcher", "GroupUnavailable", "QueueFull", "Ticket"]
 
 
 class Ticket:
-    """One admitted request on its way through the scheduler, as its API adapter holds it."""
+    """One admitted request on its way through the scheduler, as its API adapter holds it: the
+    Request admission made, given the client's deadline and arrival, and its events."""
 
-    def __init__(self, admitted: Admitted, stream: bool, loop: asyncio.AbstractEventLoop,
+    def __init__(self, request: Request, stream: bool, loop: asyncio.AbstractEventLoop,
                  count: Callable[[str], None], deadline: float, arrived: float | None = None,
                  deadline_of: str = "") -> None:
-        self.admitted, self.stream, self.loop = admitted, stream, loop
-        self.abort = Abort(deadline=deadline, deadline_of=deadline_of)
+        self.request, self.stream, self.loop = request, stream, loop
+        request.abort = Abort(deadline=deadline, deadline_of=deadline_of)
         # when the client's request came in (time.perf_counter), where its latencies start
-        self.arrived = time.perf_counter() if arrived is None else arrived
+        request.arrived = time.perf_counter() if arrived is None else arrived
         self._items: asyncio.Queue[Event | BaseException] = asyncio.Queue()
         self._count = count
         self._counted = False
-        self.request: Request | None = None  # what the scheduler runs (set by the dispatcher)
+
+    @property
+    def abort(self) -> Abort:
+        return self.request.abort
+
+    @property
+    def arrived(self) -> float:
+        return self.request.arrived
 
     def first_token_sent(self) -> None:
         """The transport wrote the answer's first token to the client: the request's TTFT ends here."""
-        if self.request is not None and self.request.first_token_sent is None:
+        if self.request.first_token_sent is None:
             self.request.first_token_sent = time.perf_counter()
 
     def post(self, item: Event | BaseException) -> None:
@@ -172,7 +180,7 @@ class Dispatcher:
         return self.submit(admitted, stream, remaining_s, arrived)
 
     def submit(
-        self, admitted: Sequence[Admitted], stream: bool, remaining_s: float | None = None,
+        self, admitted: Sequence[Request], stream: bool, remaining_s: float | None = None,
         arrived: float | None = None,
     ) -> list[Ticket]:
         n = len(admitted)
@@ -201,13 +209,12 @@ class Dispatcher:
         return tickets
 
     def _request(self, ticket: Ticket) -> Request:
-        admitted = ticket.admitted
-        ends = self.scheduler.decoder.eos_ids | frozenset(admitted.stop_token_ids)
-        prompt_length = len(admitted.prompt_ids)
-        answer_end = prompt_length + admitted.params.max_new_tokens  # the rest of the last block is cut
-        tracker = DeltaTracker(
-            self.decode, ends, admitted.stop, admitted.include_stop, prompt_length, answer_end
-        )
+        """The ticket's request with its client's callbacks: a stream's deltas, the end."""
+        request = ticket.request
+        ends = request.stop.end_ids(self.scheduler.decoder.eos_ids)
+        prompt_length = len(request.prompt_ids)
+        answer_end = prompt_length + request.params.max_new_tokens  # the rest of the last block is cut
+        tracker = DeltaTracker(self.decode, ends, request.stop, prompt_length, answer_end)
         mask_id = self.scheduler.decoder.mask_id
 
         def on_step(event: StepEvent) -> None:
@@ -215,7 +222,7 @@ class Dispatcher:
             fills = [(p - prompt_length, t) for p, t in event.fills]
             filled = [event.filled.get(prompt_length + offset + i) for i in range(len(ids))]
             logprobs = [0.0 if f is None else math.log(max(f.prob, SMALLEST_P)) for f in filled]
-            asked = admitted.top_logprobs
+            asked = request.top_logprobs
             alternatives = [() if f is None else f.alternatives for f in filled] if asked else []
             ticket.post(Progress(event.step, offset, ids, text, fills, event.candidates, event.winner,
                                  event.granted_branches, logprobs, alternatives))
@@ -234,18 +241,6 @@ class Dispatcher:
                     item = error
             ticket.post(item)
 
-        ticket.request = Request(
-            admitted.prompt_ids,
-            admitted.params,
-            admitted.stop,
-            admitted.pin_branches,
-            admitted.ignore_eos,
-            admitted.stop_token_ids,
-            admitted.include_stop,
-            admitted.top_logprobs,
-            on_step=on_step if ticket.stream else None,
-            on_done=on_done,
-            abort=ticket.abort,
-            arrived=ticket.arrived,
-        )
-        return ticket.request
+        request.on_step = on_step if ticket.stream else None
+        request.on_done = on_done
+        return request

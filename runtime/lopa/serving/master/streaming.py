@@ -17,15 +17,14 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from lopa.detokenize import Decode, IncrementalText
-from lopa.stops import StopSearch
+from lopa.stops import StopPolicy, StopSearch
 
 
 @dataclass
 class DeltaTracker:
     decode: Decode
-    eos_ids: frozenset[int]
-    stop: Sequence[str] = ()
-    include_stop: bool = False  # the stop string is sent (the answer ends after it)
+    eos_ids: frozenset[int]  # every token that ends the answer (StopPolicy.end_ids)
+    stop: StopPolicy = field(default_factory=StopPolicy)
     begin: int = 0  # the answer's first position in the steps' sequences
     end: int | None = None  # past the answer's last position (None: the sequence's end)
     offset: int = 0  # token ids already sent
@@ -37,7 +36,7 @@ class DeltaTracker:
 
     def __post_init__(self) -> None:
         self._text = IncrementalText(self.decode)
-        self._stops = StopSearch(self.stop, self.include_stop)
+        self._stops = self.stop.search()
 
     @property
     def sent_text(self) -> str:

@@ -49,7 +49,7 @@ class LopaService(lopa_pb2_grpc.LopaServicer):
             finish_reason=completion.finish_reason,
             stats=stats_of(completion),
             logprobs=result.output_logprobs,
-            alternatives=alternatives_of(result.output_alternatives) if ticket.admitted.top_logprobs else (),
+            alternatives=alternatives_of(result.output_alternatives) if ticket.request.top_logprobs else (),
         )
 
     async def GenerateStream(
@@ -59,7 +59,7 @@ class LopaService(lopa_pb2_grpc.LopaServicer):
         events = ticket.events()
         try:
             async for event in events:
-                yield chunk_of(event, ticket.admitted.top_logprobs > 0)
+                yield chunk_of(event, ticket.request.top_logprobs > 0)
                 if isinstance(event, Progress) and event.token_ids:
                     ticket.first_token_sent()
         except Exception as error:

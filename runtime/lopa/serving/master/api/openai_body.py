@@ -16,8 +16,8 @@ from collections.abc import Collection, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
-from lopa.params import InvalidParameter
-from lopa.serving.master.admission import SETTING_TYPES, Ask, check_text, typed
+from lopa.params import InvalidParameter, check_text
+from lopa.serving.master.admission import SETTING_TYPES, Ask, typed
 
 # The LoPA knobs a body may carry beside OpenAI's sampling fields (all: the server's setting names).
 OPENAI_SAMPLING = frozenset({"temperature", "top_p", "seed"})

@@ -202,7 +202,7 @@ class OpenAIApi:
         if not parsed.echo:
             return [""] * len(tickets)
         tokenizer = self.dispatcher.admission.tokenizer
-        return [ask.prompt if isinstance(ask.prompt, str) else tokenizer.decode(ticket.admitted.prompt_ids)
+        return [ask.prompt if isinstance(ask.prompt, str) else tokenizer.decode(ticket.request.prompt_ids)
                 for ask, ticket in zip(parsed.asks, tickets, strict=True)]
 
     async def _read(self, request: web.Request, chat: bool) -> tuple[Parsed, Any] | web.Response:

@@ -68,7 +68,7 @@ async def _events(
     # Every event carries the lookahead branches granted in each round since the one before
     # (rounds that added no text send no event): gRPC's GenerateChunk.granted_branches.
     first, rounds = [True] * len(tickets), [[] for _ in tickets]
-    prompts = [len(ticket.admitted.prompt_ids) for ticket in tickets]
+    prompts = [len(ticket.request.prompt_ids) for ticket in tickets]
     sent = [0] * len(tickets)  # answer tokens streamed so far, per choice
     done: list[Completion] = []
     failed: Exception | None = None
