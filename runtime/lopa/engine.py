@@ -17,7 +17,7 @@ from lopa.host.openmp import release_thread_pool
 from lopa.model.loader import LoadedModel, load_model
 from lopa.model.tokenizer import chat_prompt_ids
 from lopa.params import DecodingParams, InvalidParameter, check_length
-from lopa.scheduling.budget import Budget, default_budget
+from lopa.scheduling.budget import configured_budget
 from lopa.scheduling.calibration import measured_tokens
 from lopa.scheduling.request import Completion, Request, Waiter
 from lopa.scheduling.scheduler import Observer, Scheduler
@@ -61,7 +61,7 @@ class LocalEngine:
         # a time runs (a lone request is never cut: nothing to measure for)
         if not max_step_tokens and max_batch > 1:
             max_step_tokens = measured_tokens(self.window_model, str(device))
-        budget = Budget(max_step_tokens) if max_step_tokens else default_budget(str(device))
+        budget = configured_budget(max_step_tokens or 0, str(device))
         if max_batch > 1:
             params = warm or (model_defaults(model_dir) if model_dir is not None else DecodingParams())
             warm_graphs(self.window_model, params, budget.tokens or None)

@@ -9,9 +9,8 @@ import pytest
 
 from lopa.engine import bundled_model_dir
 from lopa.model.loader import load_model
-from lopa.scheduling.budget import Budget, default_budget
+from lopa.scheduling.budget import Budget, configured_budget, default_budget, joined_budget
 from lopa.scheduling.calibration import MAX_ROWS, TOKENS, largest_within, measure_step_tokens, measured_tokens
-from lopa.serving.master.server import measured_budget
 
 # Rounds of a 7B-shaped model on an H100 (runtime/BENCHMARKS.md): compute-bound from ~256 tokens.
 H100_7B = {128: 9.42, 256: 11.54, 512: 17.92, 1024: 33.42}
@@ -72,8 +71,14 @@ def test_a_failed_measurement_keeps_the_fixed_default(
 
 
 def test_a_group_runs_the_smallest_budget_its_workers_measured() -> None:
-    assert measured_budget(0, [1024, 512], "cuda") == Budget(512)
-    assert measured_budget(640, [1024, 512], "cuda") is None  # limits.max_step_tokens set: it stands
+    assert joined_budget(0, [1024, 512], "cuda") == Budget(512)
+    assert joined_budget(640, [1024, 512], "cuda") is None  # limits.max_step_tokens set: it stands
     # One did not measure: the fixed default, not the budget of an earlier group.
-    assert measured_budget(0, [1024, 0], "cuda:1") == default_budget("cuda") == Budget(512)
-    assert measured_budget(0, [0, 0], "cpu") is None  # CPU workers measure nothing: its default stays
+    assert joined_budget(0, [1024, 0], "cuda:1") == default_budget("cuda") == Budget(512)
+    assert joined_budget(0, [0, 0], "cpu") is None  # CPU workers measure nothing: its default stays
+    # model.device auto: the joined workers' device decides, a CPU's default too
+    assert joined_budget(0, [0, 0], "cpu", device_auto=True) == default_budget("cpu")
+    assert joined_budget(640, [0, 0], "cpu", device_auto=True) is None
+    # Where every scheduler starts: the configured count, else the device's default.
+    assert configured_budget(640, "cuda") == Budget(640)
+    assert configured_budget(0, "cpu") == default_budget("cpu")

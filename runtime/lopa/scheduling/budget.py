@@ -86,6 +86,28 @@ def default_budget(device: str) -> Budget:
     return Budget(ACCELERATOR_TOKENS)
 
 
+def configured_budget(max_step_tokens: int, device: str) -> Budget:
+    """The budget a scheduler starts with: limits.max_step_tokens, else the device's default (the
+    master's and the local engine's alike)."""
+    return Budget(max_step_tokens) if max_step_tokens else default_budget(device)
+
+
+def joined_budget(configured: int, measured: Sequence[int], device: str, device_auto: bool = False
+                  ) -> Budget | None:
+    """The budget a group runs once its workers joined, None to keep the current one. A set
+    limits.max_step_tokens (`configured`) stands. Otherwise on an accelerator every worker measured
+    its forwards at start (lopa.scheduling.calibration) and the group runs the smallest (each worker
+    runs its share of a round's rows, so the slowest sets it); when one could not, the device's
+    fixed default (a re-attached group never keeps a budget its new workers did not measure). CPU
+    workers measure nothing: their default stays, unless the device was `auto` (`device_auto`: the
+    joined workers' device decides, whatever ran before)."""
+    if configured:
+        return None
+    if measured and min(measured) > 0:
+        return Budget(min(measured))
+    return default_budget(device) if measured_on(device) or device_auto else None
+
+
 @dataclass(frozen=True)
 class Claim:
     """One running request's round, as the budget sees it."""

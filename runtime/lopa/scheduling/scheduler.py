@@ -68,6 +68,12 @@ class Scheduler:
 
     # -- the client side ------------------------------------------------------------------------------
 
+    def set_budget(self, budget: Budget) -> None:
+        """Run `budget` from the next round on; from any thread (the master adopts the budget its
+        workers measured from the group's monitor thread: lopa.scheduling.budget.joined_budget)."""
+        with self._lock:
+            self.budget = budget
+
     def submit(self, request: Request) -> None:
         """Queue a request its entry point checked (lopa.serving.master.admission, LocalEngine):
         QueueFull when the queue is full, SchedulerStopped once stop() was called (nothing would

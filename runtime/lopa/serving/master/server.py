@@ -21,7 +21,7 @@ from grpc_health.v1.health import aio as health_aio
 
 from lopa import __version__
 from lopa.decoding.decoder import Decoder
-from lopa.scheduling.budget import Budget, default_budget, measured_on
+from lopa.scheduling.budget import Budget, configured_budget, joined_budget, measured_on
 from lopa.scheduling.scheduler import Scheduler
 from lopa.serving.master.admission import Admission
 from lopa.serving.master.api.grpc_parsing import add_lopa_servicer
@@ -70,7 +70,7 @@ class Pipeline:
         executor = DistributedExecutor(group, config.workers.step_timeout_s, observe_step, limits.max_batch)
         decoder = Decoder(executor, served.special.mask, served.special.eos, served.max_length)
         device = budget_device(config, group)
-        budget = Budget(limits.max_step_tokens) if limits.max_step_tokens else default_budget(device)
+        budget = configured_budget(limits.max_step_tokens, device)
         observer = MasterObserver(metrics)
         scheduler = Scheduler(decoder, executor, served.decode, limits.queue_size, budget, observer)
         dispatcher = Dispatcher(Admission.of(served), scheduler, served.decode, metrics,
@@ -82,14 +82,12 @@ class Pipeline:
         return self.group.attached and not self.dispatcher.draining
 
     def adopt_budget(self, measured: Sequence[int], config: ServingConfig) -> None:
-        """Run the budget the joined workers measured at start (see measured_budget)."""
+        """Run the budget the joined workers measured at start (lopa.scheduling.budget.joined_budget)."""
         device = budget_device(config, self.group)
-        budget = measured_budget(config.limits.max_step_tokens, measured, device)
-        if budget is None and config.model.device == AUTO and not config.limits.max_step_tokens:
-            budget = default_budget(device)  # the joined workers' device decides, whatever ran before
+        budget = joined_budget(config.limits.max_step_tokens, measured, device, config.model.device == AUTO)
         if budget is None:
             return
-        self.scheduler.budget = budget
+        self.scheduler.set_budget(budget)
         how = (f"measured by the workers at start: {', '.join(map(str, measured))} tokens"
                if min(measured, default=0) > 0 else "a worker did not measure it: the fixed default")
         log.info("branch budget: %s (%s)", budget.describe(), how)
@@ -262,17 +260,3 @@ def log_batching(config: ServingConfig, budget: Budget) -> None:
         source += ", until the workers report the budget they measure at start"
     log.info("batching: %d requests at once (limits.max_batch), branch budget %s (%s)", limits.max_batch,
              budget.describe(), source)
-
-
-def measured_budget(configured: int, measured: Sequence[int], device: str) -> Budget | None:
-    """The budget a group runs once its workers joined, None to keep the current one. With
-    limits.max_step_tokens = 0 on an accelerator every worker measures its forwards at start
-    (lopa.scheduling.calibration) and the group runs the smallest (each worker runs its share of a
-    round's rows, so the slowest sets it); when one could not measure, the device's fixed default
-    (a re-attached group never keeps a budget that its new workers did not measure). CPU workers
-    measure nothing: their default stays."""
-    if configured:
-        return None
-    if measured and min(measured) > 0:
-        return Budget(min(measured))
-    return default_budget(device) if measured_on(device) else None
