@@ -7,6 +7,7 @@ import json
 from pathlib import Path
 
 from lopa.bench.rows import check_json, markdown_table, show_row
+from lopa.cli.bench_lists import parse_ks
 from lopa.cli.preflight import device_problem, weights_problem
 from lopa.params import InvalidParameter
 from lopa.serving.shared.config import DTYPES
@@ -31,8 +32,6 @@ def add_parser(kinds: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from lopa.cli.bench import parse_ks  # the parent command's module imports this one
-
     ks = parse_ks(args.ks)
     if args.limit < 0:
         raise InvalidParameter("limit", f"must be >= 0, got {args.limit}")
