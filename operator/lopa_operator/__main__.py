@@ -95,8 +95,8 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument(
         "--metrics-port",
         type=int,
-        default=int(os.environ.get("LOPA_OPERATOR_METRICS_PORT", "9090")),
-        help="Prometheus /metrics port (0 disables; default %(default)s)",
+        default=None,
+        help="Prometheus /metrics port (0 disables; default: LOPA_OPERATOR_METRICS_PORT, else 9090)",
     )
     p.add_argument(
         "--render",
@@ -104,14 +104,15 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
         help="print the children of the LoPADeployment(s) in FILE ('-' = stdin) as YAML and exit",
     )
     p.add_argument(
-        "--resync-seconds", type=_seconds, default=None, help="seconds between resyncs (> 0; default 10)"
+        "--resync-seconds", type=_seconds, default=None,
+        help="seconds between resyncs (> 0; default: LOPA_OPERATOR_RESYNC_SECONDS, else 10)"
     )
     p.add_argument(
         "--retry-refused-seconds",
         type=_seconds,
         default=None,
         help="seconds before a rendering the API server refused (or a missing InferencePool CRD) is "
-        "tried again; an edit is tried at once (> 0; default 60)",
+        "tried again; an edit is tried at once (> 0; default: LOPA_OPERATOR_RETRY_REFUSED_SECONDS, else 60)",
     )
     p.add_argument(
         "--log-level",
@@ -153,13 +154,17 @@ def main(argv: list[str] | None = None) -> None:
         network.default_metrics_from()
     except ValueError as error:
         raise SystemExit(f"lopa-operator: error: {error}") from None
-    # Handlers read these at import time (decorator arguments), so set them before importing.
-    os.environ["LOPA_OPERATOR_METRICS_PORT"] = str(args.metrics_port)
-    if args.resync_seconds is not None:
-        os.environ["LOPA_OPERATOR_RESYNC_SECONDS"] = str(args.resync_seconds)
-    if args.retry_refused_seconds is not None:
-        os.environ["LOPA_OPERATOR_RETRY_REFUSED_SECONDS"] = str(args.retry_refused_seconds)
-    from . import handlers  # noqa: F401  (registers the handlers)
+    from . import handlers, settings
+
+    try:
+        chosen = settings.from_environment().with_flags(
+            metrics_port=args.metrics_port, resync_s=args.resync_seconds,
+            retry_refused_s=args.retry_refused_seconds,
+        )
+    except ValueError as error:
+        raise SystemExit(f"lopa-operator: error: {error}") from None
+    settings.install(chosen)
+    handlers.register(chosen)
 
     kopf.configure(debug=args.log_level == "debug", quiet=args.log_level == "warning", log_prefix=True)
     if args.log_level != "debug":

@@ -1,9 +1,9 @@
-"""kopf wiring: settings, the edge-triggered handlers and the level-triggered resync timer."""
+"""kopf wiring: kopf's settings, the edge-triggered handlers and the level-triggered resync timer,
+registered with the operator's settings (lopa_operator.settings) by register()."""
 
 from __future__ import annotations
 
 import logging
-import os
 from typing import Any
 
 import kopf
@@ -11,10 +11,7 @@ import kopf
 from . import metrics, names
 from .kube import Kube
 from .reconcile import forget, reconcile
-
-# Seconds between resyncs of every LoPADeployment (status re-derived, lost workers noticed).
-RESYNC_SECONDS = float(os.environ.get("LOPA_OPERATOR_RESYNC_SECONDS", "10"))
-RETRY_BACKOFF = float(os.environ.get("LOPA_OPERATOR_RETRY_BACKOFF", "5"))
+from .settings import Settings, current
 
 _kube: Kube | None = None
 
@@ -30,7 +27,21 @@ def _post(obj: dict[str, Any], kind: str, reason: str, message: str) -> None:
     kopf.event(obj, type=kind, reason=reason, message=message[:1000])
 
 
-@kopf.on.startup()
+def register(chosen: Settings) -> None:
+    """Register the handlers with kopf, their intervals and backoff from `chosen`."""
+    backoff, every = chosen.retry_backoff_s, chosen.resync_s
+    kopf.on.startup()(configure)
+    change = on_change
+    for register_on in (
+        kopf.on.create(names.GROUP, names.VERSION, names.PLURAL, backoff=backoff),
+        kopf.on.update(names.GROUP, names.VERSION, names.PLURAL, field="spec", backoff=backoff),
+        kopf.on.resume(names.GROUP, names.VERSION, names.PLURAL, backoff=backoff),
+    ):
+        change = register_on(change)
+    kopf.timer(names.GROUP, names.VERSION, names.PLURAL, interval=every, initial_delay=every)(resync)
+    kopf.on.delete(names.GROUP, names.VERSION, names.PLURAL, optional=True)(on_delete)
+
+
 def configure(settings: kopf.OperatorSettings, **_: Any) -> None:
     prefix = names.GROUP
     settings.persistence.finalizer = f"{prefix}/finalizer"
@@ -41,7 +52,8 @@ def configure(settings: kopf.OperatorSettings, **_: Any) -> None:
     )
     # Stalled watches are a known kopf problem: bound every watch request.
     # (whole seconds: the API server rejects a fractional timeoutSeconds)
-    settings.watching.server_timeout = int(os.environ.get("LOPA_OPERATOR_WATCH_SERVER_TIMEOUT", "300"))
+    chosen = current()
+    settings.watching.server_timeout = chosen.watch_server_timeout_s
     settings.watching.client_timeout = settings.watching.server_timeout + 30
     settings.watching.connect_timeout = 30
     # A deletion that lands mid-resync waits for the timer thread; re-check soon, not kopf's 60 s,
@@ -53,24 +65,19 @@ def configure(settings: kopf.OperatorSettings, **_: Any) -> None:
     # kopf would post each handler's success as a Kubernetes event (every resync): only the
     # operator's own kopf.event() calls and kopf's warnings/errors become events.
     settings.posting.level = logging.WARNING
-    settings.execution.max_workers = int(os.environ.get("LOPA_OPERATOR_WORKERS", "8"))
-    metrics.serve(int(os.environ.get("LOPA_OPERATOR_METRICS_PORT", "9090")))
+    settings.execution.max_workers = chosen.workers
+    metrics.serve(chosen.metrics_port)
 
 
-@kopf.on.create(names.GROUP, names.VERSION, names.PLURAL, backoff=RETRY_BACKOFF)
-@kopf.on.update(names.GROUP, names.VERSION, names.PLURAL, field="spec", backoff=RETRY_BACKOFF)
-@kopf.on.resume(names.GROUP, names.VERSION, names.PLURAL, backoff=RETRY_BACKOFF)
 def on_change(
     name: str, namespace: str, logger: logging.Logger, reason: str, memo: kopf.Memo, **_: Any
 ) -> None:
     reconcile(kube(), namespace, name, str(reason), _post, logger, memo)
 
 
-@kopf.timer(names.GROUP, names.VERSION, names.PLURAL, interval=RESYNC_SECONDS, initial_delay=RESYNC_SECONDS)
 def resync(name: str, namespace: str, logger: logging.Logger, memo: kopf.Memo, **_: Any) -> None:
     reconcile(kube(), namespace, name, "timer", _post, logger, memo)
 
 
-@kopf.on.delete(names.GROUP, names.VERSION, names.PLURAL, optional=True)
 def on_delete(name: str, namespace: str, **_: Any) -> None:
     forget(namespace, name)  # the children go with their owner (garbage collector), the memo with kopf

@@ -4,8 +4,8 @@ The pool selects the deployment's masters (every group's) on the master's HTTP A
 endpoint picker scrapes /metrics; spec.inferencePool.endpointPicker names the picker's Service.
 Its CRD belongs to the extension and may be missing: then no pool is made, the deployment's
 groups serve as before, and the InferencePool condition (False, CRDNotInstalled) and a Warning
-event say what to install. A refused or missing pool is tried again every RETRY_REFUSED_SECONDS
-(`--retry-refused-seconds`), and at once when the rendering changes.
+event say what to install. A refused or missing pool is tried again every `--retry-refused-seconds`
+(lopa_operator.settings), and at once when the rendering changes.
 """
 
 from __future__ import annotations
@@ -18,7 +18,8 @@ import kopf
 
 from . import config, names
 from .kube import RESOURCES, Kube, KubeError
-from .ownership import RETRY_REFUSED_SECONDS, refuse_foreign, spec_error
+from .ownership import refuse_foreign, spec_error
+from .settings import current
 
 KIND = "InferencePool"
 API_VERSION = RESOURCES[KIND][0]
@@ -74,7 +75,7 @@ def sync(
     rendered = config.digest(pool)
     last = memo.get("pool")  # (rendering, when, condition) of the last try
     failed = bool(last) and last[2]["status"] == "False"
-    if failed and last[0] == rendered and time.monotonic() - last[1] < RETRY_REFUSED_SECONDS:
+    if failed and last[0] == rendered and time.monotonic() - last[1] < current().retry_refused_s:
         return last[2]  # a missing CRD or a refusal does not heal at once: no call every resync
     new = not last or last[0] != rendered or failed
     try:

@@ -2,14 +2,9 @@
 
 from __future__ import annotations
 
-import os
 from typing import Any
 
 from .kube import Kube, KubeError, path
-
-# Seconds a refused rendering (a child the API server refused, a missing InferencePool CRD) waits
-# before it is tried again; a new rendering (an edit) is tried at once. `--retry-refused-seconds`.
-RETRY_REFUSED_SECONDS = float(os.environ.get("LOPA_OPERATOR_RETRY_REFUSED_SECONDS", "60"))
 
 # Bad Request / Unprocessable Entity: the rendered object is invalid. Forbidden: an admission rule
 # refuses it (a ResourceQuota such as count/statefulsets.apps on a scale-up, a webhook, a policy) or the

@@ -21,7 +21,8 @@ from . import spec as specs
 from . import status as statuses
 from .applied import Versions, apply_changed, live_versions
 from .kube import Kube, KubeError, path
-from .ownership import RETRY_REFUSED_SECONDS, refuse_foreign, spec_error
+from .ownership import refuse_foreign, spec_error
+from .settings import current
 
 EventFn = Callable[[dict[str, Any], str, str, str], None]  # (object, type, reason, message)
 
@@ -47,7 +48,7 @@ def _ensure(
     validated is first dry-run applied as a whole, so that a child the API server rejects leaves
     every child as it was (no new ConfigMap beside old pods). The memo keeps the digest of the last
     rendering that passed: only a new rendering needs the dry run. A rendering the API server
-    refused is refused again from the memo, without a call, for RETRY_REFUSED_SECONDS (it does not
+    refused is refused again from the memo, without a call, for the retry_refused_s setting (it does not
     heal by retrying soon; every resync still looks after the deployed groups, and a new rendering
     is tried at once). Every resync applies the children that drifted or are not in `live` (the
     children this round read anyway): lopa_operator.applied."""
@@ -56,7 +57,7 @@ def _ensure(
     rendered = config.digest(children)
     if memo.get("validated") != rendered:
         refused = memo.get("refused")
-        if refused and refused[0] == rendered and time.monotonic() - refused[1] < RETRY_REFUSED_SECONDS:
+        if refused and refused[0] == rendered and time.monotonic() - refused[1] < current().retry_refused_s:
             raise refused[2]
         try:
             for child in children:

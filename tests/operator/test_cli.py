@@ -26,6 +26,24 @@ def test_the_seconds_flags_accept_a_fraction_and_default_to_the_environment() ->
     assert parse([]).retry_refused_seconds is None  # LOPA_OPERATOR_RETRY_REFUSED_SECONDS, else 60
 
 
+def test_settings_come_from_the_environment_and_the_flags_win() -> None:
+    """Each setting's one environment override, read in lopa_operator.settings only; a flag given
+    on the command line wins; a malformed override names its variable."""
+    from lopa_operator.settings import ENV, Settings, from_environment
+
+    assert from_environment({}) == Settings()
+    environ = {ENV["resync_s"]: "2.5", ENV["metrics_port"]: "9100", ENV["workers"]: "3"}
+    chosen = from_environment(environ)
+    assert (chosen.resync_s, chosen.metrics_port, chosen.workers) == (2.5, 9100, 3)
+    assert chosen.retry_refused_s == Settings().retry_refused_s
+    args = parse(["--resync-seconds=0.5", "--metrics-port=0"])
+    flagged = chosen.with_flags(resync_s=args.resync_seconds, metrics_port=args.metrics_port,
+                                retry_refused_s=args.retry_refused_seconds)
+    assert (flagged.resync_s, flagged.metrics_port, flagged.retry_refused_s) == (0.5, 0, 60.0)
+    with pytest.raises(ValueError, match="LOPA_OPERATOR_WORKERS: not a number: 'many'"):
+        from_environment({ENV["workers"]: "many"})
+
+
 def test_version_names_the_operator_and_kopf(capsys: pytest.CaptureFixture[str]) -> None:
     import kopf
 
