@@ -86,21 +86,24 @@ def failing_server() -> Iterator[str]:
     running: dict[str, Any] = {}
     started = threading.Event()
 
-    async def serve() -> None:  # the server lives on this thread's event loop
+    async def serve() -> None:  # the server lives, and stops, on this thread's event loop
         server = grpc.aio.server()
         server.add_generic_rpc_handlers((handlers,))
-        running.update(port=server.add_insecure_port("127.0.0.1:0"), server=server,
+        stopping = asyncio.Event()
+        running.update(port=server.add_insecure_port("127.0.0.1:0"), stopping=stopping,
                        loop=asyncio.get_running_loop())
         await server.start()
         started.set()
-        await server.wait_for_termination()
+        await stopping.wait()
+        await server.stop(None)
 
     thread = threading.Thread(target=asyncio.run, args=(serve(),), daemon=True)
     thread.start()
     assert started.wait(10), "the test server did not start"
     yield f"127.0.0.1:{running['port']}"
-    asyncio.run_coroutine_threadsafe(running["server"].stop(None), running["loop"]).result(10)
+    running["loop"].call_soon_threadsafe(running["stopping"].set)
     thread.join(10)
+    assert not thread.is_alive(), "the test server did not stop"
 
 
 @pytest.mark.parametrize("case", CASES)
