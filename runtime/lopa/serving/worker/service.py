@@ -267,6 +267,10 @@ def serve_worker(config: ServingConfig, rank: int, stop: threading.Event | None 
     try:
         group = collective.join(workers.backend, workers.rendezvous, rank, workers.count, model_cfg.device,
                                 workers.join_timeout_s, workers.step_timeout_s, security)
+        # Steps run on a gRPC thread, not this one (lopa.host.openmp): hand this thread's pool back
+        # before the first step can come (ready). Released while a step's parallel region runs, the
+        # pause is undefined in OpenMP, and a main thread stuck in it never installs its SIGTERM drain.
+        release_thread_pool()
         service.ready(group, ShardExecutor(model.window, rank, group.broadcast, model.loaded.special.pad,
                                            workers.count))
         if metrics is not None:
@@ -308,7 +312,6 @@ class WorkerModel:
 
 def _serve_joined(service: WorkerService, stop: threading.Event, request_timeout_s: float) -> None:
     """Serve the master's steps until stopped or, after a SIGTERM, drained."""
-    release_thread_pool()  # steps run on a gRPC thread, not this one (lopa.host.openmp)
     drain = Drain()
     if threading.current_thread() is threading.main_thread():
         # Joined: SIGTERM now drains (until here it stops at once: a join cannot be interrupted).
