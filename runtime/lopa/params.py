@@ -5,7 +5,9 @@ from __future__ import annotations
 import enum
 import math
 import secrets
+from collections.abc import Sequence
 from dataclasses import dataclass, fields, replace
+from typing import Any
 
 
 class AttentionMode(str, enum.Enum):
@@ -164,6 +166,11 @@ def check_length(prompt_tokens: int, params: DecodingParams, max_length: int) ->
             f"prompt {prompt_tokens} + max_new_tokens {new} exceed max_length {max_length} in whole "
             f"blocks of {block}; at most {room}",
         )
+
+
+def is_sequence(value: Any) -> bool:
+    """A list of a JSON body or a repeated field of a protobuf message (not a string)."""
+    return isinstance(value, Sequence) and not isinstance(value, (str, bytes))
 
 
 def check_text(name: str, text: str) -> None:

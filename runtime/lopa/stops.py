@@ -20,7 +20,7 @@ from typing import Any
 
 from lopa.decoding.decoder import GenerationResult, StopCheck
 from lopa.detokenize import Decode, IncrementalText, text_of
-from lopa.params import InvalidParameter, check_text
+from lopa.params import InvalidParameter, check_text, is_sequence
 
 MAX_STOP_STRINGS = 64  # per request: each is searched in the answer after every round
 
@@ -55,7 +55,7 @@ def check_stop_strings(stop: Any, max_chars: int) -> tuple[str, ...]:
     (`max_chars`: a longer one could never match)."""
     if stop is None:
         return ()
-    if not _sequence(stop):
+    if not is_sequence(stop):
         raise InvalidParameter("stop", "must be a list of strings")
     if len(stop) > MAX_STOP_STRINGS:
         raise InvalidParameter("stop", f"at most {MAX_STOP_STRINGS} stop sequences, got {len(stop)}")
@@ -73,10 +73,10 @@ def check_stop_strings(stop: Any, max_chars: int) -> tuple[str, ...]:
 
 def check_stop_token_ids(value: Any, vocab_size: int, mask_id: int) -> tuple[int, ...]:
     """vLLM's stop_token_ids: token ids of the vocabulary (not the mask) that end the answer."""
-    if value is None or (_sequence(value) and not len(value)):
+    if value is None or (is_sequence(value) and not len(value)):
         return ()
     name = "stop_token_ids"
-    if not _sequence(value) or len(value) > MAX_STOP_STRINGS:
+    if not is_sequence(value) or len(value) > MAX_STOP_STRINGS:
         raise InvalidParameter(name, f"must be a list of at most {MAX_STOP_STRINGS} token ids")
     if not all(isinstance(t, int) and not isinstance(t, bool) for t in value):
         raise InvalidParameter(name, "must be a list of integers")
@@ -85,10 +85,6 @@ def check_stop_token_ids(value: Any, vocab_size: int, mask_id: int) -> tuple[int
         raise InvalidParameter(name, f"ids {bad[:5]} are outside the vocabulary or the mask id")
     return tuple(value)
 
-
-def _sequence(value: Any) -> bool:
-    """A JSON list or a protobuf repeated field, not a string."""
-    return isinstance(value, Sequence) and not isinstance(value, (str, bytes))
 
 
 def stop_check(decode: Decode, stop: Sequence[str]) -> StopCheck | None:

@@ -29,6 +29,8 @@ from .conftest import lopa_serve
 
 KEY = "sk-test-key"
 PROMPT = tasks.held_out(1)[0].prompt
+# Every branch granted (pin_branches), as a lone local decode has them: answers comparable with it.
+PINNED = {"model": "a", "prompt": PROMPT, "max_tokens": 32, "branches": 3, "pin_branches": True}
 
 
 @pytest.fixture(scope="module")
@@ -229,15 +231,7 @@ def test_logprobs_are_the_fills_own(server: tuple[int, Path]) -> None:
     kept = [i for i, t in enumerate(local.result.output_ids) if t != eos]
     expected = [local.result.output_logprobs[i] for i in kept]
     alternatives = [[(piece[t], lp) for t, lp in local.result.output_alternatives[i]] for i in kept]
-    # pin_branches: every branch granted, as the lone local decode has them
-    body = {
-        "model": "a",
-        "prompt": PROMPT,
-        "max_tokens": 32,
-        "branches": 3,
-        "pin_branches": True,
-        "logprobs": 0,
-    }
+    body = {**PINNED, "logprobs": 0}
     status, done = _call(port, "POST", "/v1/completions", body)
     assert status == 200, done
     logprobs = done["choices"][0]["logprobs"]
@@ -347,14 +341,7 @@ def _answer(port: int, body: dict) -> tuple[str, str]:
 def test_a_stream_carries_each_deltas_logprobs(server: tuple[int, Path]) -> None:
     """Streamed, the logprobs of every event's tokens concatenate to the unary reply's."""
     port, _ = server
-    body = {
-        "model": "a",
-        "prompt": PROMPT,
-        "max_tokens": 32,
-        "branches": 3,
-        "pin_branches": True,
-        "logprobs": 2,
-    }
+    body = {**PINNED, "logprobs": 2}
     whole = _call(port, "POST", "/v1/completions", body)[1]["choices"][0]["logprobs"]
     request = urllib.request.Request(
         f"http://127.0.0.1:{port}/v1/completions",
@@ -393,7 +380,7 @@ def test_the_grpc_api_takes_the_same_key_and_vllms_fields(
     with LopaClient(address, api_key="not-the-key") as wrong, pytest.raises(grpc.RpcError) as refused:
         wrong.model_info()
     assert refused.value.code() == grpc.StatusCode.UNAUTHENTICATED
-    body = {"model": "a", "prompt": PROMPT, "max_tokens": 32, "branches": 3, "pin_branches": True}
+    body = PINNED
     http = _call(port, "POST", "/v1/completions", {**body, "logprobs": 2})[1]["choices"][0]
     same = {"max_new_tokens": 32, "branches": 3, "pin_branches": True}
     with LopaClient(address, api_key=KEY) as client:

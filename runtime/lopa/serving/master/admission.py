@@ -19,7 +19,7 @@ from dataclasses import dataclass, field, fields, replace
 from typing import Any
 
 from lopa.model.tokenizer import chat_ids
-from lopa.params import DecodingParams, InvalidParameter, check_length, check_text, room_for
+from lopa.params import DecodingParams, InvalidParameter, check_length, check_text, is_sequence, room_for
 from lopa.scheduling.request import Request
 from lopa.serving.master.served import ServedModel
 from lopa.serving.shared.config import Limits
@@ -176,7 +176,7 @@ class Admission:
         if len(given) > 1:
             raise InvalidParameter(given[1], f"set one of {' or '.join(given)}, not both")
         if ask.prompt_token_ids:
-            if _sequence(ask.prompt_token_ids):
+            if is_sequence(ask.prompt_token_ids):
                 self._check_count("prompt_token_ids", ask.prompt_token_ids)  # before looking at each id
             ids = token_ids(ask.prompt_token_ids)
             bad = [t for t in ids if not 0 <= t < self.vocab_size or t == self.mask_id]
@@ -265,13 +265,8 @@ def setting(name: str, value: Any) -> Any:
     return value
 
 
-def _sequence(value: Any) -> bool:
-    """A list of a JSON body or a repeated field of a protobuf message (not a string)."""
-    return isinstance(value, Sequence) and not isinstance(value, (str, bytes))
-
-
 def token_ids(value: Any, name: str = "prompt_token_ids") -> list[int]:
-    if not _sequence(value) or not all(isinstance(t, int) and not isinstance(t, bool) for t in value):
+    if not is_sequence(value) or not all(isinstance(t, int) and not isinstance(t, bool) for t in value):
         raise InvalidParameter(name, "must be a list of integers")
     return list(value)
 

@@ -222,7 +222,7 @@ def logprob_entries(
         at += len(piece)
     listed = None
     if top:  # vLLM's: the alternatives, and the returned token where it is not among them
-        listed = [{**dict(named), piece: lp} if piece not in dict(named) else dict(named)
+        listed = [dict(named) | {piece: dict(named).get(piece, lp)}
                   for piece, lp, named in zip(pieces, values, tops, strict=True)]
     return {"tokens": pieces, "token_logprobs": values, "top_logprobs": listed, "text_offset": offsets}
 
