@@ -13,6 +13,7 @@ from lopa.cli.decoding_flags import flag_name
 from lopa.model.errors import CheckpointError
 from lopa.params import InvalidParameter
 from lopa.serving.shared.config import ConfigError
+from lopa.serving.shared.listen import PORT_TAKEN_EXIT, PortTaken
 
 # Commands that run a model in this process (`lopa worker` fits its threads once its logging is set).
 # (`lopa train-bundled` sets its own --threads.)
@@ -89,6 +90,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         return int(args.handler(args) or 0)
     except InvalidParameter as error:
         parser.exit(2, f"lopa {args.command}: error: {flag_name(error.field)}: {error.reason}\n")
+    except PortTaken as error:
+        parser.exit(PORT_TAKEN_EXIT, f"lopa {args.command}: error: {error}\n")
     # OSError: a port that cannot be bound (the message names its config key), a file that cannot be read.
     except (CheckpointError, ConfigError, OSError) as error:
         parser.exit(1, f"lopa {args.command}: error: {error}\n")

@@ -160,7 +160,7 @@ def run(args: argparse.Namespace) -> int:
         # own_work_dir: killed outright (SIGKILL), this process cannot remove tmp; its children do.
         cluster = LocalCluster(config, Path(tmp), Path(args.logs) if args.logs else None, own_work_dir=True)
         try:
-            address = cluster.start(timeout=args.start_timeout)
+            address = cluster.start_on_free_ports(lambda: serving_config(args), timeout=args.start_timeout)
             if args.prompt is not None:
                 return one_shot(address, args.prompt, config.workers.count)
             host, port = address.rpartition(":")[0], config.master.http_port

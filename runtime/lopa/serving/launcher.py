@@ -19,6 +19,7 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import IO
 
@@ -26,6 +27,7 @@ from lopa.host.cpu_budget import usable_cpus
 from lopa.serving.client import LopaClient
 from lopa.serving.shared import device_choice
 from lopa.serving.shared.config import ServingConfig, WorkersConfig, dump_config
+from lopa.serving.shared.listen import PORT_TAKEN_EXIT
 from lopa.serving.shared.parent_watch import Lifeline
 
 log = logging.getLogger("lopa.serve")
@@ -134,6 +136,13 @@ def with_group_secret(config: ServingConfig, path: Path) -> ServingConfig:
     return dataclasses.replace(config, workers=dataclasses.replace(config.workers, secret_file=str(path)))
 
 
+START_TRIES = 3  # starts of a group whose picked ports another process may take
+
+
+class PortsTaken(RuntimeError):
+    """A worker could not bind a port picked free for it: another process took it in between."""
+
+
 class LocalCluster:
     def __init__(
         self, config: ServingConfig, work_dir: Path, log_dir: Path | None = None, own_work_dir: bool = False
@@ -223,6 +232,29 @@ class LocalCluster:
             raise RuntimeError(f"the master at {self.address} did not become SERVING within {timeout:.0f}s")
         return self.address
 
+    def start_on_free_ports(self, pick: Callable[[], ServingConfig], timeout: float = 300.0) -> str:
+        """start(); when a worker exits because a port picked free for it was taken before it bound
+        it (by another process), `pick` gives the config on new free ports and the group starts
+        again, up to START_TRIES starts."""
+        for _ in range(START_TRIES - 1):
+            try:
+                return self.start(timeout)
+            except PortsTaken as error:
+                log.warning("%s; starting again on new ports", error)
+                _terminate([p for p in [self.master] if p is not None], timeout=10.0)
+                self.master = None
+                self.stop_workers()
+                self._write_config(pick())
+        return self.start(timeout)
+
+    def _write_config(self, config: ServingConfig) -> None:
+        """Use `config` from the next start on (its group secret: this cluster's, unless it names one)."""
+        if not config.workers.secret_file:
+            workers = dataclasses.replace(config.workers, secret_file=self.config.workers.secret_file)
+            config = dataclasses.replace(config, workers=workers)
+        self.config = config
+        self.config_path.write_text(dump_config(config))
+
     def wait_serving(self, timeout: float, strict: bool = False) -> bool:
         """Poll health until SERVING; strict: a worker that exits (during start-up) is an error."""
         deadline = time.monotonic() + timeout
@@ -236,7 +268,9 @@ class LocalCluster:
                 failed = [(r, p.returncode) for r, p in enumerate(self.workers) if p.poll() is not None]
                 if strict and failed:
                     exits, words = describe_exits(failed), self.last_words(f"worker-{failed[0][0]}")
-                    raise RuntimeError(f"worker(s) exited before the group formed: {exits}{words}")
+                    message = f"worker(s) exited before the group formed: {exits}{words}"
+                    taken = any(code == PORT_TAKEN_EXIT for _, code in failed)
+                    raise PortsTaken(message) if taken else RuntimeError(message)
                 if client.health(timeout=2.0) == "SERVING":
                     return True
                 time.sleep(0.25)

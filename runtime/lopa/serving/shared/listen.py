@@ -2,9 +2,19 @@
 
 from __future__ import annotations
 
-from typing import Any
+import errno
+from typing import TYPE_CHECKING, Any
 
-import grpc
+if TYPE_CHECKING:
+    import grpc
+
+# The exit status of a `lopa master` or `lopa worker` whose port was taken (EADDRINUSE): `lopa serve`,
+# which picked its workers' ports free a moment before, picks new ones and starts again.
+PORT_TAKEN_EXIT = errno.EADDRINUSE
+
+
+class PortTaken(OSError):
+    """An address that cannot be bound now; the message names its config key."""
 
 # gRPC sets SO_REUSEPORT by default: a second master or worker on a busy port would bind too and
 # the kernel would split connections between the two. Off, the second one fails to bind.
@@ -24,7 +34,7 @@ def add_port(server: Any, address: str, key: str, credentials: grpc.ServerCreden
     except RuntimeError:  # grpc 1.5x+ raises "Failed to bind to address"; older versions return 0
         port = 0
     if port == 0:
-        raise OSError(f"{key}: cannot listen on {address}: already in use or not an address")
+        raise PortTaken(f"{key}: cannot listen on {address}: already in use or not an address")
     return port
 
 
