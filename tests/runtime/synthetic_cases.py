@@ -158,6 +158,9 @@ class RecordingModel:
     def commit(self, slot: int, n: int, sequence: int = 0) -> None:
         self.inner.commit(slot, n, sequence)
 
+    def copy_staged(self, source: int, target: int) -> None:
+        self.inner.copy_staged(source, target)
+
 
 def generate(
     model: WindowModel,

@@ -11,6 +11,7 @@ import torch
 from lopa.decoding.executor import BranchWindow, PartOutcome, VerifyPart, verify_alone
 from lopa.decoding.rules import PositionStat
 from lopa.execution.sampling import distributions, position_stats
+from lopa.execution.twins import first_round_twins, for_every_batch, leaders_only
 from lopa.execution.vocab_pass import reductions
 from lopa.model.protocol import WindowBatch, WindowModel
 from lopa.params import DecodingParams
@@ -142,13 +143,21 @@ class LocalExecutor:
         for part in parts:
             self.drop_staged(part.sequence)
         reduced = reductions(self.model, self._states, parts, plans) if self.vocab_pass else None
+        twins = first_round_twins(batches, reduced)
         try:
+            forwarded = leaders_only(batches, twins)
             if reduced is not None:  # the masked positions' statistics from the model's vocabulary pass
-                fused = self.model.forward_many_stats(batches, reduced)  # type: ignore[attr-defined]
+                fused = self.model.forward_many_stats(  # type: ignore[attr-defined]
+                    forwarded, leaders_only(reduced, twins))
+                fused = for_every_batch(fused, len(parts), twins)
                 logits = [rest for _, rest in fused]  # the staged rows' only
                 greedy = {i: stats for i, (stats, _) in enumerate(fused) if plans[i].n_masked}
             else:
-                logits = [self.forward(batches[0])] if len(batches) == 1 else self.forward_many(batches)
+                logits = [self.forward(forwarded[0])] if len(forwarded) == 1 else self.forward_many(forwarded)
+                logits = for_every_batch(logits, len(parts), twins)
+            for twin, leader in twins.items():
+                self.model.copy_staged(parts[leader].sequence, parts[twin].sequence)
+                logits[twin] = logits[twin].clone()  # its rules change its logits in place (excluded ids)
         except Exception:
             for part in parts:
                 self.drop_staged(part.sequence)  # a failed forward may have staged half the rows

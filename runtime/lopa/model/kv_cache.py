@@ -209,6 +209,25 @@ class KVCache:
         self._staging[first : first + rows, layer, 0, :n] = keys[:, :n]
         self._staging[first : first + rows, layer, 1, :n] = values[:, :n]
 
+    def stage_copy_of(self, other: KVCache) -> None:
+        """Stage what `other` staged, slot for slot, as if this cache had run the same forward: both
+        empty (a request's first round; lopa.execution.twins)."""
+        if self._length or other._length:
+            raise ValueError(f"stage_copy_of: caches of {self._length} and {other._length} tokens, not empty")
+        self._forget_staged()
+        counts = list(other._staged)
+        self.ensure_staging(len(counts), 0 if other._staged_in_cache(0) else max(counts, default=0))
+        source = other._staged_area()
+        for slot, n in enumerate(counts):
+            if not n:
+                continue
+            if other._staged_in_cache(slot):  # a prompt longer than the staging area: in the cache's tail
+                self.cache[:, :, :n] = other.cache[:, :, :n]
+                self._in_tail = True
+            else:
+                self._staging[slot, :, :, :n] = source[slot, :, :, :n]
+        self._staged = counts + [0] * (self.num_slots - len(counts))
+
     # ---- commits -----------------------------------------------------------------------------
 
     def commit(self, slot: int, n: int) -> None:

@@ -95,3 +95,7 @@ class WindowModel(Protocol):
 
     def commit(self, slot: int, n: int, sequence: int = 0) -> None:
         """Append the first n staged tokens of `slot` to the sequence's shared cache."""
+
+    def copy_staged(self, source: int, target: int) -> None:
+        """Stage in sequence `target`, slot for slot, what the latest forward staged in `source`; both
+        caches are empty (a first round that two requests share, lopa.execution.twins)."""

@@ -270,6 +270,11 @@ class WindowedLM:
     def commit(self, slot: int, n: int, sequence: int = 0) -> None:
         self._cache(sequence).commit(slot, n)
 
+    def copy_staged(self, source: int, target: int) -> None:
+        """Stage in sequence `target` what the latest forward staged in `source` (both caches empty:
+        the same first forward, lopa.execution.twins)."""
+        self._cache(target).stage_copy_of(self._cache(source))
+
     def _cache(self, sequence: int) -> KVCache:
         if not 0 <= sequence < self.max_batch:
             raise ValueError(f"sequence {sequence} outside [0, max_batch={self.max_batch})")

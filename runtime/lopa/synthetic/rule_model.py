@@ -64,6 +64,11 @@ class SyntheticModel:
     def commit(self, slot: int, n: int, sequence: int = 0) -> None:
         self.caches.setdefault(sequence, []).extend(self.staged[sequence, slot][:n])
 
+    def copy_staged(self, source: int, target: int) -> None:
+        for (sequence, slot), tokens in list(self.staged.items()):
+            if sequence == source:
+                self.staged[target, slot] = list(tokens)
+
 
 def peaked(vocab_size: int, token: int, prob: float) -> torch.Tensor:
     """Logits of a distribution with `prob` on `token` and the rest spread evenly."""
