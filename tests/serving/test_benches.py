@@ -230,3 +230,18 @@ def test_bench_samples_compares_n_samples_with_separate_requests(tmp_path: Path)
     assert rows[1]["x_separate"] == 1.0 and rows[0]["x_separate"] > 0
     refused = lopa_refuses("bench", "samples", "--n", "0")
     assert refused.returncode == 2 and "--n: must be >= 1" in refused.stderr
+    refused = lopa_refuses("bench", "samples", "--prompt-tokens", "300")
+    assert refused.returncode == 2 and "--prompt-tokens: must be in [0, 224]" in refused.stderr
+
+
+def test_bench_shared_prompt_times_the_first_round_of_one_prompt_and_different_ones(tmp_path: Path) -> None:
+    out = tmp_path / "shared.json"
+    done = run_lopa("bench", "shared-prompt", "--n", "2", "--passes", "1", "--prompt-tokens", "40",
+                    "--json", str(out))
+    assert done.returncode == 0, done.stderr[-3000:]
+    rows = json.loads(out.read_text())
+    assert [r["variant"] for r in rows] == ["2 requests, one prompt", "2 requests, different prompts"]
+    assert all(r["first_round_ms"] > 0 and r["later_round_ms"] > 0 and r["tokens_per_s"] > 0 for r in rows)
+    assert rows[1]["x_different"] == 1.0
+    refused = lopa_refuses("bench", "shared-prompt", "--prompt-tokens", "0")
+    assert refused.returncode == 2 and "--prompt-tokens: must be in [1, 224]" in refused.stderr

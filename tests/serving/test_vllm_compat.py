@@ -418,3 +418,29 @@ def test_the_grpc_api_takes_the_same_key_and_vllms_fields(
     monkeypatch.delenv("LOPA_API_KEY")
     assert main(["client", "info", "--address", address]) == 1
     assert "UNAUTHENTICATED" in capsys.readouterr().err
+
+
+def test_grpc_n_samples_are_the_requests_of_their_seeds_alone(
+    server: tuple[int, Path], ports: tuple[int, int]
+) -> None:
+    """GenerateRequest.n as HTTP's n: sample j is the request with seed s + j alone; a stream's
+    chunks say their sample, each sample ends with its own last chunk."""
+    sampled = {"max_new_tokens": 32, "branches": 3, "pin_branches": True, "temperature": 1.5}
+    with LopaClient(f"127.0.0.1:{ports[0]}", api_key=KEY) as client:
+        together = client.generate(PROMPT, n=3, seed=40, **sampled)
+        alone = [client.generate(PROMPT, seed=40 + j, **sampled) for j in range(3)]
+        assert [s.text for s in together.samples] == [a.text for a in alone]
+        assert len({a.text for a in alone}) > 1
+        assert together.text == alone[0].text and not together.samples[0].samples
+        assert not client.generate(PROMPT, n=1, seed=40, **sampled).samples
+        chunks = list(client.stream(PROMPT, n=3, seed=40, **sampled))
+        for j in range(3):
+            own = [c for c in chunks if c.index == j]
+            assert "".join(c.text for c in own) == alone[j].text
+            assert [c.last for c in own].count(True) == 1 and own[-1].last
+        http = _call(server[0], "POST", "/v1/completions", {**PINNED, "n": 3, "seed": 40, "temperature": 1.5})
+        assert [c["text"] for c in http[1]["choices"]] == [a.text for a in alone]
+        with pytest.raises(grpc.RpcError) as invalid:
+            client.generate(PROMPT, n=100_000)
+        assert invalid.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+        assert invalid.value.details().startswith("n: 100000 samples exceed the")

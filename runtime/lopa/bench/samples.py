@@ -2,7 +2,7 @@
 
 A served group (master + workers on loopback, the OpenAI HTTP API) of the bundled model. Per pass,
 in turn: one /v1/completions body with `n` and a seed s, then n bodies at once with n = 1 and the
-seeds s .. s + n - 1 (what the n samples are, see openai_body.samples). Both decode the same answers
+seeds s .. s + n - 1 (what the n samples are, see admission.samples). Both decode the same answers
 (checked); the table gives each variant's wall time and tokens/s, and their ratio within the pass.
 Passes interleave the variants (a virtual machine's speed drifts): each row is the median.
 """
@@ -23,6 +23,24 @@ from lopa.bench.rows import check_json, finish
 from lopa.params import InvalidParameter
 
 PROMPT_INDEX = 0  # the first held-out prompt of the bundled task suite
+MAX_PROMPT_TOKENS = 256 - 32  # the bundled model's context less its answers' (max_new_tokens)
+
+
+def _prompt(tokens: int) -> str | list[int]:
+    """The first held-out prompt (tokens 0), else `tokens` ids of the held-out prompts in a row."""
+    from lopa.bundled import bundled_model_dir, tasks
+
+    if not tokens:
+        return tasks.held_out(PROMPT_INDEX + 1)[PROMPT_INDEX].prompt
+    from lopa.model.tokenizer import load_tokenizer
+
+    tokenizer = load_tokenizer(bundled_model_dir())
+    ids: list[int] = []
+    for example in tasks.held_out(100):
+        ids += tokenizer.encode(example.prompt, add_special_tokens=False)
+        if len(ids) >= tokens:
+            return ids[:tokens]
+    raise InvalidParameter("prompt_tokens", f"the held-out prompts hold {len(ids)} tokens, not {tokens}")
 
 
 def add_parser(kinds: argparse._SubParsersAction) -> None:
@@ -37,6 +55,13 @@ def add_parser(kinds: argparse._SubParsersAction) -> None:
     parser.add_argument("--workers", type=int, default=2, help="branch workers (default %(default)s)")
     parser.add_argument("--branches", type=int, default=3, help="lookahead branches (default %(default)s)")
     parser.add_argument("--temperature", type=float, default=1.0, help="sampling temperature (default 1)")
+    parser.add_argument("--prompt-tokens", type=int, default=0,
+                        help="a prompt of this many tokens, the held-out prompts' tokens one after another "
+                        "(default: the first held-out prompt as it is, 29 tokens): the longer the prompt, "
+                        "the larger the share of the first forward, which the samples share")
+    parser.add_argument("--ignore-eos", action="store_true",
+                        help="answers of max_new_tokens each (no end token filled; a long prompt of held-out "
+                        "prompts in a row is otherwise answered in a few tokens)")
     parser.add_argument("--json", default=None, help="write the rows here")
     parser.set_defaults(handler=run)
 
@@ -45,8 +70,10 @@ def run(args: argparse.Namespace) -> int:
     for name in ("n", "passes", "workers"):
         if getattr(args, name) < 1:
             raise InvalidParameter(name, f"must be >= 1, got {getattr(args, name)}")
+    if not 0 <= args.prompt_tokens <= MAX_PROMPT_TOKENS:
+        raise InvalidParameter("prompt_tokens", f"must be in [0, {MAX_PROMPT_TOKENS}] (the bundled model's "
+                                                f"context is 256 tokens), got {args.prompt_tokens}")
     check_json(args.json)
-    from lopa.bundled import tasks
     from lopa.serving.launcher import LocalCluster, free_ports, loopback_config
     from lopa.serving.shared.config import parse_config, with_model_defaults
     from lopa.serving.shared.model_dir import model_path
@@ -55,8 +82,9 @@ def run(args: argparse.Namespace) -> int:
     raw = {"limits": {"queue_size": max(64, args.n), "max_batch": max(8, args.n)},
            "master": {"http_port": http}}
     config = loopback_config(with_model_defaults(parse_config(raw), model_path("")), workers=args.workers)
-    body = {"model": "lopa-bundled", "prompt": tasks.held_out(PROMPT_INDEX + 1)[PROMPT_INDEX].prompt,
-            "temperature": args.temperature, "branches": args.branches, "pin_branches": True}
+    body = {"model": "lopa-bundled", "prompt": _prompt(args.prompt_tokens),
+            "temperature": args.temperature, "branches": args.branches, "pin_branches": True,
+            "ignore_eos": args.ignore_eos}
     with tempfile.TemporaryDirectory(prefix="lopa-bench-samples-") as tmp:
         cluster = LocalCluster(config, Path(tmp))
         cluster.start(timeout=300)
@@ -91,6 +119,7 @@ def _rows(passes: list[dict[str, Any]], args: argparse.Namespace) -> list[dict[s
     ratio = statistics.median(p["alone_s"] / p["together_s"] for p in passes)
     same = all(p["same"] for p in passes)
     common = {"n": args.n, "workers": args.workers, "branches": args.branches, "passes": args.passes,
+              "prompt_tokens": args.prompt_tokens or None, "ignore_eos": args.ignore_eos,
               "same_answers": same}
     return [
         {"variant": f"one request, n={args.n}", **common, "seconds": round(together, 3),

@@ -11,6 +11,7 @@ import torch
 from lopa.bench import edges as edges_bench
 from lopa.bench import samples as samples_bench
 from lopa.bench import serving as serving_bench
+from lopa.bench import shared_prompt as shared_prompt_bench
 from lopa.bench import stream_cost as stream_cost_bench
 from lopa.bench import transport as transport_bench
 from lopa.bench.report import plot, table, write_json
@@ -59,6 +60,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     bench_checks.add_parsers(kinds)
     edges_bench.add_parser(kinds)
     samples_bench.add_parser(kinds)
+    shared_prompt_bench.add_parser(kinds)
     stream_cost_bench.add_parser(kinds)
 
 

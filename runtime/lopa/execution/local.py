@@ -143,21 +143,8 @@ class LocalExecutor:
         for part in parts:
             self.drop_staged(part.sequence)
         reduced = reductions(self.model, self._states, parts, plans) if self.vocab_pass else None
-        twins = first_round_twins(batches, reduced)
         try:
-            forwarded = leaders_only(batches, twins)
-            if reduced is not None:  # the masked positions' statistics from the model's vocabulary pass
-                fused = self.model.forward_many_stats(  # type: ignore[attr-defined]
-                    forwarded, leaders_only(reduced, twins))
-                fused = for_every_batch(fused, len(parts), twins)
-                logits = [rest for _, rest in fused]  # the staged rows' only
-                greedy = {i: stats for i, (stats, _) in enumerate(fused) if plans[i].n_masked}
-            else:
-                logits = [self.forward(forwarded[0])] if len(forwarded) == 1 else self.forward_many(forwarded)
-                logits = for_every_batch(logits, len(parts), twins)
-            for twin, leader in twins.items():
-                self.model.copy_staged(parts[leader].sequence, parts[twin].sequence)
-                logits[twin] = logits[twin].clone()  # its rules change its logits in place (excluded ids)
+            logits, greedy = self._forward_round(parts, plans, batches, reduced)
         except Exception:
             for part in parts:
                 self.drop_staged(part.sequence)  # a failed forward may have staged half the rows
@@ -182,6 +169,29 @@ class LocalExecutor:
         if on_device:
             self._to_outcomes(parts, on_device, outcomes, alternatives)
         return outcomes
+
+    def _forward_round(
+        self, parts: Sequence[VerifyPart], plans: Sequence[OutputPlan], batches: list[WindowBatch],
+        reduced: list | None,
+    ) -> tuple[list[torch.Tensor], dict[int, DeviceStats]]:
+        """Each part's logits (with `reduced`: only its staged rows', and the masked positions'
+        statistics from the model's vocabulary pass, by part index). A part that starts as an
+        earlier one does (lopa.execution.twins) takes that part's forward and a copy of its staging."""
+        twins = first_round_twins(batches, reduced)
+        forwarded = leaders_only(batches, twins)
+        greedy: dict[int, DeviceStats] = {}
+        if reduced is not None:
+            fused = self.model.forward_many_stats(forwarded, leaders_only(reduced, twins))  # type: ignore[attr-defined]
+            fused = for_every_batch(fused, len(parts), twins)
+            logits = [rest for _, rest in fused]  # the staged rows' only
+            greedy = {i: stats for i, (stats, _) in enumerate(fused) if plans[i].n_masked}
+        else:
+            logits = [self.forward(forwarded[0])] if len(forwarded) == 1 else self.forward_many(forwarded)
+            logits = for_every_batch(logits, len(parts), twins)
+        for twin, leader in twins.items():
+            self.model.copy_staged(parts[leader].sequence, parts[twin].sequence)
+            logits[twin] = logits[twin].clone()  # its rules change its logits in place (excluded ids)
+        return logits, greedy
 
     def _to_outcomes(
         self,

@@ -55,12 +55,14 @@ class LopaClient:
         stop_token_ids: Sequence[int] = (),
         include_stop_str_in_output: bool = False,
         top_logprobs: int = 0,
+        n: int = 1,
         **decoding: Any,
     ) -> lopa_pb2.GenerateRequest:
         """pin_branches: under load, wait for room for every branch asked instead of getting fewer;
         ignore_eos: never fill an end token (the answer is exactly max_new_tokens long);
         stop_token_ids, include_stop_str_in_output: vLLM's; top_logprobs: each answer token's
-        most probable alternatives returned with it."""
+        most probable alternatives returned with it; n: samples of the prompt (seeds seed + j; the
+        answer's `samples`, or the stream's chunks by `index`)."""
         request = lopa_pb2.GenerateRequest(
             stop=list(stop), chat=chat, pin_branches=pin_branches, ignore_eos=ignore_eos,
             stop_token_ids=list(stop_token_ids), include_stop_str_in_output=include_stop_str_in_output,
@@ -72,6 +74,8 @@ class LopaClient:
             request.prompt_token_ids.extend(int(t) for t in prompt)
         if max_new_tokens is not None:
             _set(request, "max_new_tokens", max_new_tokens)
+        if n != 1:
+            _set(request, "n", n)
         for name, value in decoding.items():
             if value is not None:
                 _set(request.decoding, name, value)

@@ -15,6 +15,7 @@ from round_cases import MAX_LENGTH, play_rounds
 from lopa.bundled import tasks
 from lopa.bundled.defaults import model_defaults
 from lopa.decoding.decoder import Decoder
+from lopa.decoding.executor import BranchWindow, VerifyPart
 from lopa.engine import bundled_model_dir
 from lopa.execution.local import LocalExecutor
 from lopa.kernels.dispatch import KERNELS_ENV
@@ -84,3 +85,29 @@ def test_greedy_decoding_through_the_vocabulary_pass_equals_the_references(
     fused.forward_many_stats = counting  # type: ignore[method-assign]
     assert _decode(kernels, fused) == _decode(references, plain)
     assert passes  # the rounds took the vocabulary pass
+
+
+def test_first_rounds_of_one_prompt_share_the_vocabulary_pass(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Two greedy requests of one prompt in their first round: one forward through the vocabulary
+    pass, the second request takes its statistics and a copy of its staging, and both commit the
+    K/V the request alone commits."""
+    monkeypatch.setenv(KERNELS_ENV, "interpret")
+    kernels = load_model(bundled_model_dir())
+    kernels.model.steps = EAGER
+    prompt = kernels.tokenizer.encode(tasks.held_out(1)[0].prompt)
+    mask = kernels.special.mask
+    window = BranchWindow([*prompt, *[mask] * 8], [0] * len(prompt) + [1] * 8,
+                          list(range(len(prompt), len(prompt) + 8)))
+    params = model_defaults(bundled_model_dir())
+    outcomes = []
+    for sequences in ([0, 1], [0]):
+        executor = LocalExecutor(kernels.window_model(MAX_LENGTH, max_batch=2))
+        assert executor.model.vocab_pass
+        for sequence in sequences:
+            executor.begin(params, 1, sequence)
+        parts = [VerifyPart(s, 0, len(prompt), [window]) for s in sequences]
+        outcomes.append(executor.verify_many(parts))
+        executor.commit_many([(s, 0) for s in sequences])
+        assert all(executor.model.cache_length(s) == len(prompt) for s in sequences)
+    (first, second), (alone,) = outcomes
+    assert first == second == alone

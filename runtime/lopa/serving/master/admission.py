@@ -14,6 +14,7 @@ own vocabulary.
 from __future__ import annotations
 
 import math
+import secrets
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, fields, replace
 from typing import Any
@@ -271,3 +272,14 @@ def token_ids(value: Any, name: str = "prompt_token_ids") -> list[int]:
     return list(value)
 
 
+def samples(ask: Ask, n: int) -> tuple[Ask, ...]:
+    """`n` requests of one prompt: sample j with seed `seed + j` (mod 2^64), the request's seed or,
+    without one, a fresh draw; so sample j alone is the same request with n = 1 and that seed."""
+    if n == 1:
+        return (ask,)
+    seed = typed("seed", ask.decoding.get("seed"), (int,))
+    if seed is None:
+        seed = secrets.randbits(64)
+    elif not 0 <= seed < 2**64:
+        raise InvalidParameter("seed", f"must be in [0, 2^64), got {seed}")
+    return tuple(replace(ask, decoding={**ask.decoding, "seed": (seed + j) % 2**64}) for j in range(n))

@@ -244,3 +244,20 @@ class Dispatcher:
         request.on_step = on_step if ticket.stream else None
         request.on_done = on_done
         return request
+
+
+def merged_events(
+    tickets: list[Ticket],
+) -> tuple[asyncio.Queue[tuple[int, Progress | Finished | Exception]], list[asyncio.Task]]:
+    """Every ticket's events in one queue as they come, (choice index, the event or the error that
+    ended it), and the tasks that feed it (cancel them to stop the requests)."""
+    merged: asyncio.Queue[tuple[int, Progress | Finished | Exception]] = asyncio.Queue()
+
+    async def pump(index: int, ticket: Ticket) -> None:
+        try:
+            async for event in ticket.events():
+                merged.put_nowait((index, event))
+        except Exception as error:
+            merged.put_nowait((index, error))
+
+    return merged, [asyncio.create_task(pump(i, ticket)) for i, ticket in enumerate(tickets)]

@@ -20,9 +20,9 @@ from lopa.decoding.blocks import Alternatives
 from lopa.params import DecodingParams, InvalidParameter
 from lopa.proto import lopa_pb2, lopa_pb2_grpc
 from lopa.scheduling.request import Completion, QueueFull
-from lopa.serving.master.admission import SETTING_TYPES, Ask
+from lopa.serving.master.admission import SETTING_TYPES, Ask, samples
 from lopa.serving.master.api.grpc_parsing import Undecodable
-from lopa.serving.master.dispatch import Dispatcher, GroupUnavailable
+from lopa.serving.master.dispatch import Dispatcher, GroupUnavailable, Ticket, merged_events
 from lopa.serving.master.events import Finished, Progress
 from lopa.serving.master.failures import INVALID, failure_of
 from lopa.serving.master.served import ServedModel
@@ -36,36 +36,46 @@ class LopaService(lopa_pb2_grpc.LopaServicer):
         self.dispatcher, self.served = dispatcher, served
 
     async def Generate(self, request: lopa_pb2.GenerateRequest, context: Any) -> lopa_pb2.GenerateResponse:
-        ticket = await self._open(request, context, stream=False)
+        tickets = await self._open(request, context, stream=False)
         try:
-            finished = await ticket.finished()
+            done = [(await ticket.finished()).completion for ticket in tickets]
         except Exception as error:
             await _abort(context, error)
-        completion = finished.completion
-        result = completion.result
-        return lopa_pb2.GenerateResponse(
-            text=completion.text,
-            token_ids=result.output_ids,
-            finish_reason=completion.finish_reason,
-            stats=stats_of(completion),
-            logprobs=result.output_logprobs,
-            alternatives=alternatives_of(result.output_alternatives) if ticket.request.top_logprobs else (),
-        )
+        finally:
+            for ticket in tickets:  # one sample failed or the client left: the others stop too
+                ticket.cancel()
+        asked = tickets[0].request.top_logprobs > 0
+        answers = [response_of(completion, asked) for completion in done]
+        if len(answers) == 1:
+            return answers[0]
+        answer = lopa_pb2.GenerateResponse()
+        answer.CopyFrom(answers[0])
+        answer.samples.extend(answers)
+        return answer
 
     async def GenerateStream(
         self, request: lopa_pb2.GenerateRequest, context: Any
     ) -> AsyncIterator[lopa_pb2.GenerateChunk]:
-        ticket = await self._open(request, context, stream=True)
-        events = ticket.events()
+        tickets = await self._open(request, context, stream=True)
+        asked = tickets[0].request.top_logprobs > 0
+        merged, pumps = merged_events(tickets)
         try:
-            async for event in events:
-                yield chunk_of(event, ticket.request.top_logprobs > 0)
+            ended = 0
+            while ended < len(tickets):
+                index, event = await merged.get()
+                if isinstance(event, Exception):
+                    raise event
+                chunk = chunk_of(event, asked)
+                chunk.index = index
+                yield chunk
                 if isinstance(event, Progress) and event.token_ids:
-                    ticket.first_token_sent()
+                    tickets[index].first_token_sent()
+                ended += isinstance(event, Finished)
         except Exception as error:
             await _abort(context, error)
         finally:
-            await events.aclose()  # a client gone at a yield stops its request (Ticket.events)
+            for task in pumps:  # a client gone at a yield, or a failure: every sample stops
+                task.cancel()
 
     async def GetModelInfo(self, request: lopa_pb2.ModelInfoRequest, context: Any) -> lopa_pb2.ModelInfo:
         await self._refuse_undecodable(request, context)
@@ -84,15 +94,15 @@ class LopaService(lopa_pb2_grpc.LopaServicer):
             server_version=__version__,
         )
 
-    async def _open(self, request: Any, context: Any, stream: bool) -> Any:
+    async def _open(self, request: Any, context: Any, stream: bool) -> list[Ticket]:
+        """The request's tickets: one per sample (n)."""
         arrived = time.perf_counter()
         await self._refuse_undecodable(request, context)
         try:
-            asks = [ask_of(request)]
-            (ticket,) = await self.dispatcher.open(asks, stream, context.time_remaining(), arrived)
+            asks = samples(ask_of(request), sample_count(request.n, self.served.limits.queue_size))
+            return await self.dispatcher.open(asks, stream, context.time_remaining(), arrived)
         except (InvalidParameter, GroupUnavailable, QueueFull) as error:
             await _abort(context, error)
-        return ticket
 
     async def _refuse_undecodable(self, request: Any, context: Any) -> None:
         if isinstance(request, Undecodable):
@@ -117,6 +127,27 @@ def ask_of(request: lopa_pb2.GenerateRequest) -> Ask:
         stop_token_ids=request.stop_token_ids,
         include_stop_str_in_output=request.include_stop_str_in_output,
         top_logprobs=request.top_logprobs,
+    )
+
+
+def sample_count(n: int, queue_size: int) -> int:
+    """n (0: one sample); InvalidParameter when the samples could never be queued at once."""
+    if n > queue_size:
+        raise InvalidParameter("n", f"{n} samples exceed the {queue_size} requests the queue holds "
+                                    "(limits.queue_size)")
+    return n or 1
+
+
+def response_of(completion: Completion, asked: bool) -> lopa_pb2.GenerateResponse:
+    """A finished request's answer; `asked`: it asked for alternatives (top_logprobs)."""
+    result = completion.result
+    return lopa_pb2.GenerateResponse(
+        text=completion.text,
+        token_ids=result.output_ids,
+        finish_reason=completion.finish_reason,
+        stats=stats_of(completion),
+        logprobs=result.output_logprobs,
+        alternatives=alternatives_of(result.output_alternatives) if asked else (),
     )
 
 

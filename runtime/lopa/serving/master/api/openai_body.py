@@ -11,13 +11,12 @@ name the body field, so the HTTP layer answers in OpenAI's error shape.
 from __future__ import annotations
 
 import json
-import secrets
 from collections.abc import Collection, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
 from lopa.params import InvalidParameter, check_text
-from lopa.serving.master.admission import SETTING_TYPES, Ask, typed
+from lopa.serving.master.admission import SETTING_TYPES, Ask, samples, typed
 
 # The LoPA knobs a body may carry beside OpenAI's sampling fields (all: the server's setting names).
 OPENAI_SAMPLING = frozenset({"temperature", "top_p", "seed"})
@@ -181,19 +180,6 @@ def completion_request(body: Any, served_model: str | Sequence[str], max_prompts
     n = parsed.samples
     asks = tuple(each for one, name in named for each in samples(_with_prompt(ask, one, name), n))
     return replace(parsed, asks=asks, batch=len(asks) > 1, echo=echo)
-
-
-def samples(ask: Ask, n: int) -> tuple[Ask, ...]:
-    """`n` requests of one prompt: sample j with seed `seed + j` (mod 2^64), the request's seed or,
-    without one, a fresh draw; so sample j alone is the same request with n = 1 and that seed."""
-    if n == 1:
-        return (ask,)
-    seed = typed("seed", ask.decoding.get("seed"), (int,))
-    if seed is None:
-        seed = secrets.randbits(64)
-    elif not 0 <= seed < 2**64:
-        raise InvalidParameter("seed", f"must be in [0, 2^64), got {seed}")
-    return tuple(replace(ask, decoding={**ask.decoding, "seed": (seed + j) % 2**64}) for j in range(n))
 
 
 def _check_count(prompts: int, n: int, max_prompts: int) -> None:

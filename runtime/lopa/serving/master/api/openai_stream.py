@@ -24,7 +24,7 @@ from lopa.decoding.blocks import Alternatives
 from lopa.scheduling.request import Completion, SchedulerStopped
 from lopa.serving.master.api.openai_body import Parsed
 from lopa.serving.master.api.openai_errors import failure
-from lopa.serving.master.dispatch import Ticket
+from lopa.serving.master.dispatch import Ticket, merged_events
 from lopa.serving.master.events import Finished, Progress
 
 log = logging.getLogger("lopa.master")
@@ -64,7 +64,7 @@ async def _events(
     # long: one stream's loop; its state is the loop's locals
     await response.prepare(request)
     out = _Chunks(response, ident, parsed.model, chat)
-    merged, pumps = _merge(tickets)
+    merged, pumps = merged_events(tickets)
     # Every event carries the lookahead branches granted in each round since the one before
     # (rounds that added no text send no event): gRPC's GenerateChunk.granted_branches.
     first, rounds = [True] * len(tickets), [[] for _ in tickets]
@@ -135,23 +135,6 @@ class _Chunks:
         else:
             choice = {"index": index, "text": delta, "finish_reason": finish, "logprobs": logprobs}
         await self.write([choice], extra)
-
-
-def _merge(
-    tickets: list[Ticket],
-) -> tuple[asyncio.Queue[tuple[int, Progress | Finished | Exception]], list[asyncio.Task]]:
-    """Every ticket's events in one queue as they come, (choice index, the event or the error that
-    ended it), and the tasks that feed it (cancel them to stop the requests)."""
-    merged: asyncio.Queue[tuple[int, Progress | Finished | Exception]] = asyncio.Queue()
-
-    async def pump(index: int, ticket: Ticket) -> None:
-        try:
-            async for event in ticket.events():
-                merged.put_nowait((index, event))
-        except Exception as error:
-            merged.put_nowait((index, error))
-
-    return merged, [asyncio.create_task(pump(i, ticket)) for i, ticket in enumerate(tickets)]
 
 
 def usage(c: Completion) -> dict[str, int]:
