@@ -8,11 +8,11 @@ from pathlib import Path
 
 import pytest
 
-from lopa.bench import ablation, orders
-from lopa.bench.single import SingleModel
 from lopa.bundled import bundled_model_dir, tasks
 from lopa.bundled.defaults import model_defaults
 from lopa.cli import main
+from lopa_bench import ablation, orders
+from lopa_bench.single import SingleModel
 
 
 def png(path: Path) -> bytes:
@@ -76,7 +76,7 @@ def test_bench_orders_refuses_bad_counts(tmp_path: Path, bad: list[str]) -> None
 def test_bench_options_writes_each_score_and_policy_for_each_k(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    from lopa.bench import options
+    from lopa_bench import options
 
     assert main(["bench", "options", "--limit", "2", "--ks", "2", "--out", str(tmp_path)]) == 0
     assert "| score | k |" in capsys.readouterr().out

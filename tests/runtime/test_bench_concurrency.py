@@ -1,4 +1,4 @@
-"""lopa.bench.concurrency: the sweep's bookkeeping (closed loop, ratios within a pass, medians over
+"""lopa_bench.concurrency: the sweep's bookkeeping (closed loop, ratios within a pass, medians over
 interleaved passes), driven by a Send that answers from a table instead of a model."""
 
 from __future__ import annotations
@@ -9,10 +9,10 @@ from pathlib import Path
 import pytest
 import torch
 
-from lopa.bench.concurrency import Answer, combine, percentile, run_level, sweep, with_ratios
-from lopa.bench.profiling import profiled
-from lopa.bench.rows import markdown_table
-from lopa.cli.bench_concurrency import write_profile
+from lopa_bench.cli.concurrency import write_profile
+from lopa_bench.concurrency import Answer, combine, percentile, run_level, sweep, with_ratios
+from lopa_bench.profiling import profiled
+from lopa_bench.rows import markdown_table
 
 
 def test_percentile_interpolates_between_ranks() -> None:

@@ -9,10 +9,10 @@ from pathlib import Path
 
 import pytest
 
-from lopa.bench.products import DTYPE, SCALED_MM, TRITON, Shape, step_shapes, suggested_table
 from lopa.cli import main
 from lopa.kernels.fp8_products import TABLE_ENV, Choice, parse_table
 from lopa.synthetic.checkpoint import PRESETS
+from lopa_bench.products import DTYPE, SCALED_MM, TRITON, Shape, step_shapes, suggested_table
 
 
 def test_bench_products_times_each_shape_and_sums_a_step(

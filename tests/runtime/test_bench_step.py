@@ -12,10 +12,10 @@ from pathlib import Path
 import pytest
 import torch
 
-from lopa.bench.step import suggested_step_tokens
 from lopa.cli import main
 from lopa.model.loader import load_model
 from lopa.model.lora import lora_delta, read_adapter
+from lopa_bench.step import suggested_step_tokens
 
 SMALL = ["--device", "cpu", "--dtype", "float32", "--repeat", "2", "--copy-gb", "0.01"]
 
@@ -140,10 +140,10 @@ def test_write_checkpoint_is_sharded_and_loads_with_its_adapter(tmp_path: Path) 
 def test_round_rows_say_whether_the_rounds_replayed_a_graph() -> None:
     # The uncaptured graph path (WindowGraphs(capture=False)) stands in for CUDA's: the column
     # tells a GPU run whether its batched rounds replayed or fell back to eager forwards.
-    from lopa.bench.step import StepBench
-    from lopa.cli.bench_step import _replayed
     from lopa.engine import bundled_model_dir
     from lopa.model.cuda_graphs import WindowGraphs
+    from lopa_bench.cli.step import _replayed
+    from lopa_bench.step import StepBench
 
     loaded = load_model(bundled_model_dir())
     bench = StepBench(loaded.model, 64, loaded.special.mask, repeat=1, graphs=False, sequences=2)

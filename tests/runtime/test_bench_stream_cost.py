@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from lopa.bench.stream_cost import TimedExecutor, master_times, summary
 from lopa.cli import main
+from lopa_bench.stream_cost import TimedExecutor, master_times, summary
 
 
 def test_bench_stream_cost_streams_the_whole_answer_and_compares_its_ends(

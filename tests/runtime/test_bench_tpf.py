@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from lopa.bench.tpf import KS, MODES
 from lopa.cli import main
+from lopa_bench.tpf import KS, MODES
 
 
 def test_bench_tpf_smoke(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

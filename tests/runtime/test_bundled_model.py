@@ -5,12 +5,12 @@ from __future__ import annotations
 
 import pytest
 
-from lopa.bench.evaluate import evaluate
-from lopa.bench.weights import agreement, decode_all
 from lopa.bundled import bundled_llada_dir, tasks
 from lopa.bundled.defaults import model_defaults
 from lopa.engine import LocalEngine, bundled_model_dir
 from lopa.model import load_model
+from lopa_bench.evaluate import evaluate
+from lopa_bench.weights import agreement, decode_all
 
 PROMPTS = 40
 

@@ -396,7 +396,7 @@ def test_fp8_rounds_replay_graphs_and_equal_eager_rounds() -> None:
 
 @pytest.mark.skipif(not _fp8_supported(), reason="needs FP8 (compute capability 8.9)")
 def test_bundled_fp8_weights_keep_exact_match_on_cuda() -> None:
-    from lopa.bench.weights import agreement, decode_all
+    from lopa_bench.weights import agreement, decode_all
 
     examples = tasks.held_out(PROMPTS * 2)
     params = model_defaults(bundled_model_dir()).with_overrides(branches=7)

@@ -22,7 +22,7 @@ from lopa.host.heap import user_tuned
 _ROUNDS = textwrap.dedent(
     """
     import json, resource, threading
-    from lopa.bench import step
+    from lopa_bench import step
     from lopa.engine import bundled_model_dir
     from lopa.host.heap import keep_freed_memory
     from lopa.decoding.executor import VerifyPart

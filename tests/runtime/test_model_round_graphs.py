@@ -15,7 +15,6 @@ import pytest
 import torch
 from round_cases import MAX_LENGTH, ROUNDS, play_rounds, round_batch
 
-from lopa.bench.concurrency import captures_of
 from lopa.engine import bundled_model_dir
 from lopa.model import DiffusionLM, WindowedLM
 from lopa.model.cuda_graphs import WindowGraphs, round_staging
@@ -25,6 +24,7 @@ from lopa.model.protocol import WindowBatch
 from lopa.model.window import GRAPH_TOKENS_ENV, graph_capture_tokens, graph_staging
 from lopa.params import AttentionMode
 from lopa.synthetic.checkpoint import random_model, tiny_config
+from lopa_bench.concurrency import captures_of
 
 
 @pytest.fixture(scope="module")

@@ -78,7 +78,7 @@ def test_defaults_per_device_kind_are_the_documented_ones() -> None:
     stated = "cpu a base row and one lookahead row per running request"
     repo = Path(__file__).resolve().parents[2]
     docs = ("docs/concepts/branch-budget.md", "docs/lopa.yaml", "runtime/lopa/cli/serve.py",
-            "runtime/lopa/cli/bench_concurrency.py", "manifests/crds/lopadeployments.lopa.dev.yaml",
+            "runtime/lopa_bench/cli/concurrency.py", "manifests/crds/lopadeployments.lopa.dev.yaml",
             "manifests/install.yaml",
             "charts/lopa-operator/crds/lopadeployments.lopa.dev.yaml")
     for doc in docs:

@@ -18,7 +18,6 @@ import torch
 from prometheus_client.parser import text_string_to_metric_families
 from safetensors.torch import save_file
 
-from lopa.bench.attacks import collect, spawn
 from lopa.decoding.decoder import Decoder
 from lopa.model.families import family_named
 from lopa.model.loader import load_model
@@ -27,6 +26,7 @@ from lopa.serving.master.group.distributed import DistributedExecutor
 from lopa.serving.master.group.links import WorkerGroup
 from lopa.serving.shared.config import dump_config, load_config, parse_config
 from lopa.synthetic import tiny_config, write_random_checkpoint
+from lopa_bench.attacks import collect, spawn
 
 REPO = Path(__file__).resolve().parents[2]
 torch.set_num_threads(1)  # tiny models; the CI box has 2 cores shared with the worker processes
@@ -245,7 +245,7 @@ def master_process(config: Path, log: Path, ready_url: str) -> Iterator[subproce
 
 
 def attack(kind: str, **arguments: object) -> subprocess.Popen:
-    """A hostile client of lopa.bench.attacks in a process of its own (its JSON report: `report`)."""
+    """A hostile client of lopa_bench.attacks in a process of its own (its JSON report: `report`)."""
     return spawn(kind, env=worker_env(), **arguments)
 
 

@@ -1,4 +1,4 @@
-"""`lopa bench clients` (lopa.bench.clients): the community benchmark clients against `lopa serve`.
+"""`lopa bench clients` (lopa_bench.clients): the community benchmark clients against `lopa serve`.
 
 The report readers and the comparison are checked on small reports of the clients' shapes; the slow
 tests run inference-perf (the cheaper client: ~0.8 GB, under a minute to install) from its own venv,
@@ -17,11 +17,11 @@ from pathlib import Path
 
 import pytest
 
-from lopa.bench.clients import guidellm, inference_perf, toolchain, vllm_metrics
-from lopa.bench.clients.compare import client_checks, metrics_checks, passed, probe_checks, table
-from lopa.bench.clients.probe import ProbeAnswer, client_bodies
-from lopa.bench.clients.results import ClientRun
-from lopa.bench.clients.served import LopaCounters, parse_counters
+from lopa_bench.clients import guidellm, inference_perf, toolchain, vllm_metrics
+from lopa_bench.clients.compare import client_checks, metrics_checks, passed, probe_checks, table
+from lopa_bench.clients.probe import ProbeAnswer, client_bodies
+from lopa_bench.clients.results import ClientRun
+from lopa_bench.clients.served import LopaCounters, parse_counters
 
 from .conftest import worker_env
 
@@ -53,7 +53,7 @@ def test_guidellm_report_is_read_request_by_request(tmp_path: Path) -> None:
 
 
 def test_guidellm_scenario_sets_only_target_model_tokenizer_data_and_load(tmp_path: Path) -> None:
-    from lopa.bench.clients.results import Load, Target
+    from lopa_bench.clients.results import Load, Target
 
     target = Target("http://127.0.0.1:8000", "lopa-bundled", tmp_path)
     spec = guidellm.scenario(target, Load(3.0, 15, 20, 40), tmp_path / "b.json")["spec"]
@@ -102,7 +102,7 @@ def test_inference_perf_reports_are_read_with_the_servers_messages(tmp_path: Pat
 
 
 def test_inference_perf_config_keeps_its_request_defaults(tmp_path: Path) -> None:
-    from lopa.bench.clients.results import Load, Target
+    from lopa_bench.clients.results import Load, Target
 
     config = inference_perf.config(Target("http://h:1", "m", tmp_path), Load(2.0, 10, 32, 30), tmp_path)
     # ignore_eos left at the client's default (true)

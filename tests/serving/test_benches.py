@@ -1,4 +1,4 @@
-"""`lopa bench serving`, `concurrency` and `transport` (lopa.bench): end to end with real processes,
+"""`lopa bench serving`, `concurrency` and `transport` (lopa_bench): end to end with real processes,
 real gRPC and gloo, plus the serving bench's workload.
 
 They check what the benches report is well formed and consistent (phases add up, every row has
@@ -195,11 +195,11 @@ def test_bench_serving_runs_on_the_bundled_model_by_default(tmp_path: Path) -> N
 def test_bench_serving_uses_held_out_prompts_and_model_defaults_on_the_bundled_model() -> None:
     import argparse
 
-    from lopa.bench import serving as bench
     from lopa.bundled import tasks
     from lopa.bundled.defaults import model_defaults
     from lopa.proto import lopa_pb2
     from lopa.serving.shared.model_dir import model_path
+    from lopa_bench import serving as bench
 
     def args(**kw: object) -> argparse.Namespace:
         base = {"model": None, "branches": 2, "block_size": None, "attention": None, "max_new_tokens": None}

@@ -31,10 +31,10 @@ from .conftest import worker_env, write_config
 @pytest.fixture(autouse=True)
 def nothing_starts(monkeypatch: pytest.MonkeyPatch) -> None:
     """In this process a check that came too late fails the test instead of starting a server or a load."""
-    import lopa.cli.bench
     import lopa.cli.generate
     import lopa.cli.master
     import lopa.serving.worker.service
+    import lopa_bench.cli
 
     def started(*args: object, **kwargs: object) -> None:
         raise AssertionError("started: the error should have come first")
@@ -43,7 +43,7 @@ def nothing_starts(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(lopa.serving.worker.service, "serve_worker", started)
     monkeypatch.setattr(LocalCluster, "start", started)
     monkeypatch.setattr(lopa.cli.generate.LocalEngine, "from_dirs", started)
-    monkeypatch.setattr(lopa.cli.bench.LocalEngine, "from_dirs", started)
+    monkeypatch.setattr(lopa_bench.cli.LocalEngine, "from_dirs", started)
 
 
 def run_cli(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str]:
@@ -127,6 +127,15 @@ def test_client_info_has_the_tls_flags(capsys: pytest.CaptureFixture[str], tmp_p
     (tmp_path / "client.pem").write_text("")
     code, err = run_cli(capsys, "client", "info", "--cert", str(tmp_path / "client.pem"))
     assert code == 2 and one_line(err) == "lopa client: error: --key: --cert and --key go together"
+
+
+def test_lopa_bench_without_its_package_says_what_to_install(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setitem(sys.modules, "lopa_bench", None)  # as if only lopa were installed
+    monkeypatch.delitem(sys.modules, "lopa_bench.cli", raising=False)
+    with pytest.raises(SystemExit) as stopped:
+        main(["bench", "tpf", "--out", "x"])
+    assert str(stopped.value).startswith("lopa bench: error: its package lopa_bench")
+    assert "pip install ./runtime" in str(stopped.value)
 
 
 def test_lopa_help_names_every_bench(capsys: pytest.CaptureFixture[str]) -> None:

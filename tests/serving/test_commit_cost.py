@@ -1,4 +1,4 @@
-"""`lopa bench commit` (lopa.bench.commit_cost) end to end: real master and worker processes, gloo.
+"""`lopa bench commit` (lopa_bench.commit_cost) end to end: real master and worker processes, gloo.
 
 It checks the report is well formed (every phase measured, the commit's bytes those of the
 model's K/V), never how fast anything is: timings belong in runtime/BENCHMARKS.md.

@@ -18,9 +18,9 @@ from collections.abc import Iterator
 
 import pytest
 
-from lopa.bench.edges import wide_checkpoint
 from lopa.serving.launcher import free_ports
 from lopa.serving.shared.config import load_config
+from lopa_bench.edges import wide_checkpoint
 
 from .conftest import attack, master_process, report, reset_peak, rss_mb, write_config
 

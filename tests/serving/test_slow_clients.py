@@ -2,7 +2,7 @@
 
 A real master + 1 worker of the tiny model, its ports bounded small so that the tests stay cheap on
 a 2-core machine: the HTTP port at 200 connections (64 per client address, bodies due within 3 s),
-the gRPC port at 100 (idle 3 s, handshake 2 s). The hostile clients (lopa.bench.attacks) run in
+the gRPC port at 100 (idle 3 s, handshake 2 s). The hostile clients (lopa_bench.attacks) run in
 processes of their own. The full-size runs (1,100 slow bodies held 60 s against the default 1,024
 slots, 5,000 HTTP/2 clients against the default cap and 75 s idle timeout) are `lopa bench edges`,
 recorded in BENCHMARKS.md ("The master's edges").

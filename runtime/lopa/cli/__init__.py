@@ -7,6 +7,7 @@ import importlib
 import platform
 import sys
 from collections.abc import Sequence
+from typing import Any
 
 from lopa import __version__
 from lopa.cli.decoding_flags import flag_name
@@ -22,10 +23,12 @@ IN_PROCESS_MODEL_COMMANDS = ("generate", "bench")
 
 # Each command's module, in `lopa --help`'s order. A run imports only its own command's module:
 # the master, the client and fetch-model start without torch (seconds, and memory, per process).
+# `lopa bench` is the benchmarks' own package (lopa_bench), installed beside lopa: named here, never
+# imported by lopa's code.
 COMMANDS = {
     "generate": "lopa.cli.generate",
     "train-bundled": "lopa.cli.train",
-    "bench": "lopa.cli.bench",
+    "bench": "lopa_bench.cli",
     "serve": "lopa.cli.serve",
     "master": "lopa.cli.master",
     "client": "lopa.cli.client",
@@ -42,11 +45,22 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
     subparsers = parser.add_subparsers(dest="command", required=True)
     for name, module in COMMANDS.items():
         if command in (None, name):
-            importlib.import_module(module).add_parser(subparsers)
+            _command_module(name, module).add_parser(subparsers)
         else:
             subparsers.add_parser(name)
     _name_each_parser(parser)
     return parser
+
+
+def _command_module(name: str, module: str) -> Any:
+    """The command's module; SystemExit naming what is missing when its package is not installed."""
+    try:
+        return importlib.import_module(module)
+    except ModuleNotFoundError as error:
+        if error.name not in (module, module.partition(".")[0]):
+            raise
+        raise SystemExit(f"lopa {name}: error: its package {error.name} is not installed (it ships beside "
+                         "lopa in runtime/: pip install ./runtime)") from None
 
 
 def _name_each_parser(parser: argparse.ArgumentParser) -> None:

@@ -8,10 +8,6 @@ from pathlib import Path
 
 import torch
 
-from lopa.bench import products
-from lopa.bench.rows import check_json, markdown_table, show_row
-from lopa.bench.step import synchronize
-from lopa.cli.bench_step import _ints
 from lopa.cli.preflight import device_problem
 from lopa.kernels.fp8_products import TABLE_ENV, describe
 from lopa.model.config import ModelConfig
@@ -19,6 +15,10 @@ from lopa.model.loader import parse_dtype
 from lopa.params import InvalidParameter
 from lopa.serving.shared.config import DTYPES
 from lopa.synthetic.checkpoint import PRESETS
+from lopa_bench import products
+from lopa_bench.cli.step import _ints
+from lopa_bench.rows import check_json, markdown_table, show_row
+from lopa_bench.step import synchronize
 
 
 def add_parser(kinds: argparse._SubParsersAction) -> None:

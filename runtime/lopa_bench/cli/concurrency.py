@@ -10,13 +10,13 @@ import argparse
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from lopa.bench.concurrency import Answer, Send, captures_of, run_level, sweep, sweep_flags
-from lopa.bench.rows import check_json, finish, show_row
 from lopa.cli.generate import add_weights_flag, check_weights
 from lopa.cli.preflight import device_problem
 from lopa.host.device import resolve_device
 from lopa.params import MAX_BRANCHES, InvalidParameter
 from lopa.serving.shared.config import DTYPES
+from lopa_bench.concurrency import Answer, Send, captures_of, run_level, sweep, sweep_flags
+from lopa_bench.rows import check_json, finish, show_row
 
 if TYPE_CHECKING:
     import torch
@@ -132,8 +132,8 @@ def run(args: argparse.Namespace) -> int:
 def write_profile(send: Send, requests: int, level: int, device: torch.device, out: Path) -> Path:
     """The level once more (its graphs captured by the sweep) under torch.profiler, to
     out/concurrency_profile.txt: a summary line, then the kernel table."""
-    from lopa.bench.profiling import profiled
     from lopa.model.window import GRAPHS_ENV, GRAPHS_UNCAPTURED
+    from lopa_bench.profiling import profiled
 
     rows: list[dict] = []
     profile = profiled(lambda: rows.append(run_level(send, requests, level)), device)

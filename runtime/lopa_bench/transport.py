@@ -23,10 +23,10 @@ from concurrent import futures
 
 import grpc
 
-from lopa.bench.rows import check_json, finish, show_row
 from lopa.params import InvalidParameter
 from lopa.proto import worker_pb2, worker_pb2_grpc
 from lopa.serving.master.group.links import WorkerGroup, WorkerLink
+from lopa_bench.rows import check_json, finish, show_row
 
 TRANSPORTS = ("socket", "grpc")
 WARMUP_ROUNDS = 20

@@ -24,11 +24,11 @@ import math
 import time
 from collections.abc import Callable, Sequence
 
-from lopa.bench.serving import bench_workers, workload
-from lopa.bench.single import ExecutorProxy, SingleModel, Stats
 from lopa.decoding.executor import BranchWindow, Executor
 from lopa.serving.shared.config import Limits, parse_config, with_model_defaults
 from lopa.serving.shared.model_dir import model_path
+from lopa_bench.serving import bench_workers, workload
+from lopa_bench.single import ExecutorProxy, SingleModel, Stats
 
 Round = tuple[int, int, float]  # a round's rows, staged tokens and staging seconds
 
@@ -111,7 +111,7 @@ def run(args: argparse.Namespace, worker_counts: Sequence[int], log: Callable[[s
 
 def plot(rows: Sequence[dict], path: str) -> None:
     """Stacked per worker count: forward (its pre-write hatched at its base), commit, coordination."""
-    from lopa.bench.figures import figure
+    from lopa_bench.figures import figure
 
     with figure(path) as axis:
         xs = [str(r["workers"]) for r in rows]

@@ -23,7 +23,7 @@ def setup_script() -> Path:
     """tools/bench-clients/setup.sh of the repository this package runs from (an editable install),
     or the script named by LOPA_BENCH_CLIENTS_SETUP."""
     named = os.environ.get(SETUP_ENV)
-    repository = Path(__file__).resolve().parents[4]
+    repository = Path(__file__).resolve().parents[3]
     script = Path(named) if named else repository / "tools" / "bench-clients" / "setup.sh"
     if not script.is_file():
         raise ToolchainError(f"no {script}: run from a lopa checkout (pip install -e runtime) "

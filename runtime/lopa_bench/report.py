@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from lopa.bench.tpf import Sweep
+from lopa_bench.tpf import Sweep
 
 COLUMNS = ("attention", "k", "EM %", "TPF", "pad TPF", "forwards", "tokens", "tok/s", "step ms")
 

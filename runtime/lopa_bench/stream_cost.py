@@ -21,8 +21,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from lopa.bench.rows import check_json, finish
 from lopa.params import InvalidParameter
+from lopa_bench.rows import check_json, finish
 
 PROMPT = "Write the longest answer you can."
 NEVER = "<never in the answer>"  # a stop string the answer does not hold: searched every round

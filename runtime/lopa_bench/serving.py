@@ -1,7 +1,7 @@
 """`lopa bench serving`: step time split (forward / coordination / commit) and a concurrency sweep.
 
 For each worker count it starts a LocalCluster (the `lopa serve` launcher), runs the concurrency
-sweep of lopa.bench.concurrency against it (the same requests 1, 2, 4, 8, 16 in flight, batched by
+sweep of lopa_bench.concurrency against it (the same requests 1, 2, 4, 8, 16 in flight, batched by
 the master), and reads the step split of the one-at-a-time level from the master's Prometheus
 histograms (so the numbers are the ones production exports).
 """
@@ -21,13 +21,13 @@ from pathlib import Path
 import grpc
 from prometheus_client.parser import text_string_to_metric_families
 
-from lopa.bench.concurrency import Answer, combine, positive_ints, run_level, sweep_flags, with_ratios
-from lopa.bench.rows import check_json, finish, show_row
 from lopa.params import MAX_BRANCHES, InvalidParameter
 from lopa.serving.client import LopaClient
 from lopa.serving.launcher import LocalCluster, free_ports, loopback_config
 from lopa.serving.shared.config import Limits, MasterConfig, ServingConfig, parse_config, with_model_defaults
 from lopa.serving.shared.model_dir import model_path
+from lopa_bench.concurrency import Answer, combine, positive_ints, run_level, sweep_flags, with_ratios
+from lopa_bench.rows import check_json, finish, show_row
 
 PHASES = ("forward", "coordination", "commit")
 PROMPTS = ["12+34=", "Write a haiku about the sea.", "def fib(n):", "The capital of France is"]
@@ -64,7 +64,7 @@ def bench_workers(
     prompts: Sequence[str] = PROMPTS, passes: int = 1,
 ) -> tuple[dict, list[dict]]:
     """One worker count: its step split row (of the first level's first pass) and its sweep rows
-    (`passes` interleaved passes combined, see lopa.bench.concurrency). prompts[:WARMUP] warm up,
+    (`passes` interleaved passes combined, see lopa_bench.concurrency). prompts[:WARMUP] warm up,
     the measured requests cycle through the rest."""
     # long: one worker count's run: start, warm up, sweep, stop, in the order they run
     warmup, measured = list(prompts[:WARMUP]), list(prompts[WARMUP:]) or list(prompts)

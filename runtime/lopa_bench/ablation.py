@@ -19,10 +19,10 @@ from dataclasses import replace
 from functools import partial
 from typing import TextIO
 
-from lopa.bench.single import ExecutorProxy, SingleModel, Stats, Tally
 from lopa.bundled.tasks import Example
 from lopa.decoding.executor import BranchWindow, Executor
 from lopa.params import DecodingParams
+from lopa_bench.single import ExecutorProxy, SingleModel, Stats, Tally
 
 CHOICES = ("confidence", "random", "anchor")
 LIFT = 1.0e4  # far above any Conf spread (neg_entropy >= -ln(vocab), prob and margin <= 1)
@@ -71,7 +71,7 @@ def run_ablation(
 
 def plot(rows: Sequence[dict], path: str) -> None:
     """TPF (left) and exact match (right) against k, one line per winner choice."""
-    from lopa.bench.figures import figure
+    from lopa_bench.figures import figure
 
     with figure(path, columns=2) as (tpf_axis, em_axis):
         for choice in dict.fromkeys(r["winner"] for r in rows):

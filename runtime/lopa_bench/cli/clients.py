@@ -6,12 +6,12 @@ import argparse
 import sys
 from pathlib import Path
 
-from lopa.bench.clients import toolchain
-from lopa.bench.clients.compare import TOLERANCE
-from lopa.bench.clients.results import Load
-from lopa.bench.clients.runner import Plan, execute
-from lopa.bench.clients.served import ServeOptions
 from lopa.params import InvalidParameter
+from lopa_bench.clients import toolchain
+from lopa_bench.clients.compare import TOLERANCE
+from lopa_bench.clients.results import Load
+from lopa_bench.clients.runner import Plan, execute
+from lopa_bench.clients.served import ServeOptions
 
 
 def add_parser(kinds: argparse._SubParsersAction) -> None:

@@ -12,8 +12,6 @@ from pathlib import Path
 
 import torch
 
-from lopa.bench import step
-from lopa.bench.rows import check_json, markdown_table, show_row
 from lopa.cli.generate import add_weights_flag, check_weights
 from lopa.cli.preflight import device_problem
 from lopa.host.device import resolve_device
@@ -30,6 +28,8 @@ from lopa.synthetic.checkpoint import (
     write_random_lora_adapter,
     write_sharded_checkpoint,
 )
+from lopa_bench import step
+from lopa_bench.rows import check_json, markdown_table, show_row
 
 PAPER_TPF = 10.1  # D2F-Dream-7B with LoPA on GSM8K (the LoPA paper)
 

@@ -15,13 +15,13 @@ from typing import Any
 
 import torch
 
-from lopa.bench import ablation, orders
-from lopa.bench.rows import markdown_table, public
-from lopa.bench.single import SingleModel
 from lopa.bundled import bundled_model_dir, tasks
 from lopa.bundled.defaults import model_defaults
-from lopa.cli.bench_lists import parse_ks
 from lopa.params import MAX_BRANCHES, DecodingParams, InvalidParameter
+from lopa_bench import ablation, orders
+from lopa_bench.cli.lists import parse_ks
+from lopa_bench.rows import markdown_table, public
+from lopa_bench.single import SingleModel
 
 
 def add_parsers(kinds: argparse._SubParsersAction) -> None:
@@ -59,7 +59,7 @@ def add_parsers(kinds: argparse._SubParsersAction) -> None:
         help="the distributed path's pre-write and winner commit against the forward, per round",
         description="For each worker count: a master and workers on loopback decode the held-out "
         "prompts one at a time with LoPA, full attention; per round the forward, the pre-write "
-        "inside it, the winner commit and the coordination (see lopa.bench.commit_cost).",
+        "inside it, the winner commit and the coordination (see lopa_bench.commit_cost).",
     )
     commit.add_argument("--model", default=None, help="checkpoint directory (default: the bundled model)")
     commit.add_argument("--out", required=True, help="directory for commit.json and commit.png")
@@ -129,7 +129,7 @@ def run_orders(args: argparse.Namespace, model: SingleModel, base: DecodingParam
 
 
 def run_options(args: argparse.Namespace, model: SingleModel, base: DecodingParams, out: Path) -> dict:
-    from lopa.bench import options
+    from lopa_bench import options
 
     ks = parse_ks(args.ks)
     examples = tasks.held_out(args.limit)
@@ -142,8 +142,8 @@ def run_options(args: argparse.Namespace, model: SingleModel, base: DecodingPara
 
 
 def run_commit(args: argparse.Namespace) -> int:
-    from lopa.bench import commit_cost
-    from lopa.bench.concurrency import positive_ints
+    from lopa_bench import commit_cost
+    from lopa_bench.concurrency import positive_ints
 
     workers = positive_ints(args.workers, "workers", "worker count")
     if args.requests < 1:
@@ -163,6 +163,6 @@ def run_commit(args: argparse.Namespace) -> int:
 
 
 def _machine() -> dict[str, Any]:
-    from lopa.bench.tpf import machine
+    from lopa_bench.tpf import machine
 
     return machine()

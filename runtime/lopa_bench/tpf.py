@@ -11,10 +11,10 @@ from typing import Any, TextIO
 
 import torch
 
-from lopa.bench.evaluate import RunStats, evaluate
 from lopa.bundled.tasks import Example
 from lopa.engine import LocalEngine
 from lopa.params import AttentionMode, DecodingParams
+from lopa_bench.evaluate import RunStats, evaluate
 
 KS = tuple(range(9))  # D2F and k = 1..8: past the suite's deepest word (7 letters)
 MODES = (AttentionMode.BLOCK_CAUSAL.value, AttentionMode.FULL.value)

@@ -10,8 +10,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from lopa.bench.clients import guidellm, inference_perf, probe, toolchain, vllm_metrics
-from lopa.bench.clients.compare import (
+from lopa_bench.clients import guidellm, inference_perf, probe, toolchain, vllm_metrics
+from lopa_bench.clients.compare import (
     TOLERANCE,
     Check,
     client_checks,
@@ -20,8 +20,8 @@ from lopa.bench.clients.compare import (
     probe_checks,
     table,
 )
-from lopa.bench.clients.results import ClientRun, Load, Target
-from lopa.bench.clients.served import LopaCounters, ServedLopa, ServeOptions
+from lopa_bench.clients.results import ClientRun, Load, Target
+from lopa_bench.clients.served import LopaCounters, ServedLopa, ServeOptions
 
 # The clients must find every file locally: no Hugging Face hub (the tokenizer is a directory).
 OFFLINE = {"HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1",

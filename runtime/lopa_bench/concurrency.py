@@ -26,8 +26,8 @@ from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
-from lopa.bench.rows import public
 from lopa.params import InvalidParameter
+from lopa_bench.rows import public
 
 LEVELS = (1, 2, 4, 8, 16)
 
@@ -106,7 +106,7 @@ def run_level(send: Send, requests: int, concurrency: int, captures: Captures | 
         "work_per_token": round(verified / tokens, 2) if tokens else 0.0,
         "us_per_verified": round(wall * 1e6 / verified, 2) if verified else 0.0,
         **captured,
-        "_latencies": latencies,  # by request index: for p99_slowdown (not shown, see lopa.bench.rows)
+        "_latencies": latencies,  # by request index: for p99_slowdown (not shown, see lopa_bench.rows)
     }
 
 
@@ -139,7 +139,7 @@ def combine(runs: Sequence[Sequence[dict]]) -> list[dict]:
     """The rows of several passes over the same levels -> one row per level: the median of each
     measured quantity over the passes (ratios: of the per-pass ratios), plus `passes` and the
     range of the per-pass speedups. One pass comes back as measured; either way
-    without the working keys (lopa.bench.rows.public)."""
+    without the working keys (lopa_bench.rows.public)."""
     if len(runs) == 1:
         return [public(row) for row in runs[0]]
     if len({len(rows) for rows in runs}) != 1:

@@ -1,6 +1,6 @@
 """Hostile clients of a master's ports, for the edges tests and `lopa bench edges`.
 
-Each runs in a process of its own (`python -m lopa.bench.attacks KIND JSON`): the measuring
+Each runs in a process of its own (`python -m lopa_bench.attacks KIND JSON`): the measuring
 process's GIL must not slow the clients, nor they the measurement. Each prints one JSON object of
 what it saw.
 
@@ -265,7 +265,7 @@ def trickle(port: int, count: int, seconds: float, every: float) -> dict[str, An
 
 def spawn(kind: str, env: dict[str, str] | None = None, **arguments: Any) -> subprocess.Popen:
     """Run one of KINDS in a process of its own; `collect` its report."""
-    return subprocess.Popen([sys.executable, "-m", "lopa.bench.attacks", kind, json.dumps(arguments)],
+    return subprocess.Popen([sys.executable, "-m", "lopa_bench.attacks", kind, json.dumps(arguments)],
                             stdout=subprocess.PIPE, text=True, env=env)
 
 

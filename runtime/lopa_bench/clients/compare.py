@@ -6,10 +6,10 @@ from collections.abc import Collection, Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from lopa.bench.clients.probe import ProbeAnswer
-from lopa.bench.clients.results import ClientRun
-from lopa.bench.clients.served import LopaCounters
-from lopa.bench.clients.vllm_metrics import MetricsAnswer
+from lopa_bench.clients.probe import ProbeAnswer
+from lopa_bench.clients.results import ClientRun
+from lopa_bench.clients.served import LopaCounters
+from lopa_bench.clients.vllm_metrics import MetricsAnswer
 
 TOLERANCE = 0.10  # TTFT / TPOT: |client - lopa| / lopa
 

@@ -19,8 +19,8 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
-from lopa.bench.rows import check_json, finish
 from lopa.params import InvalidParameter
+from lopa_bench.rows import check_json, finish
 
 PROMPT_INDEX = 0  # the first held-out prompt of the bundled task suite
 MAX_PROMPT_TOKENS = 256 - 32  # the bundled model's context less its answers' (max_new_tokens)

@@ -6,11 +6,11 @@ import argparse
 import json
 from pathlib import Path
 
-from lopa.bench.rows import check_json, markdown_table, show_row
-from lopa.cli.bench_lists import parse_ks
 from lopa.cli.preflight import device_problem, weights_problem
 from lopa.params import InvalidParameter
 from lopa.serving.shared.config import DTYPES
+from lopa_bench.cli.lists import parse_ks
+from lopa_bench.rows import check_json, markdown_table, show_row
 
 
 def add_parser(kinds: argparse._SubParsersAction) -> None:
@@ -41,10 +41,10 @@ def run(args: argparse.Namespace) -> int:
         raise InvalidParameter("device", problem)
     import torch
 
-    from lopa.bench import weights
     from lopa.bundled import tasks
     from lopa.bundled.defaults import model_defaults
     from lopa.engine import LocalEngine, bundled_model_dir
+    from lopa_bench import weights
 
     model_dir = Path(args.model) if args.model else bundled_model_dir()
     engines = {

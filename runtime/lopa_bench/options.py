@@ -17,9 +17,9 @@ import sys
 from collections.abc import Sequence
 from typing import TextIO
 
-from lopa.bench.single import SingleModel, Tally
 from lopa.bundled.tasks import Example
 from lopa.params import DecodingParams
+from lopa_bench.single import SingleModel, Tally
 
 # (label, overrides): the score variants, the default first
 SCORES: tuple[tuple[str, dict], ...] = (
@@ -63,7 +63,7 @@ def sweep(
 def plot(scores: Sequence[dict], policies: Sequence[dict], path: str) -> None:
     """Left: TPF against k per branch score. Right: TPF (solid) and verified tokens per token
     (dashed, right axis) against k, fixed and auto."""
-    from lopa.bench.figures import figure
+    from lopa_bench.figures import figure
 
     with figure(path, columns=2) as (left, right):
         for label in dict.fromkeys(r["score"] for r in scores):

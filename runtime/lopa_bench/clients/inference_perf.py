@@ -25,7 +25,7 @@ from typing import Any
 
 import yaml
 
-from lopa.bench.clients.results import ClientRun, Failure, Load, Target
+from lopa_bench.clients.results import ClientRun, Failure, Load, Target
 
 NAME = "inference-perf"
 REPORTS = "reports"

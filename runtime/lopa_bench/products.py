@@ -23,10 +23,10 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from lopa.bench.step import kernel_ms
 from lopa.kernels import fp8, fp8_linear
 from lopa.kernels.fp8_products import ANY_ROWS, DEQUANT, DTYPE, SCALED_MM, TRITON, Choice, scaled_mm_linear
 from lopa.model.config import ModelConfig
+from lopa_bench.step import kernel_ms
 
 KERNELS = (DTYPE, TRITON, SCALED_MM, DEQUANT)
 Product = Callable[[torch.Tensor], torch.Tensor]

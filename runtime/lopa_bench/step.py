@@ -220,7 +220,7 @@ def _autotuned(x: torch.Tensor, weight: torch.Tensor, repeat: int) -> dict:
 
 def profile_steps(bench: StepBench, cases: list[tuple[str, int, int, int]], out: Path) -> Path:
     """A torch.profiler table (kernels by self device time) per case: (name, rows, width, n_stage)."""
-    from lopa.bench.profiling import profiled
+    from lopa_bench.profiling import profiled
 
     out.mkdir(parents=True, exist_ok=True)
     path = out / "step_profile.txt"

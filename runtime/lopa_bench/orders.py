@@ -25,10 +25,10 @@ from dataclasses import replace
 from functools import partial
 from typing import TextIO
 
-from lopa.bench.single import ExecutorProxy, SingleModel, Stats
 from lopa.bundled.tasks import Example, score
 from lopa.decoding.executor import BranchWindow, Executor
 from lopa.params import DecodingParams
+from lopa_bench.single import ExecutorProxy, SingleModel, Stats
 
 
 class Ordered(ExecutorProxy):
@@ -148,7 +148,7 @@ MARKS = (  # (row key, marker, colour, label)
 
 def plot(rows: Sequence[dict], path: str) -> None:
     """Per prompt: the random orders' TPFs (grey), their best and worst (green), and the marks."""
-    from lopa.bench.figures import figure
+    from lopa_bench.figures import figure
 
     with figure(path, width=max(6.4, 0.35 * len(rows) + 4)) as axis:
         for x, row in enumerate(rows):

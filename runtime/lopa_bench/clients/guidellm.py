@@ -22,7 +22,7 @@ import re
 from pathlib import Path
 from typing import Any
 
-from lopa.bench.clients.results import ClientRun, Failure, Load, Target, mean
+from lopa_bench.clients.results import ClientRun, Failure, Load, Target, mean
 
 NAME = "guidellm"
 REPORT = "benchmarks.json"

@@ -1,6 +1,6 @@
 """`lopa bench edges`: the master's edges under hostile clients, at full size.
 
-Each row is one attack (lopa.bench.attacks, in processes of their own) against real processes, with
+Each row is one attack (lopa_bench.attacks, in processes of their own) against real processes, with
 what the master's other clients saw meanwhile:
 
 - shapes: four copies at once of each stalling request shape, against a master alone whose body
@@ -34,9 +34,9 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from lopa.bench.attacks import collect, spawn, stop_probe
-from lopa.bench.rows import check_json, finish, show_row
 from lopa.params import InvalidParameter
+from lopa_bench.attacks import collect, spawn, stop_probe
+from lopa_bench.rows import check_json, finish, show_row
 
 SOURCES = [f"127.0.0.{i}" for i in range(2, 10)]  # the slow bodies' addresses (8)
 LONGEST_TOKEN = 256

@@ -8,20 +8,25 @@ from pathlib import Path
 
 import torch
 
-from lopa.bench import edges as edges_bench
-from lopa.bench import samples as samples_bench
-from lopa.bench import serving as serving_bench
-from lopa.bench import shared_prompt as shared_prompt_bench
-from lopa.bench import stream_cost as stream_cost_bench
-from lopa.bench import transport as transport_bench
-from lopa.bench.report import plot, table, write_json
-from lopa.bench.tpf import KS, MODES, run_sweep
 from lopa.bundled import tasks
 from lopa.bundled.defaults import model_defaults
-from lopa.cli import bench_checks, bench_clients, bench_concurrency, bench_products, bench_step, bench_weights
-from lopa.cli.bench_lists import parse_ks, parse_modes
 from lopa.engine import LocalEngine, bundled_model_dir
 from lopa.params import InvalidParameter
+from lopa_bench import edges as edges_bench
+from lopa_bench import samples as samples_bench
+from lopa_bench import serving as serving_bench
+from lopa_bench import shared_prompt as shared_prompt_bench
+from lopa_bench import stream_cost as stream_cost_bench
+from lopa_bench import transport as transport_bench
+from lopa_bench.cli import checks as bench_checks
+from lopa_bench.cli import clients as bench_clients
+from lopa_bench.cli import concurrency as bench_concurrency
+from lopa_bench.cli import products as bench_products
+from lopa_bench.cli import step as bench_step
+from lopa_bench.cli import weights as bench_weights
+from lopa_bench.cli.lists import parse_ks, parse_modes
+from lopa_bench.report import plot, table, write_json
+from lopa_bench.tpf import KS, MODES, run_sweep
 
 DEFAULT_EXAMPLES = 300  # the published held-out set size
 
@@ -30,7 +35,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     parser = subparsers.add_parser(
         "bench",
         help="benchmarks: tpf, step, write-checkpoint, products, weights, concurrency, serving, transport, "
-        "clients, ablation, orders, options, commit, edges, samples, stream-cost",
+        "clients, ablation, orders, options, commit, edges, samples, shared-prompt, stream-cost",
     )
     kinds = parser.add_subparsers(dest="bench", required=True)
     tpf = kinds.add_parser(

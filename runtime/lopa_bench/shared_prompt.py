@@ -15,8 +15,8 @@ import statistics
 import time
 from typing import Any
 
-from lopa.bench.rows import check_json, finish
 from lopa.params import InvalidParameter
+from lopa_bench.rows import check_json, finish
 
 MAX_PROMPT_TOKENS = 256 - 32  # the bundled model's context less its answers' (max_new_tokens)
 
