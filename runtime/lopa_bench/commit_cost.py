@@ -10,9 +10,11 @@ one thread each) decode the held-out prompts one at a time with LoPA k, and per 
   - commit_ms: the slowest worker's winner commit (pack, broadcast, append);
   - coordination_ms: the rest of the master's round trip;
   all three from the master's lopa_step_seconds{phase}, as `lopa bench serving` reads them;
-  - prewrite_ms: the staging copies of the busiest worker's rows, timed in this process around the
-    KV cache's stage() while the same prompts decode with the same k (a worker runs this code on
-    its rows; the copy grows with the rows, so a round's copy is shared out as its rows are);
+  - prewrite_ms: the staging copies of the busiest worker's rows: the same prompts decode with the
+    same k in this process, and each round's staging (its rows and staged tokens, every layer's K
+    and V) is replayed through a KV cache of the model's shape (KVCache.begin_stage, stage), timed
+    outside the forward (a worker stages its rows only; the copy grows with the rows, so a round's
+    copy is shared out as its rows are);
   - commit_kb: the bytes one winner commit broadcasts (all layers' K/V of the committed tokens and
     the fp32 last logit), averaged over the rounds (a round that caches nothing commits none).
 """
@@ -25,6 +27,7 @@ import time
 from collections.abc import Callable, Sequence
 
 from lopa.decoding.executor import BranchWindow, Executor
+from lopa.model.kv_cache import KVCache
 from lopa.serving.shared.config import Limits, parse_config, with_model_defaults
 from lopa.serving.shared.model_dir import model_path
 from lopa_bench.serving import bench_workers, workload
@@ -33,43 +36,47 @@ from lopa_bench.single import ExecutorProxy, SingleModel, Stats
 Round = tuple[int, int, float]  # a round's rows, staged tokens and staging seconds
 
 
-class StagingClock(ExecutorProxy):
-    """Times the staging copies (KVCache.stage) of every round and notes its rows and staged tokens."""
+class RoundShapes(ExecutorProxy):
+    """Notes each round's rows and staged tokens."""
 
-    def __init__(self, inner: Executor, cache: object, rounds: list[Round]) -> None:
+    def __init__(self, inner: Executor, rounds: list[tuple[int, int]]) -> None:
         super().__init__(inner)
-        self.rounds, self.spent = rounds, 0.0
-        stage = cache.stage  # type: ignore[attr-defined]
-
-        def timed(*args: object) -> None:
-            began = time.perf_counter()
-            stage(*args)
-            self.spent += time.perf_counter() - began
-
-        cache.stage = timed  # type: ignore[attr-defined]  # this process's copy only
+        self.rounds = rounds
 
     def verify(self, start: int, n_stage: int, windows: Sequence[BranchWindow]) -> Stats:
-        self.spent = 0.0
-        stats = self.inner.verify(start, n_stage, windows)
-        self.rounds.append((len(windows), n_stage, self.spent))
-        return stats
+        self.rounds.append((len(windows), n_stage))
+        return self.inner.verify(start, n_stage, windows)
 
 
-def prewrite(model: SingleModel, prompts: Sequence[str], kw: dict) -> list[Round]:
-    """(rows, staged tokens, staging seconds) of every round of the prompts' decodes."""
+def prewrite(model: SingleModel, prompts: Sequence[str], kw: dict, repeat: int = 3) -> list[Round]:
+    """(rows, staged tokens, staging seconds) of every round of the prompts' decodes: the staging of
+    each round's shape timed on a KV cache like the model's (the fastest of `repeat`)."""
     from lopa.params import DecodingParams
 
     params = DecodingParams().with_overrides(**{k: v for k, v in kw.items() if k != "pin_branches"})
-    rounds: list[Round] = []
-    cache = model.executor.model.caches[0]  # type: ignore[attr-defined]
-
-    def clock(inner: Executor) -> Executor:
-        return StagingClock(inner, cache, rounds)
-
+    shapes: list[tuple[int, int]] = []
     for prompt in prompts:
-        model.generate(model.encode(prompt), params, clock)
-        cache.__dict__.pop("stage", None)  # the next decode wraps the method afresh
-    return rounds
+        model.generate(model.encode(prompt), params, lambda inner: RoundShapes(inner, shapes))
+    kv = model.executor.model.caches[0]  # type: ignore[attr-defined]
+    timed: dict[tuple[int, int], float] = {}
+    for rows, n in dict.fromkeys(shapes):
+        timed[rows, n] = min(_staging_s(kv, rows, n) for _ in range(repeat)) if n else 0.0
+    return [(rows, n, timed[rows, n]) for rows, n in shapes]
+
+
+def _staging_s(like: KVCache, rows: int, n: int) -> float:
+    """Seconds to stage n tokens of `rows` rows, every layer, in a fresh cache shaped as `like`."""
+    import torch
+
+    cache = KVCache(like.num_layers, like.kv_heads, like.head_dim, n, like.dtype, like.device, rows)
+    keys = torch.randn(1, rows * n, like.kv_heads, like.head_dim, dtype=like.dtype, device=like.device)
+    cache.begin_stage(rows, n)
+    began = time.perf_counter()
+    for layer in range(like.num_layers):
+        cache.stage(layer, keys, keys)
+    if like.device.type == "cuda":
+        torch.cuda.synchronize(like.device)
+    return time.perf_counter() - began
 
 
 def commit_row(rounds: Sequence[Round], workers: int, token_bytes: int, logit_bytes: int) -> dict:

@@ -19,7 +19,7 @@ from lopa.decoding.rules import PositionStat
 from lopa.execution.local import LocalExecutor
 from lopa.model.protocol import WindowBatch, WindowModel
 from lopa.params import DecodingParams
-from lopa.synthetic.rule_model import Rule, SyntheticModel, peaked
+from tests.helpers.rule_model import Rule, SyntheticModel, peaked
 
 VOCAB = 20
 MASK = 19

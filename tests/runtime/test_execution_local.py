@@ -100,7 +100,7 @@ def test_the_stored_last_logit_keeps_only_its_own_row() -> None:
     """Committing a round keeps the winner's last logit, not a view of the round's logits tensor
     (which holds every request's outputs: up to max_batch such tensors stayed alive)."""
     from lopa.decoding.executor import BranchWindow
-    from lopa.synthetic.rule_model import SyntheticModel
+    from tests.helpers.rule_model import SyntheticModel
 
     model = SyntheticModel(20, 64, lambda sequence, position: torch.ones(20), max_batch=2)
     executor = LocalExecutor(model)

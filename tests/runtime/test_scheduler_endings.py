@@ -21,7 +21,7 @@ from lopa.params import DecodingParams
 from lopa.scheduling.budget import Budget
 from lopa.scheduling.request import Completion, QueueFull, Request, SchedulerStopped, Waiter
 from lopa.scheduling.scheduler import Observer, Scheduler
-from lopa.synthetic.rule_model import SyntheticModel
+from tests.helpers.rule_model import SyntheticModel
 
 PROMPT = [1, 2, 3, 4]
 PARAMS = DecodingParams(block_size=4, max_new_tokens=16, branches=2)

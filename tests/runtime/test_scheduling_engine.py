@@ -20,7 +20,7 @@ from lopa.decoding.generation import StepEvent
 from lopa.engine import LocalEngine, bundled_model_dir
 from lopa.scheduling.request import Completion
 from lopa.scheduling.scheduler import Observer
-from lopa.synthetic.mixed import MixedRequest, mixed_requests
+from tests.helpers.mixed import MixedRequest, mixed_requests
 
 
 class Rounds(Observer):

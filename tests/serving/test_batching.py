@@ -22,7 +22,7 @@ from lopa.scheduling.request import Completion
 from lopa.serving.client import LopaClient
 from lopa.serving.launcher import LocalCluster, free_ports, loopback_config
 from lopa.serving.shared.config import parse_config, with_model_defaults
-from lopa.synthetic.mixed import MixedRequest, mixed_requests
+from tests.helpers.mixed import MixedRequest, mixed_requests
 
 from .conftest import metric_samples
 

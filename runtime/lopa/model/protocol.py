@@ -8,7 +8,7 @@ slot's staged K/V to the shared cache. Logits are raw: the model's `logit_shift`
 position output `i` predicts, `i + 1` (Dream's shift) or `i` itself (LLaDA); the executor reads each
 masked position's logits accordingly.
 
-Real models (lopa.model) and synthetic ones (lopa.synthetic.rule_model) implement the same protocol,
+Real models (lopa.model) and synthetic ones (tests.helpers.rule_model) implement the same protocol,
 so the executor and decoder are tested against both.
 """
 

@@ -1,9 +1,8 @@
-"""Synthetic stand-ins for real models and loads, for tests, benchmarks and the bundled model.
+"""Synthetic stand-ins for real models, for tests, benchmarks and the bundled model (the ones only
+tests use are in tests/helpers).
 
 tokenizer   a character-level tokenizer with Dream's special tokens (the bundled model's tokenizer)
 checkpoint  random checkpoints of every family and PEFT LoRA adapters in the exact on-disk formats
-rule_model  a WindowModel whose logits come from a rule over the visible tokens (no weights)
-mixed       a mixed load of the bundled model's held-out prompts (different k, modes, stops)
 posterior   an executor answering with the bundled task suite's exact posteriors (its TPF ceiling)
 """
 
