@@ -19,14 +19,13 @@ from lopa.model.tokenizer import chat_prompt_ids
 from lopa.params import DecodingParams, InvalidParameter, check_length
 from lopa.scheduling.budget import configured_budget
 from lopa.scheduling.calibration import measured_tokens
+from lopa.scheduling.limits import Limits
 from lopa.scheduling.request import Completion, Request, Waiter
 from lopa.scheduling.scheduler import Observer, Scheduler
 from lopa.scheduling.warmup import warm_graphs
 from lopa.stops import StopPolicy
 
-DEFAULT_MAX_LENGTH = 4096
-DEFAULT_MAX_BATCH = 8
-DEFAULT_QUEUE_SIZE = 1024
+DEFAULTS = Limits()  # a served group's defaults (the config file's limits section)
 
 __all__ = ["Completion", "LocalEngine", "bundled_model_dir"]
 
@@ -38,7 +37,7 @@ class LocalEngine:
         max_length: int | None = None,
         device: str = "cpu",
         model_dir: Path | None = None,
-        max_batch: int = DEFAULT_MAX_BATCH,
+        max_batch: int = DEFAULTS.max_batch,
         max_step_tokens: int | None = None,
         observer: Observer | None = None,
         warm: DecodingParams | None = None,
@@ -50,7 +49,7 @@ class LocalEngine:
         self.model_dir = model_dir
         self.tokenizer = loaded.tokenizer
         limit = loaded.config.max_position_embeddings
-        self.max_length = min(max_length or DEFAULT_MAX_LENGTH, limit)
+        self.max_length = min(max_length or DEFAULTS.max_length, limit)
         self.window_model = loaded.window_model(self.max_length, max_batch=max_batch)
         self.executor = LocalExecutor(self.window_model, device=device, pad_id=loaded.special.pad)
         self.decoder = Decoder(
@@ -66,7 +65,7 @@ class LocalEngine:
             params = warm or (model_defaults(model_dir) if model_dir is not None else DecodingParams())
             warm_graphs(self.window_model, params, budget.tokens or None)
         self.scheduler = Scheduler(
-            self.decoder, self.executor, self.decode, DEFAULT_QUEUE_SIZE, budget, observer
+            self.decoder, self.executor, self.decode, DEFAULTS.queue_size, budget, observer
         )
         # Forwards run on the scheduler thread: this thread's OpenMP pool (from loading the model)
         # would otherwise slow every op there (lopa.host.openmp).
@@ -80,7 +79,7 @@ class LocalEngine:
         dtype: str = "float32",
         device: str = "cpu",
         max_length: int | None = None,
-        max_batch: int = DEFAULT_MAX_BATCH,
+        max_batch: int = DEFAULTS.max_batch,
         max_step_tokens: int | None = None,
         weights: str = "dtype",
         warm: DecodingParams | None = None,

@@ -105,5 +105,5 @@ def test_lopa_kernels_is_checked_and_the_cpu_runs_the_references(monkeypatch: py
     cpu = torch.device("cpu")
     assert not uses_triton(cpu) and not kernels_wanted(cpu)  # the default: Triton on a GPU only
     monkeypatch.setenv(KERNELS_ENV, "cuda")
-    with pytest.raises(ValueError, match=f"{KERNELS_ENV} must be one of triton, torch, interpret, got 'cu"):
+    with pytest.raises(ValueError, match=f"{KERNELS_ENV}: must be one of triton, torch, interpret, got 'cu"):
         uses_triton(cpu)

@@ -86,7 +86,7 @@ def test_the_capture_limit_comes_from_the_environment(monkeypatch: pytest.Monkey
     assert graph_capture_tokens() == 256
     for bad in ("-1", "lots", "2.5"):
         monkeypatch.setenv(GRAPH_TOKENS_ENV, bad)
-        with pytest.raises(ValueError, match=f"{GRAPH_TOKENS_ENV} must be an integer >= 0.*{bad!r}"):
+        with pytest.raises(ValueError, match=f"{GRAPH_TOKENS_ENV}: must be an integer >= 0.*{bad!r}"):
             graph_capture_tokens()
 
 

@@ -10,6 +10,7 @@ import pytest
 
 from lopa.host.device import resolve_device
 from lopa.params import DecodingParams
+from lopa.performance import Switches
 from lopa.serving.shared import device_choice
 from lopa.serving.shared.config import AUTO, ConfigError, backend_for, load_config, parse_config
 
@@ -20,6 +21,7 @@ def test_the_reference_config_file_parses() -> None:
     config = load_config(REPO / "docs" / "lopa.yaml")
     assert config.workers.count == len(config.workers.addresses) == 2
     assert config.decoding.branches == 7 and config.limits.queue_size == 64 and config.tls.enabled
+    assert config.performance == Switches()  # the file spells out the defaults
 
 
 @pytest.mark.parametrize(
@@ -30,6 +32,10 @@ def test_the_reference_config_file_parses() -> None:
         ({"decoding": {"tau_conf": 2}}, "decoding.tau_conf"),
         ({"decoding": {"speed": 1}}, "decoding.speed"),
         ({"model": {"dtype": "float32"}, "extra": {}}, "extra"),
+        ({"performance": {"kernels": "cuda"}}, "performance.kernels: must be one of triton, torch"),
+        ({"performance": {"cuda_graphs": "sometimes"}}, "performance.cuda_graphs"),
+        ({"performance": {"cuda_graph_tokens": -2}}, "performance.cuda_graph_tokens"),
+        ({"performance": {"torch_compile": "yes"}}, "performance.torch_compile: must be true or false"),
     ],
 )
 def test_config_errors_name_the_key(raw: dict, field: str) -> None:

@@ -15,8 +15,8 @@ from typing import Any
 
 from tools.docs.markdown import cell
 
-SECTION = re.compile(r"^([a-z_]+):\s*(?:#\s?(.*))?$")
-KEY = re.compile(r"^  ([a-z_]+):\s*(.*)$")
+SECTION = re.compile(r"^([a-z0-9_]+):\s*(?:#\s?(.*))?$")
+KEY = re.compile(r"^  ([a-z0-9_]+):\s*(.*)$")
 COMMENT = re.compile(r"^(\s*)#\s?(.*)$")
 LIST_ITEM = re.compile(r"^\s+-\s+(.*)$")
 DEFAULT_CLAUSE = re.compile(r"(?:^|;)\s*default:\s*([^;]*)")

@@ -86,7 +86,7 @@ def run(args: argparse.Namespace) -> int:
     check_weights(args)
     # The decoding settings before the (slow) load: a bad flag or lopa_defaults.json fails at once.
     params = params_from_args(args, model_defaults(args.model or bundled_model_dir()))
-    # One prompt: one KV cache (not DEFAULT_MAX_BATCH of them), and no branch budget to measure.
+    # One prompt: one KV cache (not limits.max_batch of them), and no branch budget to measure.
     engine = LocalEngine.from_dirs(
         args.model, args.adapter, args.dtype, args.device, args.max_length, max_batch=1, weights=args.weights
     )

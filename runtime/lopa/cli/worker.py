@@ -7,6 +7,7 @@ import logging
 import os
 import signal
 
+from lopa import performance
 from lopa.cli.preflight import device_problem, weights_problem
 from lopa.params import InvalidParameter
 from lopa.serving.shared.config import ConfigError
@@ -31,6 +32,7 @@ def run(args: argparse.Namespace) -> int:
 
     watch_parent()  # started by `lopa serve`: stop when it is gone, however it died
     config = role_config(args.config)  # read as the master reads it: same defaults, same checks
+    performance.install(config.performance)  # before the model loads: how it runs on its device
     rank = worker_rank(args.rank, os.environ.get("LOPA_RANK"), config.workers.count)
     problem = device_problem(config.model.device)
     if problem:

@@ -12,23 +12,19 @@ the shape (each kernel module says which), else its reference. LOPA_KERNELS choo
 
 from __future__ import annotations
 
-import os
-
 import torch
 
+from lopa import performance
 from lopa.kernels.triton_support import available
 
-KERNELS_ENV = "LOPA_KERNELS"
-TRITON, TORCH, INTERPRET = "triton", "torch", "interpret"
-MODES = (TRITON, TORCH, INTERPRET)
+KERNELS_ENV = performance.ENV["kernels"]
+TRITON, TORCH, INTERPRET = performance.TRITON, performance.TORCH, performance.INTERPRET
+MODES = performance.KERNEL_MODES
 
 
 def mode() -> str:
-    """LOPA_KERNELS, checked; ValueError naming it when it is none of MODES."""
-    value = os.environ.get(KERNELS_ENV, TRITON).strip() or TRITON
-    if value not in MODES:
-        raise ValueError(f"{KERNELS_ENV} must be one of {', '.join(MODES)}, got {value!r}")
-    return value
+    """The kernels switch (lopa.performance); ValueError naming it when it is none of MODES."""
+    return str(performance.value("kernels"))
 
 
 def uses_triton(device: torch.device) -> bool:

@@ -22,19 +22,19 @@ from __future__ import annotations
 
 import functools
 import json
-import os
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import torch
 
+from lopa import performance
 from lopa.kernels import fp8_linear
 from lopa.kernels.dispatch import uses_triton
 from lopa.kernels.fp8 import E4M3, E4M3_MAX, linear_reference
 
 TRITON, SCALED_MM, DEQUANT, DTYPE = "triton", "scaled_mm", "dequant", "dtype"
 KERNELS = (TRITON, SCALED_MM, DEQUANT, DTYPE)
-TABLE_ENV = "LOPA_FP8_PRODUCTS"
+TABLE_ENV = performance.ENV["fp8_products"]
 ANY_ROWS = 1 << 30
 
 
@@ -84,7 +84,7 @@ def _table_from(path: str) -> tuple[Choice, ...]:
 
 
 def table() -> tuple[Choice, ...]:
-    path = os.environ.get(TABLE_ENV, "").strip()
+    path = performance.value("fp8_products").strip()
     return _table_from(path) if path else DEFAULT_TABLE
 
 

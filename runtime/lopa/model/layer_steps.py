@@ -18,12 +18,12 @@ an addcmul) and the residual add with the norm that follows it. A model runs the
 
 from __future__ import annotations
 
-import os
 from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
 
+from lopa import performance
 from lopa.kernels import dispatch, rms_norm, rotary
 from lopa.kernels import swiglu as swiglu_kernel
 from lopa.kernels.rms_norm import add_rms_norm_reference
@@ -31,7 +31,7 @@ from lopa.kernels.rotary import Staging, apply_rotary, rotary_qkv_reference
 from lopa.kernels.swiglu import swiglu_reference
 from lopa.model.config import ModelConfig
 
-COMPILE_ENV = "LOPA_TORCH_COMPILE"  # "1": a GPU's window model compiles its layers' steps
+COMPILE_ENV = performance.ENV["torch_compile"]  # a GPU's window model compiles its layers' steps
 
 # The references: what the CPU always runs (lopa.kernels keeps each beside its kernel).
 swiglu = swiglu_reference
@@ -154,8 +154,9 @@ def _compare(name: str, got: Tensor | tuple, want: Tensor | tuple, tolerance: di
 
 
 def compile_wanted(device: torch.device) -> bool:
-    """LOPA_TORCH_COMPILE=1 on a GPU (a CPU keeps the eager steps: its row-exact bits depend on them)."""
-    return device.type == "cuda" and os.environ.get(COMPILE_ENV, "0") == "1"
+    """torch_compile (lopa.performance) on a GPU (a CPU keeps the eager steps: its row-exact bits
+    depend on them)."""
+    return device.type == "cuda" and bool(performance.value("torch_compile"))
 
 
 def kernels_wanted(device: torch.device) -> bool:

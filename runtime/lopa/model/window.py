@@ -20,11 +20,11 @@ prefixes and their places in that map.
 from __future__ import annotations
 
 import logging
-import os
 from collections.abc import Sequence
 
 import torch
 
+from lopa import performance
 from lopa.host.heap import keep_freed_memory
 from lopa.kernels.dispatch import KERNELS_ENV
 from lopa.kernels.vocab_stats import Stats
@@ -41,13 +41,13 @@ from lopa.params import ConfKind
 
 log = logging.getLogger("lopa.model")
 
-GRAPHS_ENV = "LOPA_CUDA_GRAPHS"  # "0" turns CUDA graphs off (eager forwards on CUDA)
+GRAPHS_ENV = performance.ENV["cuda_graphs"]  # eager (0): eager forwards on CUDA
 # The graphs' rounds (buckets, packing, compact layout) without capture: each replay runs the body
 # eagerly, so a profile attributes every kernel to its op and shapes (slow: for profiling only).
-GRAPHS_UNCAPTURED = "uncaptured"
-# Rounds of more linear tokens than this run their bucket's body eagerly instead of a captured graph
-# (lopa.model.cuda_graphs.WindowGraphs.captures_bucket); unset: every bucket is captured.
-GRAPH_TOKENS_ENV = "LOPA_CUDA_GRAPH_TOKENS"
+GRAPHS_UNCAPTURED = performance.UNCAPTURED
+# Rounds of more linear tokens than cuda_graph_tokens run their bucket's body eagerly instead of a
+# captured graph (lopa.model.cuda_graphs.WindowGraphs.captures_bucket); -1: every bucket is captured.
+GRAPH_TOKENS_ENV = performance.ENV["cuda_graph_tokens"]
 _GRAPH_STAGING = (16, 256)  # staging reserved up front for cache 0 when graphs are on: slots x tokens
 
 
@@ -73,18 +73,9 @@ def reserved_staging_tokens(max_batch: int, num_slots: int, max_length: int, gra
 
 
 def graph_capture_tokens() -> int | None:
-    """LOPA_CUDA_GRAPH_TOKENS as an int >= 0 (None when unset); ValueError naming it otherwise."""
-    text = os.environ.get(GRAPH_TOKENS_ENV, "").strip()
-    if not text:
-        return None
-    try:
-        tokens = int(text)
-    except ValueError:
-        tokens = -1
-    if tokens < 0:
-        raise ValueError(f"{GRAPH_TOKENS_ENV} must be an integer >= 0 (linear tokens of the largest "
-                         f"captured round), got {text!r}")
-    return tokens
+    """The cuda_graph_tokens switch (lopa.performance): None when every bucket is captured."""
+    tokens = performance.value("cuda_graph_tokens")
+    return None if tokens < 0 else tokens
 
 
 def graphs_wanted(device: torch.device, requested: bool | None) -> bool:
@@ -92,7 +83,7 @@ def graphs_wanted(device: torch.device, requested: bool | None) -> bool:
         return False
     if requested is not None:
         return requested
-    return os.environ.get(GRAPHS_ENV, "1") != "0"
+    return performance.value("cuda_graphs") != performance.EAGER
 
 
 class WindowedLM:
@@ -148,7 +139,7 @@ class WindowedLM:
             # Staging reserved up front: graphs hold its address, growing it means recapturing.
             for index, kv in enumerate(self._physical):
                 kv.ensure_staging(*graph_staging(index, num_slots, max_length))
-            capture = os.environ.get(GRAPHS_ENV) != GRAPHS_UNCAPTURED
+            capture = performance.value("cuda_graphs") != GRAPHS_UNCAPTURED
             self.graphs = WindowGraphs(model, self._physical, self.kv_storage, capture=capture,
                                        capture_tokens=graph_capture_tokens())
         if self.device.type == "cpu":

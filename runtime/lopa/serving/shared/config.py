@@ -11,6 +11,8 @@ import yaml
 from lopa.bundled.defaults import model_defaults
 from lopa.host.device import AUTO
 from lopa.params import MAX_BRANCHES, DecodingParams, InvalidParameter
+from lopa.performance import Switches
+from lopa.scheduling.limits import Limits
 
 DTYPES = ("float32", "bfloat16", "float16")
 # How the linear weights are kept: in model.dtype, or FP8 e4m3 with per-channel scales
@@ -79,18 +81,6 @@ class ModelConfig:
 # file; several separated by commas.
 API_KEY_ENV = "LOPA_API_KEY"
 
-
-@dataclass(frozen=True)
-class Limits:
-    max_branches: int = 15
-    max_new_tokens: int = 1024
-    max_prompt_tokens: int = 2048
-    queue_size: int = 64
-    request_timeout_s: float = 300.0
-    max_batch: int = 8  # requests decoding at once: one KV cache each on every worker, allocated at start
-    max_step_tokens: int = 0  # tokens of one forward per worker (branch budget); 0 = the device's default
-    # prompt + answer of a request at most (its KV cache); 0 = max_prompt_tokens + max_new_tokens
-    max_model_len: int = 0
 
 
 @dataclass(frozen=True)
@@ -163,6 +153,7 @@ class ServingConfig:
     master: MasterConfig = field(default_factory=MasterConfig)
     workers: WorkersConfig = field(default_factory=WorkersConfig)
     tls: TlsConfig = field(default_factory=TlsConfig)
+    performance: Switches = field(default_factory=Switches)  # how the workers' models run (lopa.performance)
     # The decoding keys the file set; with_model_defaults takes the others from the model. Not a key
     # of the file: dump_config writes every decoding key, so the children of `lopa serve` get them all.
     decoding_keys: frozenset[str] = field(default=DECODING_KEYS, compare=False, repr=False)
@@ -170,8 +161,7 @@ class ServingConfig:
     @property
     def max_length(self) -> int:
         """KV cache length of every request (before capping by the model's position limit)."""
-        total = self.limits.max_prompt_tokens + self.limits.max_new_tokens
-        return min(total, self.limits.max_model_len) if self.limits.max_model_len else total
+        return self.limits.max_length
 
 
 _SECTIONS: dict[str, type] = {
@@ -181,6 +171,7 @@ _SECTIONS: dict[str, type] = {
     "master": MasterConfig,
     "workers": WorkersConfig,
     "tls": TlsConfig,
+    "performance": Switches,
 }
 
 
@@ -197,6 +188,8 @@ def _section(name: str, cls: type, raw: Any) -> Any:
     try:
         return cls(**values)
     except InvalidParameter as error:
+        raise ConfigError(f"{name}.{error}") from None
+    except ValueError as error:  # a switch out of range (lopa.performance names its key)
         raise ConfigError(f"{name}.{error}") from None
 
 
