@@ -37,7 +37,7 @@ class ForcedWinner(ExecutorProxy):
         self.rng = random.Random(seed)
 
     def verify(self, start: int, n_stage: int, windows: Sequence[BranchWindow]) -> Stats:
-        rows = self.inner.verify(start, n_stage, windows)
+        rows = super().verify(start, n_stage, windows)
         chosen = len(rows) - 1 if self.choice == "anchor" else self.rng.randrange(len(rows))
         rows[chosen] = [replace(s, conf=s.conf + LIFT) for s in rows[chosen]]
         return rows

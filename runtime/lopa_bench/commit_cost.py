@@ -45,7 +45,7 @@ class RoundShapes(ExecutorProxy):
 
     def verify(self, start: int, n_stage: int, windows: Sequence[BranchWindow]) -> Stats:
         self.rounds.append((len(windows), n_stage))
-        return self.inner.verify(start, n_stage, windows)
+        return super().verify(start, n_stage, windows)
 
 
 def prewrite(model: SingleModel, prompts: Sequence[str], kw: dict, repeat: int = 3) -> list[Round]:

@@ -39,7 +39,7 @@ class Ordered(ExecutorProxy):
         self.rank = rank
 
     def verify(self, start: int, n_stage: int, windows: Sequence[BranchWindow]) -> Stats:
-        rows = self.inner.verify(start, n_stage, windows)
+        rows = super().verify(start, n_stage, windows)
         return [[replace(s, conf=-float(self.rank[s.position])) for s in row] for row in rows]
 
 
@@ -53,13 +53,13 @@ class CommitRecorder(ExecutorProxy):
 
     def verify(self, start: int, n_stage: int, windows: Sequence[BranchWindow]) -> Stats:
         self.windows, self.start = windows, start
-        return self.inner.verify(start, n_stage, windows)
+        return super().verify(start, n_stage, windows)
 
     def commit(self, candidate: int) -> None:
         won, anchor = self.windows[candidate].tokens, self.windows[-1].tokens
         changed = [i for i, (a, b) in enumerate(zip(won, anchor, strict=False)) if a != b]
         self.lookaheads.append(self.start + changed[0] if changed else None)
-        self.inner.commit(candidate)
+        super().commit(candidate)
 
 
 def lopa_order(model: SingleModel, prompt: list[int], params: DecodingParams) -> tuple[dict[int, int], float]:

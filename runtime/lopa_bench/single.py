@@ -7,14 +7,14 @@ variant runs the production round (lopa.decoding.generation) unchanged.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from lopa.bundled.tasks import Example, score
 from lopa.decoding.decoder import Decoder, GenerationResult, StepEvent
-from lopa.decoding.executor import BranchWindow, Executor
+from lopa.decoding.executor import BranchWindow, Executor, PartOutcome, VerifyPart, verify_part
 from lopa.decoding.rules import PositionStat
 from lopa.execution.local import LocalExecutor
 from lopa.model.loader import LoadedModel, load_model
@@ -24,19 +24,38 @@ Stats = list[list[PositionStat]]
 
 
 class ExecutorProxy:
-    """An Executor that hands every call to `inner`; a check overrides the calls it steers."""
+    """An Executor that hands every call to `inner`, for one request at a time (the Decoder's): a
+    check overrides `verify` or `commit`, the lone round's two steps, to steer or observe them."""
 
     def __init__(self, inner: Executor) -> None:
         self.inner = inner
+        self.max_batch, self.executors = 1, inner.executors
+        self._sequence = 0
 
-    def begin(self, params: DecodingParams, num_candidates: int) -> None:
-        self.inner.begin(params, num_candidates)
+    def ready(self) -> bool:
+        return self.inner.ready()
+
+    def begin(self, params: DecodingParams, num_candidates: int, sequence: int = 0,
+              excluded_ids: Collection[int] = (), alternatives: int = 0) -> None:
+        self._sequence = sequence
+        self.inner.begin(params, num_candidates, sequence, excluded_ids, alternatives)
+
+    def verify_many(self, parts: Sequence[VerifyPart]) -> list[PartOutcome]:
+        (part,) = parts
+        return [self.verify(part.start, part.n_stage, part.windows)]
+
+    def commit_many(self, commits: Sequence[tuple[int, int]]) -> None:
+        ((_, candidate),) = commits
+        self.commit(candidate)
+
+    def release(self, sequence: int) -> None:
+        self.inner.release(sequence)
 
     def verify(self, start: int, n_stage: int, windows: Sequence[BranchWindow]) -> Stats:
-        return self.inner.verify(start, n_stage, windows)
+        return verify_part(self.inner, VerifyPart(self._sequence, start, n_stage, windows))
 
     def commit(self, candidate: int) -> None:
-        self.inner.commit(candidate)
+        self.inner.commit_many([(self._sequence, candidate)])
 
 
 @dataclass

@@ -26,7 +26,7 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-from lopa.decoding.executor import BranchWindow, VerifyPart
+from lopa.decoding.executor import BranchWindow, VerifyPart, verify_part
 from lopa.execution.local import LocalExecutor, OutputPlan
 from lopa.model.transformer import DiffusionLM
 from lopa.model.window import WindowedLM
@@ -146,8 +146,8 @@ class StepBench:
                 n = min(1024, length - cached)
                 windows = windows_for(1, n, cached, n, self.vocab, self.mask_id)
                 windows = [BranchWindow(w.tokens[:n], w.block_ids[:n], []) for w in windows]
-                self.executor.verify(cached, n, windows, sequence)
-                self.executor.commit(0, sequence)
+                verify_part(self.executor, VerifyPart(sequence, cached, n, windows))
+                self.executor.commit_many([(sequence, 0)])
 
     def forward_ms(self, rows: int, width: int, n_stage: int) -> float:
         start = self.window.kv.length

@@ -10,11 +10,12 @@ from __future__ import annotations
 import zlib
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 
 from lopa.decoding.decoder import Decoder, GenerationResult, StepEvent
-from lopa.decoding.executor import BranchWindow
+from lopa.decoding.executor import BranchWindow, PartOutcome, VerifyPart
 from lopa.decoding.rules import PositionStat
 from lopa.execution.local import LocalExecutor
 from lopa.model.protocol import WindowBatch, WindowModel
@@ -100,18 +101,20 @@ class RecordingExecutor(LocalExecutor):
         super().__init__(model)
         self.calls: list[VerifyCall] = []
 
-    def begin(self, params: DecodingParams, num_candidates: int) -> None:
-        super().begin(params, num_candidates)
+    def begin(self, params: DecodingParams, num_candidates: int, sequence: int = 0, *rest: Any) -> None:
+        super().begin(params, num_candidates, sequence, *rest)
         self.calls = []
 
-    def verify(self, start: int, n_stage: int, windows: Sequence[BranchWindow]) -> list[list[PositionStat]]:
-        stats = super().verify(start, n_stage, windows)
-        self.calls.append(VerifyCall(start, n_stage, list(windows), stats))
-        return stats
+    def verify_many(self, parts: Sequence[VerifyPart]) -> list[PartOutcome]:
+        outcomes = super().verify_many(parts)
+        for part, stats in zip(parts, outcomes, strict=True):
+            self.calls.append(VerifyCall(part.start, part.n_stage, list(part.windows), stats))
+        return outcomes
 
-    def commit(self, candidate: int) -> None:
-        super().commit(candidate)
-        self.calls[-1].committed = candidate
+    def commit_many(self, commits: Sequence[tuple[int, int]]) -> None:
+        super().commit_many(commits)
+        for _, candidate in commits:
+            self.calls[-1].committed = candidate
 
 
 @dataclass

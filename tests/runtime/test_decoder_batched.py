@@ -21,7 +21,7 @@ from synthetic_cases import (
     synthetic_model,
 )
 
-from lopa.decoding.executor import BranchWindow
+from lopa.decoding.executor import BranchWindow, VerifyPart, verify_part
 from lopa.execution.local import LocalExecutor, RowByRowExecutor
 from lopa.params import AttentionMode, DecodingParams
 
@@ -127,10 +127,10 @@ def test_one_ragged_verify_matches_row_by_row_numerically(real: Any) -> None:
         model = real.window_model(64)
         executor = executor_type(model)
         executor.begin(params, 3)
-        first = executor.verify(0, len(prompt), windows)
-        executor.commit(1)
+        first = verify_part(executor, VerifyPart(0, 0, len(prompt), windows))
+        executor.commit_many([(0, 1)])
         cache = model.kv.cache[:, :, : model.cache_length()].clone()
-        second = executor.verify(6, 0, [BranchWindow([mask] * 4, [1] * 4, [6, 7, 8, 9])])
+        second = verify_part(executor, VerifyPart(0, 6, 0, [BranchWindow([mask] * 4, [1] * 4, [6, 7, 8, 9])]))
         out.append((first, cache, second))
 
     (first_b, cache_b, second_b), (first_s, cache_s, second_s) = out

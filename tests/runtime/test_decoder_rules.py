@@ -25,7 +25,7 @@ from synthetic_cases import (
 from lopa.decoding import rules
 from lopa.decoding.blocks import Block, BlockState, Branch
 from lopa.decoding.decoder import Decoder
-from lopa.decoding.executor import BranchWindow
+from lopa.decoding.executor import BranchWindow, VerifyPart, verify_part
 from lopa.execution.local import LocalExecutor
 from lopa.params import DecodingParams
 
@@ -133,8 +133,9 @@ def test_block_completed_by_a_lookahead_stays_active_until_an_anchor_fill() -> N
     def run_round() -> int:
         assert generation.plan() is not None
         verify = generation.verify(params.branches)
-        winner = generation.apply(executor.verify(verify.start, verify.n_stage, verify.windows))
-        executor.commit(winner)
+        part = VerifyPart(0, verify.start, verify.n_stage, verify.windows)
+        winner = generation.apply(verify_part(executor, part))
+        executor.commit_many([(0, winner)])
         return winner
 
     run_round()
@@ -409,8 +410,9 @@ def test_layout_worked_case_at_the_executor() -> None:
     generation = Decoder(executor, MASK, [EOS], MAX_LENGTH).start(tokens[:5], DecodingParams())
     executor.begin(DecodingParams(), 3)
     # pre-fill the cache with [0, 13) through the protocol itself
-    assert executor.verify(0, 13, [BranchWindow(tokens[:13], [0] * 5 + [1] * 8, [])]) == [[]]
-    executor.commit(0)
+    prefill = BranchWindow(tokens[:13], [0] * 5 + [1] * 8, [])
+    assert verify_part(executor, VerifyPart(0, 0, 13, [prefill])) == [[]]
+    executor.commit_many([(0, 0)])
     assert model.cache_length() == 13
 
     window = generation._window(branch, 13)
@@ -423,15 +425,15 @@ def test_layout_worked_case_at_the_executor() -> None:
         if lookahead_token is not None:
             row.tokens[25] = lookahead_token
         rows.append(generation._window(row, 13))
-    stats = executor.verify(13, 8, rows)
+    stats = verify_part(executor, VerifyPart(0, 13, 8, rows))
     assert model.cache_length() == 13  # staged, not yet committed
     assert [row[0].position for row in stats] == [21, 21, 21]
     assert [row[0].token for row in stats] == [6, 7, 5]
-    executor.commit(1)
+    executor.commit_many([(0, 1)])
     assert model.cache_length() == 21
     assert model.cache == tokens[:21]
 
     # next round: u = 0, the window starts at 21 (masked): the stored logit is row 1's raw output
     fresh = [MASK, 3, 3, 3, 9, 3, 3, 3]  # a fresh forward would now predict 5 + 9
-    (row,) = executor.verify(21, 0, [BranchWindow(fresh, [3] * 8, [21])])
+    (row,) = verify_part(executor, VerifyPart(0, 21, 0, [BranchWindow(fresh, [3] * 8, [21])]))
     assert row[0].token == 7

@@ -7,7 +7,7 @@ import random
 
 import torch
 
-from lopa.decoding.executor import BranchWindow, VerifyPart
+from lopa.decoding.executor import BranchWindow, VerifyPart, verify_part
 from lopa.engine import bundled_model_dir
 from lopa.execution.local import LocalExecutor
 from lopa.model import WindowedLM
@@ -47,7 +47,7 @@ def test_each_part_gets_the_statistics_it_gets_alone() -> None:
     outcomes = together.verify_many(parts)
     for part, outcome in zip(parts, outcomes, strict=True):
         assert not isinstance(outcome, Exception)
-        assert outcome == alone.verify(part.start, part.n_stage, part.windows, part.sequence)
+        assert outcome == verify_part(alone, part)
         assert [len(stats) for stats in outcome] == [len(w.masked) for w in part.windows]
     # Parts 0 and 2 share their settings and their windows' statistics differ: no mix-up.
     assert outcomes[0] != outcomes[2]
@@ -70,7 +70,7 @@ def test_a_lone_masked_position_of_a_large_vocabulary_gets_its_own_bits(thread_c
             executor.begin(params, 3, part.sequence)
     outcomes = together.verify_many(parts)
     for part, outcome in zip(parts, outcomes, strict=True):
-        assert outcome == alone.verify(part.start, part.n_stage, part.windows, part.sequence)
+        assert outcome == verify_part(alone, part)
 
 
 def test_a_round_copies_its_parts_statistics_to_the_host_once(monkeypatch) -> None:
@@ -92,22 +92,22 @@ def test_a_round_copies_its_parts_statistics_to_the_host_once(monkeypatch) -> No
     outcomes = together.verify_many(parts)
     assert len(copies) == 1
     for part, outcome in zip(parts, outcomes, strict=True):
-        assert outcome == alone.verify(part.start, part.n_stage, part.windows, part.sequence)
+        assert outcome == verify_part(alone, part)
         assert [len(stats) for stats in outcome] == [len(w.masked) for w in part.windows]
 
 
 def test_the_stored_last_logit_keeps_only_its_own_row() -> None:
     """Committing a round keeps the winner's last logit, not a view of the round's logits tensor
     (which holds every request's outputs: up to max_batch such tensors stayed alive)."""
-    from lopa.decoding.executor import BranchWindow
+    from lopa.decoding.executor import BranchWindow, VerifyPart, verify_part
     from tests.helpers.rule_model import SyntheticModel
 
     model = SyntheticModel(20, 64, lambda sequence, position: torch.ones(20), max_batch=2)
     executor = LocalExecutor(model)
     executor.begin(DecodingParams(branches=1), 2)
     windows = [BranchWindow([1, 2, 19, 19], [0, 0, 1, 1], [2, 3]) for _ in range(2)]
-    executor.verify(0, 2, windows)
-    executor.commit(1)
+    verify_part(executor, VerifyPart(0, 0, 2, windows))
+    executor.commit_many([(0, 1)])
     stored = executor.state(0).last_logit
     assert stored is not None
     assert stored.untyped_storage().nbytes() == stored.numel() * stored.element_size()

@@ -110,7 +110,7 @@ class _Group:
 
 
 def test_the_master_fails_the_request_and_keeps_the_group() -> None:
-    from lopa.decoding.executor import BranchWindow
+    from lopa.decoding.executor import BranchWindow, VerifyPart, verify_part
 
     stats = worker_pb2.BranchStats(tokens=[1], probs=[0.5], confs=[-1.0])
     ok = worker_pb2.StepReply(requests=[worker_pb2.RequestStats(branches=[stats])])
@@ -120,7 +120,7 @@ def test_the_master_fails_the_request_and_keeps_the_group() -> None:
     executor.begin(DecodingParams(branches=1), 2)
     windows = [BranchWindow([5, 100], [0, 1], [1]), BranchWindow([5, 100], [0, 1], [1])]
     with pytest.raises(StepFailed, match="worker rank 1: RuntimeError: out of memory"):
-        executor.verify(0, 0, windows)
+        verify_part(executor, VerifyPart(0, 0, 0, windows))
     assert group.attached and not group.losses
     assert status_of(StepFailed("x")) is grpc.StatusCode.INTERNAL
     # A request the stopping master did not finish may be retried elsewhere (not CANCELLED).
@@ -144,7 +144,7 @@ class _CancelledLink(_Link):
 
 def test_a_lost_group_is_reported_by_its_cause_not_by_the_cancelled_rank() -> None:
     """After a SIGKILL of rank 1 the error names rank 1's lost stream, not rank 0 cancelled."""
-    from lopa.decoding.executor import BranchWindow
+    from lopa.decoding.executor import BranchWindow, VerifyPart, verify_part
 
     group = _Group([])
     group.links = [_CancelledLink(group), _Link(worker_pb2.StepReply())]
@@ -152,7 +152,7 @@ def test_a_lost_group_is_reported_by_its_cause_not_by_the_cancelled_rank() -> No
     executor = DistributedExecutor(group, step_timeout_s=5)  # type: ignore[arg-type]
     executor.begin(DecodingParams(), 1)
     with pytest.raises(WorkerLost) as error:
-        executor.verify(0, 0, [BranchWindow([5, 100], [0, 1], [1])])
+        verify_part(executor, VerifyPart(0, 0, 0, [BranchWindow([5, 100], [0, 1], [1])]))
     assert str(error.value) == "lost worker rank 1: worker rank 1 (127.0.0.1:2) stream ended"
 
 
@@ -161,7 +161,7 @@ def test_a_worker_busy_with_another_master_is_never_told_to_leave(
 ) -> None:
     """A worker refuses a second master's stream (ABORTED); a round that meets that refusal drops
     this master's group without sending Leave, which would end the first master's healthy group."""
-    from lopa.decoding.executor import BranchWindow
+    from lopa.decoding.executor import BranchWindow, VerifyPart, verify_part
 
     worker, _ = service
     address = f"127.0.0.1:{free_ports(1)[0]}"
@@ -178,7 +178,7 @@ def test_a_worker_busy_with_another_master_is_never_told_to_leave(
         executor = DistributedExecutor(group, step_timeout_s=5)  # type: ignore[arg-type]
         executor.begin(DecodingParams(), 1)
         with pytest.raises(WorkerLost, match="ABORTED") as error:
-            executor.verify(0, 0, [BranchWindow([5, 100], [0, 1], [1])])
+            verify_part(executor, VerifyPart(0, 0, 0, [BranchWindow([5, 100], [0, 1], [1])]))
         assert error.value.busy
         assert group.leaves and not any(group.leaves)  # the round's drop and the stream's end alike
     finally:
@@ -190,7 +190,7 @@ def test_a_worker_busy_with_another_master_is_never_told_to_leave(
 def test_a_malformed_reply_drops_the_group() -> None:
     """A reply with the wrong number of branches fails the round UNAVAILABLE and drops the group (the
     worker and the master disagree on the round); before, the group was kept for the next round."""
-    from lopa.decoding.executor import BranchWindow
+    from lopa.decoding.executor import BranchWindow, VerifyPart, verify_part
 
     stats = worker_pb2.BranchStats(tokens=[1], probs=[0.5], confs=[-1.0])
     two = worker_pb2.StepReply(requests=[worker_pb2.RequestStats(branches=[stats, stats])])
@@ -198,7 +198,7 @@ def test_a_malformed_reply_drops_the_group() -> None:
     executor = DistributedExecutor(group, step_timeout_s=5)  # type: ignore[arg-type]
     executor.begin(DecodingParams(), 1)
     with pytest.raises(WorkerLost, match="answered 2 of 1 branches"):
-        executor.verify(0, 0, [BranchWindow([5, 100], [0, 1], [1])])
+        verify_part(executor, VerifyPart(0, 0, 0, [BranchWindow([5, 100], [0, 1], [1])]))
     assert group.losses and group.leaves == [True]
 
 

@@ -2,7 +2,7 @@
 
 blocks      one branch's block table
 rules       the decision rules: growth, fills, scores, the winner, spawns
-executor    the executor contract: Executor (one request), BatchExecutor (a round of many), their types
+executor    the executor contract: Executor (a round of one or many requests), its types
 generation  one request's decoding, one round at a time
 decoder     one request alone over any Executor
 """

@@ -1,4 +1,5 @@
-"""The decoding loop: D2F (k = 0) and LoPA (k > 0) over any Executor, one request alone.
+"""The decoding loop: D2F (k = 0) and LoPA (k > 0) over any Executor, one request alone (in KV
+sequence 0, through the protocol the scheduler drives).
 
 One round = docs/decoding.md section 4, kept in lopa.decoding.generation (grow, verify every
 candidate in one executor call, pick and commit the winner, anchor-fill it, spawn the next
@@ -11,11 +12,13 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 
 from lopa.decoding.blocks import SequenceConstants
-from lopa.decoding.executor import Executor
+from lopa.decoding.executor import Executor, VerifyPart, verify_part
 from lopa.decoding.generation import Generation, GenerationResult, StepEvent, StopCheck
 from lopa.params import DecodingParams, decoded_tokens
 
 __all__ = ["Decoder", "GenerationResult", "StepEvent", "StopCheck"]
+
+ALONE = 0  # the KV sequence of a request decoded alone
 
 
 class Decoder:
@@ -55,12 +58,15 @@ class Decoder:
     ) -> GenerationResult:
         params = params.seeded()
         generation = self.start(prompt, params, should_stop)
-        self.executor.begin(params, params.branches + 1)
-        while generation.plan() is not None:
-            verify = generation.verify(params.branches)
-            stats = self.executor.verify(verify.start, verify.n_stage, verify.windows)
-            winner = generation.apply(stats)
-            self.executor.commit(winner)
-            if on_step is not None:
-                on_step(generation.event())
+        self.executor.begin(params, params.branches + 1, ALONE)
+        try:
+            while generation.plan() is not None:
+                verify = generation.verify(params.branches)
+                part = VerifyPart(ALONE, verify.start, verify.n_stage, verify.windows)
+                winner = generation.apply(verify_part(self.executor, part))
+                self.executor.commit_many([(ALONE, winner)])
+                if on_step is not None:
+                    on_step(generation.event())
+        finally:
+            self.executor.release(ALONE)
         return generation.result()

@@ -1,16 +1,18 @@
-"""The executor contract: what the decoder and the scheduler need from an executor (pure types).
+"""The executor contract: what the scheduler and the decoder need from an executor (pure types).
 
-An executor verifies a round's candidates and commits the winner. The decoder drives one request
-(`Executor`: begin / verify / commit); the scheduler drives a round of many requests at once
-(`BatchExecutor`: verify_many / commit_many over KV sequences). Two implementations serve both:
-`lopa.execution.local.LocalExecutor` (every candidate in one batched forward on one device) and the
-master's `DistributedExecutor` (candidates spread over worker processes). The model side of the
-contract, the window forward they drive, is `lopa.model.protocol`.
+One protocol, `Executor`: a request begins in a KV sequence, each round verifies the candidates of
+every running request in one call (verify_many, a VerifyPart per request) and commits each one's
+winner (commit_many), and a request that ended releases its sequence. The scheduler drives many
+requests at once; Decoder.generate drives one, in sequence 0 (verify_part is the lone round).
+Implementations: `lopa.execution.local.LocalExecutor` (every candidate in one batched forward on one
+device) and the master's `DistributedExecutor` (candidates spread over worker processes, each
+commit sent with the next round's step). The model side of the contract, the window forward they
+drive, is `lopa.model.protocol`.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Collection, Sequence
+from collections.abc import Collection, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -27,24 +29,9 @@ class BranchWindow:
     masked: list[int]  # absolute positions to evaluate (masks of ACTIVE blocks)
 
 
-class Executor(Protocol):
-    def begin(self, params: DecodingParams, num_candidates: int) -> None:
-        """Start a request: empty the cache, size staging for num_candidates rows, seed sampling."""
-
-    def verify(self, start: int, n_stage: int, windows: Sequence[BranchWindow]) -> list[list[PositionStat]]:
-        """One verification forward of all candidates.
-
-        `start` is the window start (== cache length); each row stages the K/V of its
-        first `n_stage` tokens. Returns, per candidate, one PositionStat per masked position.
-        """
-
-    def commit(self, candidate: int) -> None:
-        """Make the winner's staged K/V (and its stored last logit) the shared state."""
-
-
 @dataclass(frozen=True)
 class VerifyPart:
-    """One sequence's verification in a batched round (see BatchExecutor.verify_many)."""
+    """One sequence's verification in a round (see Executor.verify_many)."""
 
     sequence: int
     start: int
@@ -59,8 +46,8 @@ class VerifyPart:
 PartOutcome = list[list[PositionStat]] | Exception
 
 
-class BatchExecutor(Protocol):
-    """What the scheduler drives: LocalExecutor, or the master's DistributedExecutor."""
+class Executor(Protocol):
+    """What the scheduler and the decoder drive: LocalExecutor, or the master's DistributedExecutor."""
 
     max_batch: int  # KV sequences
     executors: int  # devices a round's rows are spread over (the budget is per device)
@@ -73,17 +60,21 @@ class BatchExecutor(Protocol):
         """A request starts in KV sequence `sequence`; `excluded_ids`: tokens it never fills (their
         probability is removed before the decision rules see a position: ignore_eos);
         `alternatives`: the most probable tokens each PositionStat carries (top_logprobs)."""
-    def verify_many(self, parts: Sequence[VerifyPart]) -> list[PartOutcome]: ...
-    def commit_many(self, commits: Sequence[tuple[int, int]]) -> None: ...
+    def verify_many(self, parts: Sequence[VerifyPart]) -> list[PartOutcome]:
+        """One verification forward of every part's candidates: per part, one PositionStat per
+        masked position of each window (or the error that failed that part alone). Each row
+        stages the K/V of its first `n_stage` tokens; `start` is the window start (== the cache
+        length of the part's sequence)."""
+    def commit_many(self, commits: Sequence[tuple[int, int]]) -> None:
+        """(sequence, winning candidate) of each part of the round: the winner's staged K/V (and its
+        stored last logit) become the sequence's shared state, at the latest before its next
+        verify (a remote executor sends them with the next round's step)."""
     def release(self, sequence: int) -> None: ...
 
 
-def verify_alone(
-    verify_many: Callable[[Sequence[VerifyPart]], list[PartOutcome]], part: VerifyPart
-) -> list[list[PositionStat]]:
-    """One request's round through a batched verify (the Executor protocol): its statistics, or its
-    error raised."""
-    (outcome,) = verify_many([part])
+def verify_part(executor: Executor, part: VerifyPart) -> list[list[PositionStat]]:
+    """A lone part's round: its statistics, or its error raised."""
+    (outcome,) = executor.verify_many([part])
     if isinstance(outcome, Exception):
         raise outcome
     return outcome

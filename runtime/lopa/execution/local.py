@@ -8,7 +8,7 @@ from dataclasses import dataclass, field, replace
 
 import torch
 
-from lopa.decoding.executor import BranchWindow, PartOutcome, VerifyPart, verify_alone
+from lopa.decoding.executor import BranchWindow, PartOutcome, VerifyPart
 from lopa.decoding.rules import PositionStat
 from lopa.execution.sampling import distributions, position_stats
 from lopa.execution.twins import first_round_twins, for_every_batch, leaders_only
@@ -79,9 +79,8 @@ class SequenceState:
 class LocalExecutor:
     """Drives a WindowModel; keeps each sequence's stored last logit and its per-candidate staging.
 
-    A sequence is one request's KV cache on the model (0 .. model.max_batch - 1). The single-request
-    calls (begin / verify / commit) default to sequence 0; verify_many runs a round of several
-    sequences in one ragged forward.
+    A sequence is one request's KV cache on the model (0 .. model.max_batch - 1); verify_many runs a
+    round of one or several sequences in one ragged forward (the Executor protocol).
     """
 
     def __init__(self, model: WindowModel, device: torch.device | str = "cpu", pad_id: int = 0) -> None:
@@ -125,11 +124,6 @@ class LocalExecutor:
     def release(self, sequence: int) -> None:
         """The sequence's request ended: forget it (its cache is reset by the next begin)."""
         self._states.pop(sequence, None)
-
-    def verify(
-        self, start: int, n_stage: int, windows: Sequence[BranchWindow], sequence: int = 0
-    ) -> list[list[PositionStat]]:
-        return verify_alone(self.verify_many, VerifyPart(sequence, start, n_stage, windows))
 
     def verify_many(self, parts: Sequence[VerifyPart]) -> list[PartOutcome]:
         """One forward for every part; a part whose sampling fails gets its error, the others go on
@@ -325,7 +319,7 @@ class LocalExecutor:
         ]
         return tuple(torch.cat(column) for column in zip(*rows, strict=True))  # type: ignore[return-value]
 
-    def commit(self, candidate: int, sequence: int = 0) -> None:
+    def _commit(self, candidate: int, sequence: int) -> None:
         state = self.state(sequence)
         if state.staged_count > 0:
             self.model.commit(candidate, state.staged_count, sequence)
@@ -337,7 +331,7 @@ class LocalExecutor:
     def commit_many(self, commits: Sequence[tuple[int, int]]) -> None:
         """(sequence, winning candidate) of every part of a round."""
         for sequence, candidate in commits:
-            self.commit(candidate, sequence)
+            self._commit(candidate, sequence)
 
     def drop_staged(self, sequence: int = 0) -> None:
         """Forget the latest verify's staging (committed, or the commit came from elsewhere)."""

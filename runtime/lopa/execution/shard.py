@@ -94,7 +94,7 @@ class ShardExecutor:
             buffer = torch.cat([self.pack(c.sequence, c.winner_slot, c.n) for c in orders])
             self.broadcast(buffer, winner_rank)
             for c in orders:
-                self.local.commit(c.winner_slot, c.sequence)  # from its own slot: the same bytes
+                self.local.commit_many([(c.sequence, c.winner_slot)])  # from its own slot: the same bytes
             return
         buffer = self._receive_buffer(sum(sizes))
         self.broadcast(buffer, winner_rank)
@@ -143,7 +143,7 @@ class ShardExecutor:
             raise RuntimeError(
                 f"sequence {c.sequence}: commit of {c.n} tokens but {staged} were staged on rank {self.rank}"
             )
-        self.local.commit(0, c.sequence)
+        self.local.commit_many([(c.sequence, 0)])
 
 
 def _nbytes(shape: torch.Size, dtype: torch.dtype) -> int:

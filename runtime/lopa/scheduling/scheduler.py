@@ -18,7 +18,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from lopa.decoding.decoder import Decoder
-from lopa.decoding.executor import BatchExecutor, PartOutcome, VerifyPart
+from lopa.decoding.executor import Executor, PartOutcome, VerifyPart
 from lopa.decoding.generation import Generation, RoundPlan
 from lopa.scheduling.budget import Budget, Claim, grant
 from lopa.scheduling.request import Completion, Outcome, QueueFull, Request, RequestAborted, SchedulerStopped
@@ -50,7 +50,7 @@ class Scheduler:
     def __init__(
         self,
         decoder: Decoder,
-        executor: BatchExecutor,
+        executor: Executor,
         decode: Callable[[list[int]], str],
         queue_size: int,
         budget: Budget,

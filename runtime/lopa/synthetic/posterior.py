@@ -11,11 +11,11 @@ little: equally deep positions of two words, for one, are ranked by position her
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 
 from lopa.bundled import tasks
 from lopa.decoding.decoder import Decoder, GenerationResult
-from lopa.decoding.executor import BranchWindow
+from lopa.decoding.executor import PartOutcome, VerifyPart
 from lopa.decoding.rules import PositionStat
 from lopa.params import DecodingParams
 from lopa.synthetic.tokenizer import special_token_id
@@ -29,7 +29,11 @@ def char_id(ch: str) -> int:
 
 
 class PosteriorExecutor:
-    """Executor protocol (begin / verify / commit) for one example of the bundled task suite."""
+    """The Executor protocol (lopa.decoding.executor) for one example of the bundled task suite, one
+    request at a time."""
+
+    max_batch = 1
+    executors = 1
 
     def __init__(self, example: tasks.Example, mask_id: int, eos_id: int) -> None:
         self.mask_id, self.eos_id = mask_id, eos_id
@@ -44,15 +48,24 @@ class PosteriorExecutor:
         self.tokens: list[int] = []
         self.staged: list[list[int]] = []
 
-    def begin(self, params: DecodingParams, num_candidates: int) -> None:
+    def ready(self) -> bool:
+        return True
+
+    def begin(self, params: DecodingParams, num_candidates: int, sequence: int = 0,
+              excluded_ids: Collection[int] = (), alternatives: int = 0) -> None:
         self.tokens = []
 
-    def verify(self, start: int, n_stage: int, windows: Sequence[BranchWindow]) -> list[list[PositionStat]]:
-        self.staged = [list(w.tokens[:n_stage]) for w in windows]
-        return [self._row(self.tokens[:start] + list(w.tokens), w.masked) for w in windows]
+    def verify_many(self, parts: Sequence[VerifyPart]) -> list[PartOutcome]:
+        (part,) = parts  # its one request
+        self.staged = [list(w.tokens[: part.n_stage]) for w in part.windows]
+        return [[self._row(self.tokens[: part.start] + list(w.tokens), w.masked) for w in part.windows]]
 
-    def commit(self, candidate: int) -> None:
+    def commit_many(self, commits: Sequence[tuple[int, int]]) -> None:
+        ((_, candidate),) = commits
         self.tokens += self.staged[candidate]
+
+    def release(self, sequence: int) -> None:
+        self.staged = []
 
     def _row(self, sequence: list[int], masked: Sequence[int]) -> list[PositionStat]:
         row = []

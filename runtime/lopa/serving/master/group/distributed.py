@@ -13,7 +13,7 @@ import time
 from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass, replace
 
-from lopa.decoding.executor import BranchWindow, PartOutcome, VerifyPart, verify_alone
+from lopa.decoding.executor import PartOutcome, VerifyPart
 from lopa.decoding.rules import PositionStat
 from lopa.execution.placement import rank_of, shares
 from lopa.params import AttentionMode, DecodingParams
@@ -150,17 +150,9 @@ class DistributedExecutor:
             self.group.lost(-1, str(error))
             raise
 
-    # One request alone (the Decoder's Executor protocol): sequence 0 unless told otherwise.
-
-    def verify(
-        self, start: int, n_stage: int, windows: Sequence[BranchWindow], sequence: int = 0
-    ) -> list[list[PositionStat]]:
-        return verify_alone(self.verify_many, VerifyPart(sequence, start, n_stage, windows))
-
-    def commit(self, candidate: int, sequence: int = 0) -> None:
-        self.commit_many([(sequence, candidate)])
-
     def commit_many(self, commits: Sequence[tuple[int, int]]) -> None:
+        """Each winner becomes a Commit that travels with the next round's step: every worker applies
+        it before that round's forward (one message per round, not two)."""
         for sequence, candidate in commits:
             state = self._sequences[sequence]
             rank, slot = rank_of(candidate, len(self.group.links), sequence)
