@@ -10,10 +10,10 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from lopa.bundled import bundled_model_dir
-from lopa.bundled.defaults import model_defaults
 from lopa.decoding.decoder import Decoder, StepEvent
 from lopa.execution.local import LocalExecutor
 from lopa.host.openmp import release_thread_pool
+from lopa.model.decoding_defaults import model_defaults
 from lopa.model.loader import LoadedModel, load_model
 from lopa.model.tokenizer import chat_prompt_ids
 from lopa.params import DecodingParams, InvalidParameter, check_length

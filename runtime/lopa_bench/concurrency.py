@@ -27,7 +27,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
 from lopa.params import InvalidParameter
-from lopa_bench.rows import public
+from lopa_bench.rows import percentile, public
 
 LEVELS = (1, 2, 4, 8, 16)
 
@@ -44,17 +44,6 @@ Send = Callable[[int], Answer]
 # CUDA graphs captured so far and the seconds they took (a local engine on a GPU): a level's row
 # holds the captures its rounds paid for (`captures`, `capture_s`).
 Captures = Callable[[], tuple[int, float]]
-
-
-def percentile(values: Sequence[float], q: float) -> float:
-    """The q-th percentile (0-100), linear between the closest ranks."""
-    ordered = sorted(values)
-    if len(ordered) == 1:
-        return ordered[0]
-    position = (len(ordered) - 1) * q / 100
-    low = int(position)
-    high = min(low + 1, len(ordered) - 1)
-    return ordered[low] + (ordered[high] - ordered[low]) * (position - low)
 
 
 def captures_of(window: object) -> Captures | None:

@@ -36,7 +36,7 @@ from typing import Any
 
 from lopa.params import InvalidParameter
 from lopa_bench.attacks import collect, spawn, stop_probe
-from lopa_bench.rows import check_json, finish, show_row
+from lopa_bench.rows import check_json, finish, percentile, show_row
 
 SOURCES = [f"127.0.0.{i}" for i in range(2, 10)]  # the slow bodies' addresses (8)
 LONGEST_TOKEN = 256
@@ -74,11 +74,6 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-def percentile(values: list[float], q: float) -> float:
-    ordered = sorted(values)
-    return ordered[int(q * (len(ordered) - 1))] if ordered else 0.0
-
-
 def answered(seen: dict[str, Any], ok: str) -> str:
     """A probe's report: how many of its requests got `ok` (a status), of how many."""
     return f"{seen['statuses'].get(ok, 0)}/{len(seen['latencies'])} {ok}"
@@ -93,7 +88,7 @@ def row(attack: str, refused: str, probe: str, seen: dict[str, Any] | None, ok: 
         latencies = seen["latencies"]
         failures = ", ".join(sorted(set(seen["failures"])))
         measured = {"probe": f"{probe} {answered(seen, ok)}" + (f" ({failures})" if failures else ""),
-                    "probe p99 ms": round(1000 * percentile(latencies, 0.99), 1),
+                    "probe p99 ms": round(1000 * percentile(latencies, 99), 1),
                     "probe slowest ms": round(1000 * max(latencies, default=0.0), 1)}
     return {"attack": attack, "attackers got": refused, **measured, "completions": completions,
             "master": master}
@@ -219,7 +214,7 @@ def slow_bodies(cluster: Any, args: argparse.Namespace, reopen: bool) -> dict[st
     late = ", ".join(f"{n} x {status}" for status, n in flood["answered"].items())
     got = f"{flood['opened']} opened, {flood['evicted']} evicted" + (f", {late}" if late else "")
     done = seen_completion["latencies"]
-    completions = (f"{answered(seen_completion, '200')}, p99 {1000 * percentile(done, 0.99):.0f} ms")
+    completions = (f"{answered(seen_completion, '200')}, p99 {1000 * percentile(done, 99):.0f} ms")
     how = "reopened as closed" if reopen else "held"
     return row(f"{args.slow} slow bodies {how}, {hold:g} s", got, "/health", seen_health,
                completions=completions, master=f"refusal counter +{counted}")

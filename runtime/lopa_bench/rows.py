@@ -39,3 +39,14 @@ def finish(rows: Sequence[dict], json_path: str | None) -> None:
     print(markdown_table(rows))
     if json_path:
         Path(json_path).write_text(json.dumps([public(row) for row in rows], indent=2) + "\n")
+
+
+def percentile(values: Sequence[float], q: float) -> float:
+    """The q-th percentile (q in 0-100) of `values`, linear between the closest ranks (0.0 of none)."""
+    ordered = sorted(values)
+    if not ordered:
+        return 0.0
+    position = (len(ordered) - 1) * q / 100
+    low = int(position)
+    high = min(low + 1, len(ordered) - 1)
+    return ordered[low] + (ordered[high] - ordered[low]) * (position - low)

@@ -219,7 +219,7 @@ def workload(args: argparse.Namespace, requests: int) -> tuple[dict, list[str]]:
         kw.update({k: v for k, v in cli.items() if v is not None})
         return kw, list(PROMPTS)
     from lopa.bundled import tasks
-    from lopa.bundled.defaults import model_defaults
+    from lopa.model.decoding_defaults import model_defaults
 
     defaults = dataclasses.asdict(model_defaults(model_path("")))
     kw = {k: v.value if isinstance(v, Enum) else v for k, v in defaults.items()}

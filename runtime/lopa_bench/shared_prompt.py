@@ -44,8 +44,8 @@ def run(args: argparse.Namespace) -> int:
         raise InvalidParameter("prompt_tokens", f"must be in [1, {MAX_PROMPT_TOKENS}] (the bundled model's "
                                                 f"context is 256 tokens), got {args.prompt_tokens}")
     check_json(args.json)
-    from lopa.bundled.defaults import model_defaults
     from lopa.engine import LocalEngine, bundled_model_dir
+    from lopa.model.decoding_defaults import model_defaults
 
     prompts = _prompts(args.n, args.prompt_tokens)
     engine = LocalEngine.from_dirs(bundled_model_dir(), max_batch=args.n, max_step_tokens=1 << 20)

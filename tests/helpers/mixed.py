@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from lopa.bundled import bundled_model_dir, tasks
-from lopa.bundled.defaults import model_defaults
+from lopa.model.decoding_defaults import model_defaults
 from lopa.params import DecodingParams
 
 BRANCHES = (0, 1, 3, 5)

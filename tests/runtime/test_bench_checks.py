@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 
 from lopa.bundled import bundled_model_dir, tasks
-from lopa.bundled.defaults import model_defaults
 from lopa.cli import main
+from lopa.model.decoding_defaults import model_defaults
 from lopa_bench import ablation, orders
 from lopa_bench.single import SingleModel
 

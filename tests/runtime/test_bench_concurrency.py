@@ -10,9 +10,9 @@ import pytest
 import torch
 
 from lopa_bench.cli.concurrency import write_profile
-from lopa_bench.concurrency import Answer, combine, percentile, run_level, sweep, with_ratios
+from lopa_bench.concurrency import Answer, combine, run_level, sweep, with_ratios
 from lopa_bench.profiling import profiled
-from lopa_bench.rows import markdown_table
+from lopa_bench.rows import markdown_table, percentile
 
 
 def test_percentile_interpolates_between_ranks() -> None:

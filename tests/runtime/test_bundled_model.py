@@ -6,9 +6,9 @@ from __future__ import annotations
 import pytest
 
 from lopa.bundled import bundled_llada_dir, tasks
-from lopa.bundled.defaults import model_defaults
 from lopa.engine import LocalEngine, bundled_model_dir
 from lopa.model import load_model
+from lopa.model.decoding_defaults import model_defaults
 from lopa_bench.evaluate import evaluate
 from lopa_bench.weights import agreement, decode_all
 

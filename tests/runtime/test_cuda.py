@@ -16,10 +16,10 @@ import torch
 from round_cases import MAX_LENGTH, ROUNDS, play_rounds
 
 from lopa.bundled import tasks
-from lopa.bundled.defaults import model_defaults
 from lopa.decoding.decoder import Decoder
 from lopa.engine import LocalEngine, bundled_model_dir
 from lopa.execution.local import LocalExecutor, OutputPlan
+from lopa.model.decoding_defaults import model_defaults
 from lopa.model.layer_steps import COMPILE_ENV
 from lopa.model.loader import load_model
 from lopa.model.window import GRAPH_TOKENS_ENV, GRAPHS_ENV, GRAPHS_UNCAPTURED, WindowedLM

@@ -9,9 +9,9 @@ import pytest
 import torch
 
 from lopa.bundled import bundled_llada_dir, tasks
-from lopa.bundled.defaults import model_defaults
 from lopa.engine import LocalEngine, bundled_model_dir
 from lopa.execution.twins import first_round_twins, for_every_batch, leaders_only
+from lopa.model.decoding_defaults import model_defaults
 from lopa.model.kv_cache import KVCache
 from lopa.model.protocol import WindowBatch
 from lopa.params import AttentionMode

@@ -10,10 +10,10 @@ import time
 import pytest
 import torch
 
-from lopa.bundled.defaults import model_defaults
 from lopa.bundled.tasks import held_out
 from lopa.engine import bundled_model_dir
 from lopa.host.openmp import release_thread_pool
+from lopa.model.decoding_defaults import model_defaults
 
 pytestmark = pytest.mark.skipif(
     "OpenMP" not in torch.__config__.parallel_info() or not os.path.isdir("/proc/self/task"),

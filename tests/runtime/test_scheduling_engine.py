@@ -15,9 +15,9 @@ from concurrent.futures import ThreadPoolExecutor
 import pytest
 
 from lopa.bundled import tasks
-from lopa.bundled.defaults import model_defaults
 from lopa.decoding.generation import StepEvent
 from lopa.engine import LocalEngine, bundled_model_dir
+from lopa.model.decoding_defaults import model_defaults
 from lopa.scheduling.request import Completion
 from lopa.scheduling.scheduler import Observer
 from tests.helpers.mixed import MixedRequest, mixed_requests

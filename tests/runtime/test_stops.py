@@ -5,9 +5,9 @@ from __future__ import annotations
 import pytest
 
 from lopa.bundled import tasks
-from lopa.bundled.defaults import model_defaults
 from lopa.decoding.decoder import GenerationResult
 from lopa.engine import LocalEngine, bundled_model_dir
+from lopa.model.decoding_defaults import model_defaults
 from lopa.params import InvalidParameter
 from lopa.stops import StopPolicy, check_stop_strings, check_stop_token_ids, cut_at_stop, stop_check
 

@@ -9,7 +9,7 @@ import itertools
 import pytest
 
 from lopa.bundled import bundled_model_dir, tasks
-from lopa.bundled.defaults import model_defaults
+from lopa.model.decoding_defaults import model_defaults
 from lopa.synthetic.posterior import PosteriorExecutor, char_id, decode_exactly
 
 EXAMPLES = tasks.held_out(60)

@@ -196,7 +196,7 @@ def test_bench_serving_uses_held_out_prompts_and_model_defaults_on_the_bundled_m
     import argparse
 
     from lopa.bundled import tasks
-    from lopa.bundled.defaults import model_defaults
+    from lopa.model.decoding_defaults import model_defaults
     from lopa.proto import lopa_pb2
     from lopa.serving.shared.model_dir import model_path
     from lopa_bench import serving as bench

@@ -18,8 +18,8 @@ import torch
 import yaml
 from safetensors.torch import load_file, save_file
 
-from lopa.bundled.defaults import model_defaults
 from lopa.cli import build_parser, main, serve
+from lopa.model.decoding_defaults import model_defaults
 from lopa.proto import lopa_pb2
 from lopa.serving.launcher import LocalCluster, describe_exits, free_ports
 from lopa.serving.shared.config import parse_config

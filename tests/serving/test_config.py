@@ -106,7 +106,7 @@ def test_config_accepts_device_indices_and_the_off_ports() -> None:
 
 
 def test_a_config_without_decoding_serves_with_the_models_own_defaults() -> None:
-    from lopa.bundled.defaults import model_defaults
+    from lopa.model.decoding_defaults import model_defaults
     from lopa.serving.shared.config import with_model_defaults
     from lopa.serving.shared.model_dir import model_path
 

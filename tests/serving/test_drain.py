@@ -15,8 +15,8 @@ from pathlib import Path
 import grpc
 
 from lopa.bundled import tasks
-from lopa.bundled.defaults import model_defaults
 from lopa.engine import LocalEngine, bundled_model_dir
+from lopa.model.decoding_defaults import model_defaults
 from lopa.serving.client import LopaClient
 from lopa.serving.launcher import LocalCluster, free_ports, loopback_config
 from lopa.serving.shared.config import parse_config, with_model_defaults

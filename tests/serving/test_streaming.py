@@ -7,8 +7,8 @@ import time
 
 import pytest
 
-from lopa.bundled.defaults import model_defaults
 from lopa.engine import LocalEngine, bundled_model_dir
+from lopa.model.decoding_defaults import model_defaults
 from lopa.params import DecodingParams
 from lopa.scheduling.request import Request
 from lopa.serving.master import dispatch

@@ -215,8 +215,8 @@ def test_logprobs_are_the_fills_own(server: tuple[int, Path]) -> None:
     """Each returned token's logprob, and its alternatives, are those of the forward that filled
     it: what the local engine's decode of the same request reports (docs/decoding.md section 6),
     in OpenAI's shapes, from the served group's workers."""
-    from lopa.bundled.defaults import model_defaults
     from lopa.engine import LocalEngine
+    from lopa.model.decoding_defaults import model_defaults
 
     port, _ = server
     engine = LocalEngine.from_dirs(bundled_model_dir(), max_batch=1)

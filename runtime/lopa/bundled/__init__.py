@@ -5,7 +5,6 @@ format (own-position logits, LLaDA's names and config keys), trained on the same
 
 tasks     the task suite: hide the end of each word, where the filling order sets the speed
 chat      the chat template: a chat asks what a completion of its task prompt asks
-defaults  the decoding parameters a checkpoint is served with (`lopa_defaults.json`, any model)
 """
 
 from pathlib import Path

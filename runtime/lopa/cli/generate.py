@@ -6,12 +6,12 @@ import argparse
 import json
 import sys
 
-from lopa.bundled.defaults import model_defaults
 from lopa.cli.decoding_flags import add_decoding_flags, params_from_args
 from lopa.cli.preflight import device_problem, weights_problem
 from lopa.decoding.decoder import StepEvent
 from lopa.engine import Completion, LocalEngine, bundled_model_dir
 from lopa.host.device import resolve_device
+from lopa.model.decoding_defaults import model_defaults
 from lopa.params import InvalidParameter
 from lopa.serving.shared.config import DTYPES, WEIGHTS
 

@@ -51,12 +51,12 @@ class Scheduler:
         self,
         decoder: Decoder,
         executor: Executor,
-        decode: Callable[[list[int]], str],
+        detokenize: Callable[[list[int]], str],
         queue_size: int,
         budget: Budget,
         observer: Observer | None = None,
     ) -> None:
-        self.decoder, self.executor, self.decode = decoder, executor, decode
+        self.decoder, self.executor, self.detokenize = decoder, executor, detokenize
         self.queue_size, self.budget = queue_size, budget
         self.observer = observer or Observer()
         self._waiting: collections.deque[tuple[Request, Generation]] = collections.deque()
@@ -86,7 +86,7 @@ class Scheduler:
         started = []
         for request in requests:
             stop = request.stop
-            generation = self.decoder.start(request.prompt_ids, request.params, stop.check(self.decode),
+            generation = self.decoder.start(request.prompt_ids, request.params, stop.check(self.detokenize),
                                             stop.token_ids)
             started.append((request, generation))
         with self._lock:
@@ -300,11 +300,11 @@ class Scheduler:
         try:
             result = run.generation.result()
             request = run.request
-            cut = request.stop.cut(result, self.decode)
+            cut = request.stop.cut(result, self.detokenize)
             if cut is not None:
                 (text, result), reason = cut, "stop"
             else:
-                text = self.decode(result.output_ids)
+                text = self.detokenize(result.output_ids)
                 ends = request.stop.end_ids(self.decoder.eos_ids)
                 reason = "eos" if result.output_ids and result.output_ids[-1] in ends else "length"
         except Exception as error:

@@ -9,8 +9,8 @@ from pathlib import Path
 import torch
 
 from lopa.bundled import tasks
-from lopa.bundled.defaults import model_defaults
 from lopa.engine import LocalEngine, bundled_model_dir
+from lopa.model.decoding_defaults import model_defaults
 from lopa.params import InvalidParameter
 from lopa_bench import edges as edges_bench
 from lopa_bench import samples as samples_bench

@@ -16,7 +16,7 @@ from typing import Any
 import torch
 
 from lopa.bundled import bundled_model_dir, tasks
-from lopa.bundled.defaults import model_defaults
+from lopa.model.decoding_defaults import model_defaults
 from lopa.params import MAX_BRANCHES, DecodingParams, InvalidParameter
 from lopa_bench import ablation, orders
 from lopa_bench.cli.lists import parse_ks

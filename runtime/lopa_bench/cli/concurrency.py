@@ -85,8 +85,8 @@ def run(args: argparse.Namespace) -> int:
     import torch
 
     from lopa.bundled import tasks
-    from lopa.bundled.defaults import model_defaults
     from lopa.engine import LocalEngine, bundled_model_dir
+    from lopa.model.decoding_defaults import model_defaults
 
     if args.threads:
         torch.set_num_threads(args.threads)

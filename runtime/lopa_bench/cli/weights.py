@@ -42,8 +42,8 @@ def run(args: argparse.Namespace) -> int:
     import torch
 
     from lopa.bundled import tasks
-    from lopa.bundled.defaults import model_defaults
     from lopa.engine import LocalEngine, bundled_model_dir
+    from lopa.model.decoding_defaults import model_defaults
     from lopa_bench import weights
 
     model_dir = Path(args.model) if args.model else bundled_model_dir()

@@ -13,7 +13,6 @@ import pytest
 from round_cases import MAX_LENGTH, play_rounds
 
 from lopa.bundled import tasks
-from lopa.bundled.defaults import model_defaults
 from lopa.decoding.decoder import Decoder
 from lopa.decoding.executor import BranchWindow, VerifyPart
 from lopa.engine import bundled_model_dir
@@ -21,6 +20,7 @@ from lopa.execution.local import LocalExecutor
 from lopa.kernels.dispatch import KERNELS_ENV
 from lopa.model import WindowedLM
 from lopa.model.cuda_graphs import WindowGraphs
+from lopa.model.decoding_defaults import model_defaults
 from lopa.model.layer_steps import EAGER
 from lopa.model.loader import LoadedModel, load_model
 

@@ -8,8 +8,8 @@ from typing import Any
 
 import yaml
 
-from lopa.bundled.defaults import model_defaults
 from lopa.host.device import AUTO
+from lopa.model.decoding_defaults import model_defaults
 from lopa.params import MAX_BRANCHES, DecodingParams, InvalidParameter
 from lopa.performance import Switches
 from lopa.scheduling.limits import Limits
