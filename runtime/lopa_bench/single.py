@@ -19,6 +19,7 @@ from lopa.decoding.rules import PositionStat
 from lopa.execution.local import LocalExecutor
 from lopa.model.loader import LoadedModel, load_model
 from lopa.params import DecodingParams
+from lopa.scheduling.alone import decode_alone
 
 Stats = list[list[PositionStat]]
 
@@ -89,7 +90,7 @@ class SingleModel:
         executor: Executor = proxy(self.executor) if proxy else self.executor
         special = self.loaded.special
         decoder = Decoder(executor, special.mask, special.eos, self.max_length)
-        return decoder.generate(prompt, params, on_step)
+        return decode_alone(decoder, prompt, params, on_step)
 
 
 @dataclass

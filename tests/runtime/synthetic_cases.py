@@ -20,6 +20,7 @@ from lopa.decoding.rules import PositionStat
 from lopa.execution.local import LocalExecutor
 from lopa.model.protocol import WindowBatch, WindowModel
 from lopa.params import DecodingParams
+from lopa.scheduling.alone import decode_alone
 from tests.helpers.rule_model import Rule, SyntheticModel, peaked
 
 VOCAB = 20
@@ -177,5 +178,5 @@ def generate(
     """Run the real Decoder over a LocalExecutor; return the result and every StepEvent."""
     events: list[StepEvent] = []
     decoder = Decoder(executor or LocalExecutor(model), mask_id, eos_ids, max_length)
-    result = decoder.generate(prompt, params, on_step=events.append)
+    result = decode_alone(decoder, prompt, params, on_step=events.append)
     return result, events

@@ -24,6 +24,7 @@ from lopa.model.layer_steps import COMPILE_ENV
 from lopa.model.loader import load_model
 from lopa.model.window import GRAPH_TOKENS_ENV, GRAPHS_ENV, GRAPHS_UNCAPTURED, WindowedLM
 from lopa.params import DecodingParams
+from lopa.scheduling.alone import decode_alone
 from lopa.scheduling.scheduler import Observer
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
@@ -43,7 +44,7 @@ def greedy_outputs(executor: LocalExecutor, loaded, max_length: int, params_list
     engine_ids = []
     for prompt, params in params_list:
         ids = list(loaded.tokenizer.encode(prompt, add_special_tokens=False))
-        engine_ids.append(decoder.generate(ids, params).generated_ids)
+        engine_ids.append(decode_alone(decoder, ids, params).generated_ids)
     return engine_ids
 
 

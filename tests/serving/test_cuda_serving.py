@@ -19,6 +19,7 @@ from lopa.decoding.decoder import Decoder
 from lopa.execution.local import LocalExecutor
 from lopa.model.loader import load_model
 from lopa.params import DecodingParams
+from lopa.scheduling.alone import decode_alone
 from lopa.serving.launcher import free_ports
 
 from .conftest import distributed_decoder, worker_env, write_config
@@ -39,7 +40,9 @@ def local_cuda_outputs(checkpoint: Path) -> dict[tuple[int, str, int], list[int]
     max_length = 64 + 64
     executor = LocalExecutor(loaded.window_model(max_length), device="cuda", pad_id=loaded.special.pad)
     decoder = Decoder(executor, loaded.special.mask, loaded.special.eos, max_length)
-    return {(k, mode, i): decoder.generate(PROMPTS[i], params(k, mode)).generated_ids for k, mode, i in CASES}
+    return {
+        (k, mode, i): decode_alone(decoder, PROMPTS[i], params(k, mode)).generated_ids for k, mode, i in CASES
+    }
 
 
 @pytest.mark.parametrize(("backend", "workers"), [("nccl", 1), ("gloo", 2)])
@@ -51,7 +54,8 @@ def test_greedy_on_cuda_matches_local(
         mismatches = [
             (k, mode, i)
             for k, mode, i in CASES
-            if decoder.generate(PROMPTS[i], params(k, mode)).generated_ids != local_cuda_outputs[(k, mode, i)]
+            if decode_alone(decoder, PROMPTS[i], params(k, mode)).generated_ids
+            != local_cuda_outputs[(k, mode, i)]
         ]
         same = len(CASES) - len(mismatches)
         print(f"{backend} x {workers} worker(s) on CUDA: {same}/{len(CASES)} identical")
@@ -71,8 +75,8 @@ def test_fp8_weights_on_cuda_serve_as_the_local_fp8_engine(checkpoint: Path, tmp
                                model={"device": "cuda", "dtype": "bfloat16", "weights": "fp8"})
     cases = [(k, "full", i) for k in (0, 3) for i in range(len(PROMPTS))]
     with distributed_decoder(config_path, checkpoint, tmp_logs, join_s=120, step_timeout_s=30) as decoder:
-        same = sum(decoder.generate(PROMPTS[i], params(k, mode)).generated_ids
-                   == local.generate(PROMPTS[i], params(k, mode)).generated_ids for k, mode, i in cases)
+        same = sum(decode_alone(decoder, PROMPTS[i], params(k, mode)).generated_ids
+                   == decode_alone(local, PROMPTS[i], params(k, mode)).generated_ids for k, mode, i in cases)
     print(f"fp8 weights, nccl x 1 worker: {same}/{len(cases)} identical to the local fp8 engine")
     assert same == len(cases)
     log = (tmp_logs / "worker-0.log").read_text()

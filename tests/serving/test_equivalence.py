@@ -18,6 +18,7 @@ from lopa.decoding.decoder import Decoder
 from lopa.execution.local import LocalExecutor
 from lopa.model.loader import load_model
 from lopa.params import DecodingParams
+from lopa.scheduling.alone import decode_alone
 
 from .conftest import distributed_decoder, write_config
 
@@ -53,9 +54,9 @@ def local_outputs(family_checkpoint: Path) -> dict[tuple[int, str, int], list[in
     )
     out = {}
     for (k, mode), (i, prompt) in cases():
-        out[(k, mode, i)] = decoder.generate(prompt, params(k, mode)).generated_ids
+        out[(k, mode, i)] = decode_alone(decoder, prompt, params(k, mode)).generated_ids
     for k, (i, prompt) in itertools.product(BRANCHES, enumerate(PROMPTS)):
-        out[(k, "sampled", i)] = decoder.generate(prompt, sampled(k)).generated_ids
+        out[(k, "sampled", i)] = decode_alone(decoder, prompt, sampled(k)).generated_ids
     assert any(out[(k, "sampled", i)] != out[(k, "full", i)] for k in BRANCHES for i in range(len(PROMPTS)))
     return out
 
@@ -77,11 +78,11 @@ def test_greedy_matches_local(
     with distributed_decoder(config_path, family_checkpoint, tmp_logs) as decoder:
         mismatches = []
         for (k, mode), (i, prompt) in cases():
-            result = decoder.generate(prompt, params(k, mode))
+            result = decode_alone(decoder, prompt, params(k, mode))
             if result.generated_ids != local_outputs[(k, mode, i)]:
                 mismatches.append((k, mode, i, result.generated_ids, local_outputs[(k, mode, i)]))
         for k, (i, prompt) in itertools.product(BRANCHES, enumerate(PROMPTS)):
-            result = decoder.generate(prompt, sampled(k))
+            result = decode_alone(decoder, prompt, sampled(k))
             if result.generated_ids != local_outputs[(k, "sampled", i)]:
                 mismatches.append((k, "sampled", i, result.generated_ids, local_outputs[(k, "sampled", i)]))
         assert not mismatches
@@ -101,7 +102,7 @@ def test_a_fuzzed_block_causal_request_decodes_alike_on_three_workers(tmp_logs: 
     max_length = loaded.config.max_position_embeddings
     local = Decoder(LocalExecutor(loaded.window_model(max_length), pad_id=loaded.special.pad),
                     loaded.special.mask, loaded.special.eos, max_length)
-    want = local.generate(prompt, fuzzed).generated_ids
+    want = decode_alone(local, prompt, fuzzed).generated_ids
     config_path = write_config(tmp_logs, bundled, 3, limits={"max_new_tokens": 128, "max_prompt_tokens": 64})
     with distributed_decoder(config_path, bundled, tmp_logs) as decoder:
-        assert decoder.generate(prompt, fuzzed).generated_ids == want
+        assert decode_alone(decoder, prompt, fuzzed).generated_ids == want

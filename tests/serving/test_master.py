@@ -21,6 +21,7 @@ from lopa.decoding.decoder import Decoder
 from lopa.execution.local import LocalExecutor
 from lopa.model.loader import load_model
 from lopa.params import DecodingParams
+from lopa.scheduling.alone import decode_alone
 from lopa.serving.client import LopaClient
 from lopa.serving.launcher import LocalCluster, free_ports, loopback_config
 from lopa.serving.shared.config import MasterConfig, parse_config
@@ -75,7 +76,7 @@ def local(checkpoint: Path) -> Decoder:
 
 def local_ids(local: Decoder, prompt: list[int], **overrides: object) -> list[int]:
     params = DecodingParams(block_size=8, max_new_tokens=32, tau_add=0.3).with_overrides(**overrides)
-    return local.generate(prompt, params).output_ids
+    return decode_alone(local, prompt, params).output_ids
 
 
 @pytest.mark.parametrize(("k", "mode"), [(0, "full"), (3, "full"), (5, "block_causal")])

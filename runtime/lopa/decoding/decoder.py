@@ -1,24 +1,22 @@
-"""The decoding loop: D2F (k = 0) and LoPA (k > 0) over any Executor, one request alone (in KV
-sequence 0, through the protocol the scheduler drives).
+"""The decoder: a request's round-by-round state (D2F for k = 0, LoPA for k > 0) with the model's
+end tokens and the request's layout, for the loop that drives it (lopa.scheduling: many requests
+at once, or one alone).
 
 One round = docs/decoding.md section 4, kept in lopa.decoding.generation (grow, verify every
 candidate in one executor call, pick and commit the winner, anchor-fill it, spawn the next
-lookaheads). The serving scheduler (lopa.scheduling) drives the same Generation for many requests
-at once.
+lookaheads).
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 
 from lopa.decoding.blocks import SequenceConstants
-from lopa.decoding.executor import Executor, VerifyPart, verify_part
+from lopa.decoding.executor import Executor
 from lopa.decoding.generation import Generation, GenerationResult, StepEvent, StopCheck
 from lopa.params import DecodingParams, decoded_tokens
 
 __all__ = ["Decoder", "GenerationResult", "StepEvent", "StopCheck"]
-
-ALONE = 0  # the KV sequence of a request decoded alone
 
 
 class Decoder:
@@ -48,25 +46,3 @@ class Decoder:
     ) -> Generation:
         """The request's round-by-round state."""
         return Generation(self.spec_for(prompt, params, stop_token_ids), prompt, params, should_stop)
-
-    def generate(
-        self,
-        prompt: Sequence[int],
-        params: DecodingParams,
-        on_step: Callable[[StepEvent], None] | None = None,
-        should_stop: StopCheck | None = None,
-    ) -> GenerationResult:
-        params = params.seeded()
-        generation = self.start(prompt, params, should_stop)
-        self.executor.begin(params, params.branches + 1, ALONE)
-        try:
-            while generation.plan() is not None:
-                verify = generation.verify(params.branches)
-                part = VerifyPart(ALONE, verify.start, verify.n_stage, verify.windows)
-                winner = generation.apply(verify_part(self.executor, part))
-                self.executor.commit_many([(ALONE, winner)])
-                if on_step is not None:
-                    on_step(generation.event())
-        finally:
-            self.executor.release(ALONE)
-        return generation.result()

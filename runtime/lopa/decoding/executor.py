@@ -3,7 +3,7 @@
 One protocol, `Executor`: a request begins in a KV sequence, each round verifies the candidates of
 every running request in one call (verify_many, a VerifyPart per request) and commits each one's
 winner (commit_many), and a request that ended releases its sequence. The scheduler drives many
-requests at once; Decoder.generate drives one, in sequence 0 (verify_part is the lone round).
+requests at once (lopa.scheduling.alone: one, alone; verify_part is a lone part's round).
 Implementations: `lopa.execution.local.LocalExecutor` (every candidate in one batched forward on one
 device) and the master's `DistributedExecutor` (candidates spread over worker processes, each
 commit sent with the next round's step). The model side of the contract, the window forward they

@@ -121,6 +121,19 @@ class Scheduler:
     def running(self) -> int:
         return len(self._running)
 
+    def run_here(self) -> None:
+        """Run rounds on the calling thread until no request waits or runs (lopa.scheduling.alone:
+        one request at a time); never beside the scheduler thread. A round's error is raised."""
+        if self._thread is not None:
+            raise RuntimeError("the scheduler thread runs the rounds: submit and wait instead")
+        while self._waiting or self._running:
+            self._expire_waiting()
+            self._admit()
+            if self._running:
+                self._round()
+            elif self._waiting:
+                raise RuntimeError("the executor is not ready: no request can start")
+
     # -- the scheduler thread ------------------------------------------------------------------------
 
     def _run(self) -> None:

@@ -18,6 +18,7 @@ from lopa.decoding.decoder import Decoder, GenerationResult
 from lopa.decoding.executor import PartOutcome, VerifyPart
 from lopa.decoding.rules import PositionStat
 from lopa.params import DecodingParams
+from lopa.scheduling.alone import decode_alone
 from lopa.synthetic.tokenizer import special_token_id
 
 Distribution = dict[int, float]
@@ -100,6 +101,6 @@ def decode_exactly(example: tasks.Example, params: DecodingParams) -> tuple[Gene
     mask, eos = special_token_id("<|mask|>"), special_token_id("<|endoftext|>")
     executor = PosteriorExecutor(example, mask, eos)
     prompt = [char_id(ch) for ch in example.prompt]
-    result = Decoder(executor, mask, [eos], max_length=256).generate(prompt, params)
+    result = decode_alone(Decoder(executor, mask, [eos], max_length=256), prompt, params)
     text = "".join(chr(t + 32) for t in result.output_ids if t != eos)
     return result, text

@@ -23,6 +23,7 @@ from lopa.model.cuda_graphs import WindowGraphs
 from lopa.model.decoding_defaults import model_defaults
 from lopa.model.layer_steps import EAGER
 from lopa.model.loader import LoadedModel, load_model
+from lopa.scheduling.alone import decode_alone
 
 ROUNDS = [[0, 1, 2], [1]]  # a batched round, then a lone one over the cache it committed
 
@@ -59,7 +60,7 @@ def _decode(loaded: LoadedModel, window: WindowedLM) -> list[list[int]]:
     executor = LocalExecutor(window, pad_id=loaded.special.pad)
     decoder = Decoder(executor, loaded.special.mask, loaded.special.eos, MAX_LENGTH)
     params = model_defaults(bundled_model_dir()).with_overrides(branches=3)
-    return [decoder.generate(loaded.tokenizer.encode(e.prompt), params).generated_ids
+    return [decode_alone(decoder, loaded.tokenizer.encode(e.prompt), params).generated_ids
             for e in tasks.held_out(2)]
 
 
