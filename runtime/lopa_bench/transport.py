@@ -45,7 +45,7 @@ def spin(seconds: float) -> float:
 def step_request(branches: int = 4, window: int = 96, masked: int = 32) -> worker_pb2.StepRequest:
     """A step message of one LoPA request's size: `branches` windows of `window` tokens."""
     request = worker_pb2.StepRequest()
-    step = request.requests.add(sequence=0, start=64, n_stage=8)
+    step = request.parts.add(sequence=0, start=64, n_stage=8)
     for _ in range(branches):
         masked_positions = range(window - masked, window)
         step.windows.add(tokens=range(window), block_ids=[1] * window, masked=masked_positions)
@@ -54,7 +54,7 @@ def step_request(branches: int = 4, window: int = 96, masked: int = 32) -> worke
 
 def step_reply(branches: int = 4, masked: int = 32) -> worker_pb2.StepReply:
     stats = worker_pb2.BranchStats(tokens=range(masked), probs=[0.5] * masked, confs=[-0.7] * masked)
-    return worker_pb2.StepReply(requests=[worker_pb2.RequestStats(branches=[stats] * branches)])
+    return worker_pb2.StepReply(parts=[worker_pb2.PartStats(branches=[stats] * branches)])
 
 
 # -- peers (run in their own process) -----------------------------------------------------------------

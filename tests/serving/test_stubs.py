@@ -49,5 +49,5 @@ def test_stubs_import() -> None:
     assert lopa_pb2_grpc.LopaStub and worker_pb2_grpc.WorkerStub
     request = lopa_pb2.GenerateRequest(prompt="hi", decoding=lopa_pb2.DecodingOverrides(branches=3))
     assert request.decoding.HasField("branches") and not request.decoding.HasField("tau_conf")
-    step = worker_pb2.RequestStep(sequence=1, windows=[worker_pb2.Window(tokens=[1, 2])])
-    assert worker_pb2.StepRequest(requests=[step]).requests[0].windows[0].tokens == [1, 2]
+    step = worker_pb2.StepPart(sequence=1, windows=[worker_pb2.Window(tokens=[1, 2])])
+    assert worker_pb2.StepRequest(parts=[step]).parts[0].windows[0].tokens == [1, 2]

@@ -29,7 +29,7 @@ from .conftest import start_workers, stop, write_config
 
 def step_request(begin: bool) -> worker_pb2.StepRequest:
     request = worker_pb2.StepRequest()
-    step = request.requests.add(sequence=0, start=0, n_stage=0)
+    step = request.parts.add(sequence=0, start=0, n_stage=0)
     if begin:
         begin = worker_pb2.Begin(attention="full", conf="neg_entropy", top_p=1.0, num_rows=1)
         step.begin.CopyFrom(begin)
@@ -58,19 +58,19 @@ def test_a_failed_forward_is_answered_and_the_next_request_runs(
     with monkeypatch.context() as patch:
         patch.setattr(worker.shard, "verify_round", out_of_memory)
         reply = worker.step(step_request(begin=True))
-    assert reply.error == "RuntimeError: out of memory: tried to allocate 80 GiB" and not reply.requests
+    assert reply.error == "RuntimeError: out of memory: tried to allocate 80 GiB" and not reply.parts
     assert not fatal  # the worker stays in its group
     reply = worker.step(step_request(begin=True))  # the next request begins clean
-    assert not reply.error and len(reply.requests[0].branches) == 1
-    assert len(reply.requests[0].branches[0].tokens) == 2
+    assert not reply.error and len(reply.parts[0].branches) == 1
+    assert len(reply.parts[0].branches[0].tokens) == 2
 
 
 def test_a_bad_begin_is_answered_too(service: tuple[WorkerService, list[int]]) -> None:
     worker, fatal = service
     request = step_request(begin=True)
-    request.requests[0].begin.conf = "no-such-conf"
+    request.parts[0].begin.conf = "no-such-conf"
     reply = worker.step(request)
-    assert reply.requests[0].error.startswith("InvalidParameter: conf: must be one of") and not fatal
+    assert reply.parts[0].error.startswith("InvalidParameter: conf: must be one of") and not fatal
 
 
 def test_a_device_fault_still_leaves_the_group(
@@ -113,7 +113,7 @@ def test_the_master_fails_the_request_and_keeps_the_group() -> None:
     from lopa.decoding.executor import BranchWindow, VerifyPart, verify_part
 
     stats = worker_pb2.BranchStats(tokens=[1], probs=[0.5], confs=[-1.0])
-    ok = worker_pb2.StepReply(requests=[worker_pb2.RequestStats(branches=[stats])])
+    ok = worker_pb2.StepReply(parts=[worker_pb2.PartStats(branches=[stats])])
     failed = worker_pb2.StepReply(error="RuntimeError: out of memory")
     group = _Group([_Link(ok), _Link(failed)])
     executor = DistributedExecutor(group, step_timeout_s=5)  # type: ignore[arg-type]
@@ -193,7 +193,7 @@ def test_a_malformed_reply_drops_the_group() -> None:
     from lopa.decoding.executor import BranchWindow, VerifyPart, verify_part
 
     stats = worker_pb2.BranchStats(tokens=[1], probs=[0.5], confs=[-1.0])
-    two = worker_pb2.StepReply(requests=[worker_pb2.RequestStats(branches=[stats, stats])])
+    two = worker_pb2.StepReply(parts=[worker_pb2.PartStats(branches=[stats, stats])])
     group = _Group([_Link(two)])
     executor = DistributedExecutor(group, step_timeout_s=5)  # type: ignore[arg-type]
     executor.begin(DecodingParams(), 1)

@@ -68,7 +68,7 @@ def params_of(begin: worker_pb2.Begin) -> DecodingParams:
     )
 
 
-def windows_of(request: worker_pb2.RequestStep) -> list[BranchWindow]:
+def windows_of(request: worker_pb2.StepPart) -> list[BranchWindow]:
     return [BranchWindow(list(w.tokens), list(w.block_ids), list(w.masked)) for w in request.windows]
 
 
@@ -170,7 +170,7 @@ class WorkerService(worker_pb2_grpc.WorkerServicer):
         committed = time.perf_counter()
         parts = [
             VerifyPart(p.sequence, p.start, p.n_stage, windows_of(p) if i not in errors else [])
-            for i, p in enumerate(request.requests)
+            for i, p in enumerate(request.parts)
         ]
         try:
             outcomes = shard.verify_round(parts)
@@ -178,21 +178,21 @@ class WorkerService(worker_pb2_grpc.WorkerServicer):
             raise  # a malformed step: the master's bug (the caller aborts the stream)
         except Exception as error:
             message = self._local_failure(error)
-            for part in request.requests:
+            for part in request.parts:
                 shard.drop_staged(part.sequence)  # nothing of this round may be committed
             return worker_pb2.StepReply(error=message)
         done = time.perf_counter()
         reply = worker_pb2.StepReply(forward_s=done - committed, commit_s=committed - began)
         self._add_stats(reply, request, outcomes, errors)
         if self.metrics is not None:
-            rows = sum(len(p.windows) for p in request.requests)
-            self.metrics.observe_step(reply.forward_s, reply.commit_s, rows, len(request.requests))
+            rows = sum(len(p.windows) for p in request.parts)
+            self.metrics.observe_step(reply.forward_s, reply.commit_s, rows, len(request.parts))
         return reply
 
     def _begin(self, shard: ShardExecutor, request: worker_pb2.StepRequest) -> dict[int, str]:
-        """Start the round's new requests; returns index into request.requests -> why it failed here."""
+        """Start the round's new requests; returns index into request.parts -> why it failed here."""
         errors: dict[int, str] = {}
-        for index, part in enumerate(request.requests):
+        for index, part in enumerate(request.parts):
             if not part.sequence < self.max_batch:  # a malformed step: the master's bug
                 raise ValueError(f"sequence {part.sequence} outside [0, max_batch={self.max_batch})")
             if part.HasField("begin"):
@@ -207,9 +207,9 @@ class WorkerService(worker_pb2_grpc.WorkerServicer):
         self, reply: worker_pb2.StepReply, request: worker_pb2.StepRequest, outcomes: list[PartOutcome],
         errors: dict[int, str],
     ) -> None:
-        """Each request's statistics (or why it failed here), in the order of request.requests."""
-        for index, (part, outcome) in enumerate(zip(request.requests, outcomes, strict=True)):
-            stats = reply.requests.add()
+        """Each request's statistics (or why it failed here), in the order of request.parts."""
+        for index, (part, outcome) in enumerate(zip(request.parts, outcomes, strict=True)):
+            stats = reply.parts.add()
             if index in errors:
                 stats.error = errors[index]
             elif isinstance(outcome, Exception):

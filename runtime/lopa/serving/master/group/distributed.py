@@ -172,7 +172,7 @@ class DistributedExecutor:
         request = worker_pb2.StepRequest(commits=list(self._commits.values()))
         for part, shares_of_part in zip(parts, placed, strict=True):
             state = self._sequences[part.sequence]
-            step = request.requests.add(sequence=part.sequence, start=part.start, n_stage=part.n_stage)
+            step = request.parts.add(sequence=part.sequence, start=part.start, n_stage=part.n_stage)
             if state.begin is not None:
                 step.begin.CopyFrom(state.begin)
                 total = state.begin.num_rows
@@ -196,9 +196,9 @@ class DistributedExecutor:
         out: list[list[PositionStat]] = [[] for _ in part.windows]
         errors = []
         for rank, candidates in enumerate(placed):
-            if len(replies[rank].requests) <= index:
-                raise WorkerLost(f"worker rank {rank} answered {len(replies[rank].requests)} requests")
-            answer = replies[rank].requests[index]
+            if len(replies[rank].parts) <= index:
+                raise WorkerLost(f"worker rank {rank} answered {len(replies[rank].parts)} requests")
+            answer = replies[rank].parts[index]
             if answer.error:
                 errors.append(f"worker rank {rank}: {answer.error}")
                 continue
