@@ -11,6 +11,8 @@ import dataclasses
 import socket
 import subprocess
 import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
@@ -18,27 +20,34 @@ import yaml
 
 from lopa.serving.client import LopaClient
 from lopa.serving.launcher import LocalCluster, PortsTaken, loopback_config
-from lopa.serving.shared.config import WorkersConfig, parse_config
+from lopa.serving.shared.config import ServingConfig, parse_config
 from lopa.serving.shared.listen import PORT_TAKEN_EXIT
 
 from .conftest import worker_env, write_config
 
 
-def _config_on(checkpoint: Path, taken_port: int) -> tuple[dict, WorkersConfig]:
+@contextmanager
+def held_port() -> Iterator[int]:
+    """A loopback port held (listening) by this process while the block runs: taken for a child."""
+    with socket.socket() as holder:
+        holder.bind(("127.0.0.1", 0))
+        holder.listen()
+        yield holder.getsockname()[1]
+
+
+def _config_on(checkpoint: Path, taken_port: int) -> tuple[dict, ServingConfig]:
+    """(the raw config, the group's config with worker 0 on `taken_port`)."""
     raw = {"model": {"path": str(checkpoint)}, "decoding": {"block_size": 8, "max_new_tokens": 16},
            "master": {"metrics_port": 0}}
     config = loopback_config(parse_config(raw), workers=2)
     addresses = (f"127.0.0.1:{taken_port}", *config.workers.addresses[1:])
-    return raw, dataclasses.replace(config.workers, addresses=addresses)
+    return raw, dataclasses.replace(config, workers=dataclasses.replace(config.workers, addresses=addresses))
 
 
 def test_a_worker_whose_port_is_taken_exits_with_the_port_taken_status(
     checkpoint: Path, tmp_path: Path
 ) -> None:
-    with socket.socket() as holder:
-        holder.bind(("127.0.0.1", 0))
-        holder.listen()
-        port = holder.getsockname()[1]
+    with held_port() as port:
         config = write_config(tmp_path, checkpoint, 1)
         raw = yaml.safe_load(config.read_text())
         raw["workers"]["addresses"] = [f"127.0.0.1:{port}"]
@@ -53,11 +62,8 @@ def test_a_worker_whose_port_is_taken_exits_with_the_port_taken_status(
 def test_the_launcher_starts_again_on_new_ports_when_a_picked_one_was_taken(
     checkpoint: Path, tmp_path: Path
 ) -> None:
-    with socket.socket() as holder:
-        holder.bind(("127.0.0.1", 0))
-        holder.listen()
-        raw, taken = _config_on(checkpoint, holder.getsockname()[1])
-        first = dataclasses.replace(loopback_config(parse_config(raw), workers=2), workers=taken)
+    with held_port() as port:
+        raw, first = _config_on(checkpoint, port)
         picks: list[int] = []
 
         def pick():  # what `lopa serve` does: the same flags, new free ports
@@ -73,18 +79,15 @@ def test_the_launcher_starts_again_on_new_ports_when_a_picked_one_was_taken(
         finally:
             cluster.stop()
     assert picks == [1]
-    assert cluster.config.workers.addresses != taken.addresses
+    assert cluster.config.workers.addresses != first.workers.addresses
     assert cluster.config.workers.secret_file == secret  # one group secret across the starts
 
 
 def test_ports_taken_on_every_start_end_the_start_with_the_workers_words(
     checkpoint: Path, tmp_path: Path
 ) -> None:
-    with socket.socket() as holder:
-        holder.bind(("127.0.0.1", 0))
-        holder.listen()
-        raw, taken = _config_on(checkpoint, holder.getsockname()[1])
-        config = dataclasses.replace(loopback_config(parse_config(raw), workers=2), workers=taken)
+    with held_port() as port:
+        _, config = _config_on(checkpoint, port)
         cluster = LocalCluster(config, tmp_path, log_dir=tmp_path)
         try:
             with pytest.raises(PortsTaken, match="cannot listen on"):

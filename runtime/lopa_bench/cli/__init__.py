@@ -1,4 +1,14 @@
-"""`lopa bench tpf`: LoPA vs D2F on the bundled task suite's held-out split."""
+"""`lopa bench`: its subcommands' flags, and `lopa bench tpf` (LoPA vs D2F on the bundled task
+suite's held-out split) here; the benchmarks' own modules register the others.
+
+checks       `ablation`, `orders`, `commit`, `options`: the LoPA paper's checks
+clients      `clients`: guidellm and inference-perf against `lopa serve`
+concurrency  `concurrency`: the sweep on the local engine
+lists        the comma-separated list flags (--ks, --modes)
+products     `products`: a step's matrix products, bf16 against FP8 kernels
+step         `step` and `write-checkpoint`
+weights      `weights`: FP8 weights against the dtype's
+"""
 
 from __future__ import annotations
 
