@@ -28,18 +28,25 @@ MAX_PROMPT_TOKENS = 256 - 32  # the bundled model's context less its answers' (m
 
 def _prompt(tokens: int) -> str | list[int]:
     """The first held-out prompt (tokens 0), else `tokens` ids of the held-out prompts in a row."""
-    from lopa.bundled import bundled_model_dir, tasks
+    from lopa.bundled import tasks
 
     if not tokens:
         return tasks.held_out(PROMPT_INDEX + 1)[PROMPT_INDEX].prompt
+    return held_out_ids(tokens)[:tokens]
+
+
+def held_out_ids(tokens: int) -> list[int]:
+    """At least `tokens` ids: the bundled model's held-out prompts, tokenized one after another
+    (InvalidParameter naming --prompt-tokens when they hold fewer)."""
+    from lopa.bundled import bundled_model_dir, tasks
     from lopa.model.tokenizer import load_tokenizer
 
     tokenizer = load_tokenizer(bundled_model_dir())
     ids: list[int] = []
-    for example in tasks.held_out(100):
+    for example in tasks.held_out(200):
         ids += tokenizer.encode(example.prompt, add_special_tokens=False)
         if len(ids) >= tokens:
-            return ids[:tokens]
+            return ids
     raise InvalidParameter("prompt_tokens", f"the held-out prompts hold {len(ids)} tokens, not {tokens}")
 
 

@@ -1,6 +1,7 @@
 """`lopa bench shared-prompt`: n samples of one prompt against n prompts of the same length.
 
-In-process (a LocalEngine of the bundled model, every branch granted): per pass, n requests of one
+In-process (the bundled model's local executor under a scheduler of its own, every branch granted,
+its rounds on this thread, each verify timed: stream_cost.TimedExecutor): per pass, n requests of one
 prompt with the seeds s .. s + n - 1, started together, and n requests of n different prompts of
 the same length with the same seeds. Both run the same rounds on the same rows, except that the
 samples of one prompt share their first forward (lopa.execution.twins): the table gives the first
@@ -17,8 +18,11 @@ from typing import Any
 
 from lopa.params import InvalidParameter
 from lopa_bench.rows import check_json, finish
+from lopa_bench.samples import held_out_ids
+from lopa_bench.stream_cost import TimedExecutor
 
 MAX_PROMPT_TOKENS = 256 - 32  # the bundled model's context less its answers' (max_new_tokens)
+START_STRIDE = 7  # the different prompts start this many ids apart in the held-out ids
 
 
 def add_parser(kinds: argparse._SubParsersAction) -> None:
@@ -46,70 +50,51 @@ def run(args: argparse.Namespace) -> int:
     check_json(args.json)
     from lopa.engine import LocalEngine, bundled_model_dir
     from lopa.model.decoding_defaults import model_defaults
+    from lopa.scheduling.alone import EVERY_BRANCH
+    from lopa.scheduling.scheduler import Scheduler
 
     prompts = _prompts(args.n, args.prompt_tokens)
-    engine = LocalEngine.from_dirs(bundled_model_dir(), max_batch=args.n, max_step_tokens=1 << 20)
-    timer = _RoundTimer(engine)
+    engine = LocalEngine.from_dirs(bundled_model_dir(), max_batch=args.n)
+    timed = TimedExecutor(engine.executor)
+    # Its own scheduler over the timed executor, every branch granted, rounds run on this thread.
+    scheduler = Scheduler(engine.decoder, timed, engine.decode, args.n, EVERY_BRANCH)
     params = model_defaults(bundled_model_dir()).with_overrides(branches=args.branches, temperature=1.0)
-    try:
-        _batch(engine, timer, [prompts[0]] * args.n, params, seed=1)  # warm-up
-        passes: dict[str, list[dict[str, float]]] = {"one prompt": [], "different prompts": []}
-        for p in range(args.passes):  # interleaved: a virtual machine's speed drifts
-            passes["one prompt"].append(_batch(engine, timer, [prompts[0]] * args.n, params, 1000 * p))
-            passes["different prompts"].append(_batch(engine, timer, prompts, params, 1000 * p))
-    finally:
-        engine.close()
+    _batch(scheduler, timed, [prompts[0]] * args.n, params, seed=1)  # warm-up
+    passes: dict[str, list[dict[str, float]]] = {"one prompt": [], "different prompts": []}
+    for p in range(args.passes):  # interleaved: a virtual machine's speed drifts
+        passes["one prompt"].append(_batch(scheduler, timed, [prompts[0]] * args.n, params, 1000 * p))
+        passes["different prompts"].append(_batch(scheduler, timed, prompts, params, 1000 * p))
     finish(_rows(passes, args), args.json)
     return 0
 
 
-class _RoundTimer:
-    """Wraps the engine's executor: the wall time of each verify_many, with whether it was a first
-    round (every part over an empty cache)."""
-
-    def __init__(self, engine: Any) -> None:
-        self.rounds: list[tuple[float, bool]] = []
-        inner = engine.executor.verify_many
-
-        def timed(parts: Any) -> Any:
-            began = time.perf_counter()
-            outcome = inner(parts)
-            self.rounds.append((time.perf_counter() - began, all(p.start == 0 for p in parts)))
-            return outcome
-
-        engine.executor.verify_many = timed
-
-
 def _batch(
-    engine: Any, timer: _RoundTimer, prompts: list[list[int]], params: Any, seed: int
+    scheduler: Any, timed: TimedExecutor, prompts: list[list[int]], params: Any, seed: int
 ) -> dict[str, float]:
+    """The n requests started together and run to their end on this thread (Scheduler.run_here);
+    the first round's verify time (every part over an empty cache), the later rounds' median."""
     from lopa.scheduling.request import Request, Waiter
 
     waiters = [Waiter() for _ in prompts]
     requests = [Request(list(ids), params.with_overrides(seed=seed + j), ignore_eos=True, on_done=waiter)
                 for j, (ids, waiter) in enumerate(zip(prompts, waiters, strict=True))]
-    timer.rounds.clear()
+    timed.verifies.clear()
+    timed.between.clear()
     began = time.perf_counter()
-    engine.scheduler.submit_many(requests)
-    engine.scheduler.start()
+    scheduler.submit_many(requests)
+    scheduler.run_here()
     done = [waiter.wait() for waiter in waiters]
     wall = time.perf_counter() - began
-    first = [s for s, is_first in timer.rounds if is_first]
-    later = [s for s, is_first in timer.rounds if not is_first]
+    first = [end - start for start, end, position in timed.verifies if position == 0]
+    later = [end - start for start, end, position in timed.verifies if position != 0]
     return {"wall_s": wall, "first_ms": 1000 * sum(first), "later_ms": 1000 * statistics.median(later),
             "tokens": sum(len(c.result.output_ids) for c in done)}
 
 
 def _prompts(n: int, tokens: int) -> list[list[int]]:
     """n different prompts of `tokens` ids each: the held-out prompts' ids in a row, from n starts."""
-    from lopa.bundled import bundled_model_dir, tasks
-    from lopa.model.tokenizer import load_tokenizer
-
-    tokenizer = load_tokenizer(bundled_model_dir())
-    ids = [t for e in tasks.held_out(200) for t in tokenizer.encode(e.prompt, add_special_tokens=False)]
-    if len(ids) < tokens + n:
-        raise InvalidParameter("prompt_tokens", f"the held-out prompts hold {len(ids)} tokens")
-    return [ids[j * 7 : j * 7 + tokens] for j in range(n)]  # distinct starts, equal lengths
+    ids = held_out_ids(tokens + START_STRIDE * (n - 1))
+    return [ids[j * START_STRIDE : j * START_STRIDE + tokens] for j in range(n)]
 
 
 def _rows(passes: dict[str, list[dict[str, float]]], args: argparse.Namespace) -> list[dict[str, Any]]:

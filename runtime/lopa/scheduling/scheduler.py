@@ -127,11 +127,7 @@ class Scheduler:
         if self._thread is not None:
             raise RuntimeError("the scheduler thread runs the rounds: submit and wait instead")
         while self._waiting or self._running:
-            self._expire_waiting()
-            self._admit()
-            if self._running:
-                self._round()
-            elif self._waiting:
+            if not self._turn() and self._waiting:
                 raise RuntimeError("the executor is not ready: no request can start")
 
     # -- the scheduler thread ------------------------------------------------------------------------
@@ -144,11 +140,7 @@ class Scheduler:
                 if not self._running and not self._waiting:
                     self._lock.wait(_IDLE_WAIT_S)
             try:
-                self._expire_waiting()
-                self._admit()
-                if self._running:
-                    self._round()
-                elif self._waiting:
+                if not self._turn() and self._waiting:
                     time.sleep(_IDLE_WAIT_S)  # the executor is not ready (a worker group forming)
             except Exception:  # a bug here must not kill the thread that serves every request
                 log.exception("scheduler round failed; failing the running requests")
@@ -158,6 +150,15 @@ class Scheduler:
             waiting, self._waiting = list(self._waiting), collections.deque()
         for request, _ in waiting:
             self._settle(request, SchedulerStopped("the server is stopping: the request was not started"))
+
+    def _turn(self) -> bool:
+        """Drop the expired waiting requests, admit what fits, run a round; whether one ran."""
+        self._expire_waiting()
+        self._admit()
+        if not self._running:
+            return False
+        self._round()
+        return True
 
     def _expire_waiting(self) -> None:
         """Cancelled or expired requests leave the queue at once."""
