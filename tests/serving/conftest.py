@@ -24,7 +24,7 @@ from lopa.model.loader import load_model
 from lopa.serving.launcher import LocalCluster, free_ports
 from lopa.serving.master.group.distributed import DistributedExecutor
 from lopa.serving.master.group.links import WorkerGroup
-from lopa.serving.shared.config import dump_config, load_config, parse_config
+from lopa.serving.shared.config import ServingConfig, dump_config, load_config, parse_config
 from lopa.synthetic import tiny_config, write_random_checkpoint
 from lopa_bench.attacks import collect, spawn
 
@@ -90,14 +90,17 @@ def bundled_http_group(work: Path, limits: dict) -> Iterator[tuple[LocalCluster,
     from lopa.serving.launcher import loopback_config
     from lopa.serving.shared.config import with_model_defaults
 
-    port, metrics = free_ports(2)
-    raw = {"model": {"path": str(bundled_model_dir())}, "limits": limits,
-           "master": {"metrics_port": metrics, "http_port": port}}
-    config = loopback_config(with_model_defaults(parse_config(raw), bundled_model_dir()), workers=2)
-    cluster = LocalCluster(config, work, log_dir=work)
-    cluster.start(timeout=180)
+
+    def on_free_ports() -> ServingConfig:  # again when another test process took a port meanwhile
+        port, metrics = free_ports(2)
+        raw = {"model": {"path": str(bundled_model_dir())}, "limits": limits,
+               "master": {"metrics_port": metrics, "http_port": port}}
+        return loopback_config(with_model_defaults(parse_config(raw), bundled_model_dir()), workers=2)
+
+    cluster = LocalCluster(on_free_ports(), work, log_dir=work)
+    cluster.start_on_free_ports(on_free_ports, timeout=180)
     try:
-        yield cluster, port
+        yield cluster, cluster.config.master.http_port
     finally:
         cluster.stop()
 

@@ -94,3 +94,18 @@ def test_ports_taken_on_every_start_end_the_start_with_the_workers_words(
                 cluster.start_on_free_ports(lambda: config, timeout=120)
         finally:
             cluster.stop()
+
+
+def test_a_master_whose_http_port_is_taken_ends_the_start_the_same_way(
+    checkpoint: Path, tmp_path: Path
+) -> None:
+    with held_port() as port:
+        raw = {"model": {"path": str(checkpoint)}, "decoding": {"block_size": 8, "max_new_tokens": 16},
+               "master": {"metrics_port": 0, "http_port": port}}
+        config = loopback_config(parse_config(raw), workers=1)
+        cluster = LocalCluster(config, tmp_path, log_dir=tmp_path)
+        try:
+            with pytest.raises(PortsTaken, match=f"master.http_port: cannot listen on port {port}"):
+                cluster.start_on_free_ports(lambda: config, timeout=120)
+        finally:
+            cluster.stop()

@@ -140,7 +140,7 @@ START_TRIES = 3  # starts of a group whose picked ports another process may take
 
 
 class PortsTaken(RuntimeError):
-    """A worker could not bind a port picked free for it: another process took it in between."""
+    """A child could not bind a port picked free for it: another process took it in between."""
 
 
 class LocalCluster:
@@ -233,7 +233,7 @@ class LocalCluster:
         return self.address
 
     def start_on_free_ports(self, pick: Callable[[], ServingConfig], timeout: float = 300.0) -> str:
-        """start(); when a worker exits because a port picked free for it was taken before it bound
+        """start(); when a child exits because a port picked free for it was taken before it bound
         it (by another process), `pick` gives the config on new free ports and the group starts
         again, up to START_TRIES starts."""
         for _ in range(START_TRIES - 1):
@@ -261,8 +261,9 @@ class LocalCluster:
         with LopaClient(self.health_address) as client:
             while time.monotonic() < deadline:
                 if self.master is not None and self.master.poll() is not None:
-                    status = exit_status(self.master.returncode)
-                    raise RuntimeError(f"the master exited ({status}){self.last_words('master')}")
+                    code = self.master.returncode
+                    message = f"the master exited ({exit_status(code)}){self.last_words('master')}"
+                    raise PortsTaken(message) if code == PORT_TAKEN_EXIT else RuntimeError(message)
                 # Any exit, 0 included: before the group formed no worker has a reason to leave, and
                 # one that did would leave this wait running to its deadline.
                 failed = [(r, p.returncode) for r, p in enumerate(self.workers) if p.poll() is not None]

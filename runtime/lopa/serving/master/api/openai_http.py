@@ -19,6 +19,7 @@ disconnects cancels its request.
 from __future__ import annotations
 
 import asyncio
+import errno
 import logging
 import time
 import uuid
@@ -51,6 +52,7 @@ from lopa.serving.master.api.openai_stream import FINISH, lopa_stats, stream, to
 from lopa.serving.master.api.openai_tokens import TokenEndpoints, not_found
 from lopa.serving.master.dispatch import Dispatcher, GroupUnavailable
 from lopa.serving.shared.config import TlsConfig
+from lopa.serving.shared.listen import PortTaken
 from lopa.serving.shared.tls import ssl_context
 
 __all__ = ["OpenAIApi", "failure", "start_http"]
@@ -304,5 +306,6 @@ async def start_http(api: OpenAIApi, host: str, port: int, tls: TlsConfig,
         await BoundedSite(runner, host, port, guard, handler_args, ssl_context(tls)).start()
     except OSError as error:
         await runner.cleanup()
-        raise OSError(f"master.http_port: cannot listen on port {port}: {error.strerror or error}") from None
+        taken = PortTaken if error.errno == errno.EADDRINUSE else OSError
+        raise taken(f"master.http_port: cannot listen on port {port}: {error.strerror or error}") from None
     return runner
