@@ -7,16 +7,23 @@ first (the operator suite, then the files marked `slow`), so that no process is 
 unit at the end while the others idle. Without xdist none of this applies: one process runs all in
 collection order.
 
+Each test process picks its free ports (`free_ports`, for itself and, through LOPA_PORT_RANGE, for
+the `lopa serve` it starts) from its own slice of the range: a port one process picked free and has
+not bound yet is never picked by another.
+
 (xdist's own `--dist loadgroup` would do the grouping from an `xdist_group` mark, but it rewrites
 test ids in a way pytest >= 9.2 no longer reads, which leaves every test a unit of its own.)
 """
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from typing import Any
 
 import pytest
+
+from lopa.serving.ports import PORT_RANGE_ENV, port_pool
 
 _TESTS = Path(__file__).resolve().parent
 _OPERATOR_SUITE = "tests/operator"
@@ -32,6 +39,16 @@ def _start_rank(item: pytest.Item) -> int:
     if unit_of(item.nodeid) == _OPERATOR_SUITE:
         return 0
     return 1 if item.get_closest_marker("slow") else 2
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    worker, count = os.environ.get("PYTEST_XDIST_WORKER"), os.environ.get("PYTEST_XDIST_WORKER_COUNT")
+    if worker is None or count is None:
+        return
+    pool, _ = port_pool()
+    slice_size = len(pool) // int(count)
+    first = pool.start + int(worker.removeprefix("gw")) * slice_size
+    os.environ[PORT_RANGE_ENV] = f"{first}-{first + slice_size - 1}"
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:

@@ -98,7 +98,7 @@ def row(attack: str, refused: str, probe: str, seen: dict[str, Any] | None, ok: 
 
 
 def shapes(work: Path) -> dict[str, Any]:
-    from lopa.serving.launcher import free_ports
+    from lopa.serving.ports import free_ports
     from lopa.serving.shared.config import dump_config, parse_config
 
     model = wide_checkpoint(work / "wide")
@@ -176,7 +176,8 @@ def memory_mb(pid: int, key: str) -> float:
 def bundled_group(work: Path) -> Iterator[Any]:
     """A master and one worker of the bundled model, HTTP and metrics on, every bound at its default."""
     from lopa.bundled import bundled_model_dir
-    from lopa.serving.launcher import LocalCluster, free_ports, loopback_config
+    from lopa.serving.launcher import LocalCluster, loopback_config
+    from lopa.serving.ports import free_ports
     from lopa.serving.shared.config import parse_config, with_model_defaults
 
     http, metrics = free_ports(2)

@@ -81,7 +81,8 @@ def run(args: argparse.Namespace) -> int:
         raise InvalidParameter("prompt_tokens", f"must be in [0, {MAX_PROMPT_TOKENS}] (the bundled model's "
                                                 f"context is 256 tokens), got {args.prompt_tokens}")
     check_json(args.json)
-    from lopa.serving.launcher import LocalCluster, free_ports, loopback_config
+    from lopa.serving.launcher import LocalCluster, loopback_config
+    from lopa.serving.ports import free_ports
     from lopa.serving.shared.config import parse_config, with_model_defaults
     from lopa.serving.shared.model_dir import model_path
 

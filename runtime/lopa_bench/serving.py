@@ -23,7 +23,8 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from lopa.params import MAX_BRANCHES, InvalidParameter
 from lopa.serving.client import LopaClient
-from lopa.serving.launcher import LocalCluster, free_ports, loopback_config
+from lopa.serving.launcher import LocalCluster, loopback_config
+from lopa.serving.ports import free_ports
 from lopa.serving.shared.config import Limits, MasterConfig, ServingConfig, parse_config, with_model_defaults
 from lopa.serving.shared.model_dir import model_path
 from lopa_bench.concurrency import Answer, combine, positive_ints, run_level, sweep_flags, with_ratios

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from lopa.serving.launcher import free_ports
+from lopa.serving.ports import free_ports
 from tools.docs import snippets
 
 REPO = Path(__file__).resolve().parents[2]

@@ -31,7 +31,7 @@ from typing import Any
 
 import yaml
 
-from lopa.serving.launcher import free_ports  # one helper for every suite's loopback ports
+from lopa.serving.ports import free_ports  # one helper for every suite's loopback ports
 
 from .binaries import (
     BUILD_SCRIPT,

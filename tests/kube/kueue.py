@@ -29,7 +29,7 @@ from typing import Any
 
 import yaml
 
-from lopa.serving.launcher import free_ports
+from lopa.serving.ports import free_ports
 
 from .binaries import REPO_ROOT
 from .certs import KeyPair, serving_cert

@@ -21,9 +21,10 @@ from safetensors.torch import save_file
 from lopa.decoding.decoder import Decoder
 from lopa.model.families import family_named
 from lopa.model.loader import load_model
-from lopa.serving.launcher import LocalCluster, free_ports
+from lopa.serving.launcher import LocalCluster
 from lopa.serving.master.group.distributed import DistributedExecutor
 from lopa.serving.master.group.links import WorkerGroup
+from lopa.serving.ports import free_ports
 from lopa.serving.shared.config import ServingConfig, dump_config, load_config, parse_config
 from lopa.synthetic import tiny_config, write_random_checkpoint
 from lopa_bench.attacks import collect, spawn

@@ -20,7 +20,8 @@ import pytest
 from lopa.engine import LocalEngine, bundled_model_dir
 from lopa.scheduling.request import Completion
 from lopa.serving.client import LopaClient
-from lopa.serving.launcher import LocalCluster, free_ports, loopback_config
+from lopa.serving.launcher import LocalCluster, loopback_config
+from lopa.serving.ports import free_ports
 from lopa.serving.shared.config import parse_config, with_model_defaults
 from tests.helpers.mixed import MixedRequest, mixed_requests
 

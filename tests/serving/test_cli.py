@@ -15,7 +15,7 @@ import yaml
 from kube import certs
 from lopa.params import InvalidParameter
 from lopa.serving.client import LopaClient
-from lopa.serving.launcher import free_ports
+from lopa.serving.ports import free_ports
 
 from .conftest import worker_env, write_config
 
@@ -124,10 +124,20 @@ def test_serve_places_its_workers_and_rendezvous_on_the_ports_asked() -> None:
     from lopa.cli import build_parser
     from lopa.cli.serve import check_flags, serving_config
 
-    worker, rendezvous = free_ports(3)[:2]
-    args = build_parser("serve").parse_args(["serve", "--workers", "2", "--worker-port", str(worker),
-                                             "--rendezvous-port", str(rendezvous)])
-    check_flags(args)
+    # check_flags probes each port: one picked free (or the worker port's successor, not picked) may be
+    # taken by another test process before the probe, so a taken port means new ports, not a failure.
+    for attempt in range(5):
+        worker, rendezvous = free_ports(2)
+        if rendezvous == worker + 1:
+            continue
+        args = build_parser("serve").parse_args(["serve", "--workers", "2", "--worker-port", str(worker),
+                                                 "--rendezvous-port", str(rendezvous)])
+        try:
+            check_flags(args)
+            break
+        except InvalidParameter as taken:
+            if "already in use" not in str(taken) or attempt == 4:
+                raise
     config = serving_config(args)
     assert config.workers.addresses == (f"127.0.0.1:{worker}", f"127.0.0.1:{worker + 1}")
     assert config.workers.rendezvous == f"127.0.0.1:{rendezvous}"

@@ -21,7 +21,8 @@ from safetensors.torch import load_file, save_file
 from lopa.cli import build_parser, main, serve
 from lopa.model.decoding_defaults import model_defaults
 from lopa.proto import lopa_pb2
-from lopa.serving.launcher import LocalCluster, describe_exits, free_ports
+from lopa.serving.launcher import LocalCluster, describe_exits
+from lopa.serving.ports import free_ports
 from lopa.serving.shared.config import parse_config
 from lopa.serving.shared.model_dir import model_path
 

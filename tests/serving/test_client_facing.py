@@ -29,7 +29,8 @@ import openai
 import pytest
 
 from lopa.serving.client import LopaClient
-from lopa.serving.launcher import LocalCluster, free_ports, loopback_config
+from lopa.serving.launcher import LocalCluster, loopback_config
+from lopa.serving.ports import free_ports
 from lopa.serving.shared.config import load_config, parse_config
 
 from .conftest import master_process, wait_for_gauges, worker_env, write_config

@@ -20,7 +20,7 @@ from lopa.execution.local import LocalExecutor
 from lopa.model.loader import load_model
 from lopa.params import DecodingParams
 from lopa.scheduling.alone import decode_alone
-from lopa.serving.launcher import free_ports
+from lopa.serving.ports import free_ports
 
 from .conftest import distributed_decoder, worker_env, write_config
 

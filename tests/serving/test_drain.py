@@ -18,7 +18,8 @@ from lopa.bundled import tasks
 from lopa.engine import LocalEngine, bundled_model_dir
 from lopa.model.decoding_defaults import model_defaults
 from lopa.serving.client import LopaClient
-from lopa.serving.launcher import LocalCluster, free_ports, loopback_config
+from lopa.serving.launcher import LocalCluster, loopback_config
+from lopa.serving.ports import free_ports
 from lopa.serving.shared.config import parse_config, with_model_defaults
 from lopa.serving.worker.service import QUIET_S, Drain
 

@@ -25,7 +25,7 @@ import openai
 import pytest
 
 from lopa.serving.client import LopaClient
-from lopa.serving.launcher import free_ports
+from lopa.serving.ports import free_ports
 from lopa.serving.shared.config import load_config
 
 from .conftest import worker_env, write_config

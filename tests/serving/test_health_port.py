@@ -12,7 +12,8 @@ import pytest
 
 from kube import certs
 from lopa.serving.client import LopaClient
-from lopa.serving.launcher import LocalCluster, free_ports, loopback_config
+from lopa.serving.launcher import LocalCluster, loopback_config
+from lopa.serving.ports import free_ports
 from lopa.serving.shared.config import ConfigError, parse_config, validate
 
 

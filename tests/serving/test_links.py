@@ -6,8 +6,8 @@ import logging
 
 import pytest
 
-from lopa.serving.launcher import free_ports
 from lopa.serving.master.group.links import STARTUP_GRACE_S, WorkerGroup
+from lopa.serving.ports import free_ports
 
 
 def test_waiting_for_workers_is_info_at_startup_then_a_warning(caplog: pytest.LogCaptureFixture) -> None:

@@ -8,7 +8,7 @@ import urllib.request
 
 from lopa.bundled import bundled_llada_dir, tasks
 from lopa.serving.client import LopaClient
-from lopa.serving.launcher import free_ports
+from lopa.serving.ports import free_ports
 
 from .conftest import lopa_serve
 

@@ -23,7 +23,8 @@ from lopa.model.loader import load_model
 from lopa.params import DecodingParams
 from lopa.scheduling.alone import decode_alone
 from lopa.serving.client import LopaClient
-from lopa.serving.launcher import LocalCluster, free_ports, loopback_config
+from lopa.serving.launcher import LocalCluster, loopback_config
+from lopa.serving.ports import free_ports
 from lopa.serving.shared.config import MasterConfig, parse_config
 
 from .conftest import metric_samples, wait_for_gauges

@@ -18,7 +18,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from lopa.serving.launcher import free_ports
+from lopa.serving.ports import free_ports
 from lopa.serving.shared.config import load_config
 from lopa_bench.edges import wide_checkpoint
 

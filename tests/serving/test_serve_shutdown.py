@@ -17,7 +17,7 @@ import yaml
 
 from lopa.bundled import tasks
 from lopa.cli.serve import DRAIN_MARGIN_S
-from lopa.serving.launcher import free_ports
+from lopa.serving.ports import free_ports
 
 from .conftest import lopa_serve
 

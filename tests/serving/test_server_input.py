@@ -19,8 +19,8 @@ import pytest
 import lopa
 from lopa.proto import lopa_pb2
 from lopa.serving.client import LopaClient
-from lopa.serving.launcher import free_ports
 from lopa.serving.master.server import serve_master
+from lopa.serving.ports import free_ports
 from lopa.serving.shared.config import ServingConfig, parse_config
 from lopa.serving.worker.service import WorkerService, listen_address, listen_key, start_server
 

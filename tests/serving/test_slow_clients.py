@@ -21,7 +21,8 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from lopa.serving.client import LopaClient
-from lopa.serving.launcher import LocalCluster, free_ports, loopback_config
+from lopa.serving.launcher import LocalCluster, loopback_config
+from lopa.serving.ports import free_ports
 from lopa.serving.shared.config import parse_config
 from lopa.serving.shared.metrics import METRICS_READ_TIMEOUT_S
 

@@ -23,7 +23,7 @@ import pytest
 from lopa.bundled import bundled_model_dir, tasks
 from lopa.cli import main
 from lopa.serving.client import LopaClient
-from lopa.serving.launcher import free_ports
+from lopa.serving.ports import free_ports
 
 from .conftest import lopa_serve
 

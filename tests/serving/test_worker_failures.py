@@ -16,11 +16,11 @@ from lopa.model.loader import load_model
 from lopa.params import DecodingParams
 from lopa.proto import worker_pb2
 from lopa.scheduling.request import SchedulerStopped
-from lopa.serving.launcher import free_ports
 from lopa.serving.master.api.grpc_service import status_of
 from lopa.serving.master.failures import failure_of
 from lopa.serving.master.group.distributed import DistributedExecutor, StepFailed
 from lopa.serving.master.group.links import WorkerLink, WorkerLost
+from lopa.serving.ports import free_ports
 from lopa.serving.shared.config import load_config
 from lopa.serving.worker.service import WorkerService, start_server
 

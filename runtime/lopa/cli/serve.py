@@ -116,9 +116,10 @@ def add_port_flags(parser: argparse.ArgumentParser) -> None:
                         help="master Prometheus metrics port (default: 0 = no metrics endpoint)")
     parser.add_argument("--worker-port", type=int, default=0,
                         help="the workers listen on this port and the next ones, one each, on loopback "
-                        "(default: 0 = free ports)")
+                        "(default: 0 = free ports, from LOPA_PORT_RANGE=LOW-HIGH when set)")
     parser.add_argument("--rendezvous-port", type=int, default=0,
-                        help="the workers' rendezvous port, on loopback (default: 0 = a free port)")
+                        help="the workers' rendezvous port, on loopback (default: 0 = a free port, from "
+                        "LOPA_PORT_RANGE when set)")
 
 
 def add_vllm_flags(parser: argparse.ArgumentParser) -> None:

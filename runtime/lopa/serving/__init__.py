@@ -7,5 +7,6 @@ worker/     `lopa worker`: joins the collective group and serves the master's st
 shared/     what both roles read: the YAML config, the model directory, port binding, TLS,
             Prometheus metrics, the launcher's lifeline
 launcher    `lopa serve`: a master + N workers as subprocesses on loopback
+ports       the free ports `lopa serve` picks for them (LOPA_PORT_RANGE confines them)
 client      a small Python client of the master
 """

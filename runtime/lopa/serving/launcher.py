@@ -7,14 +7,11 @@ workers with backoff, and the master attaches to the new group.
 
 from __future__ import annotations
 
-import collections
 import dataclasses
 import logging
 import os
-import random
 import secrets
 import signal
-import socket
 import subprocess
 import sys
 import threading
@@ -25,63 +22,13 @@ from typing import IO
 
 from lopa.host.cpu_budget import usable_cpus
 from lopa.serving.client import LopaClient
+from lopa.serving.ports import free_ports
 from lopa.serving.shared import device_choice
 from lopa.serving.shared.config import ServingConfig, WorkersConfig, dump_config
 from lopa.serving.shared.listen import PORT_TAKEN_EXIT
 from lopa.serving.shared.parent_watch import Lifeline
 
 log = logging.getLogger("lopa.serve")
-
-
-_EPHEMERAL_RANGE = Path("/proc/sys/net/ipv4/ip_local_port_range")
-_BELOW_EPHEMERAL = 8192  # ports tried below the ephemeral range
-# Ports this process handed out lately: free until their server binds them, so not handed out again
-# meanwhile (two calls, e.g. a metrics port and then a group's ports, must not collide).
-_handed_out: collections.deque[int] = collections.deque(maxlen=512)
-_handed_out_lock = threading.Lock()
-
-
-def free_ports(n: int, host: str = "127.0.0.1") -> list[int]:
-    """Distinct free ports on `host` (held open together so none is handed out twice), below the
-    kernel's ephemeral range where it leaves room. A port the kernel hands out (bind to port 0) lies
-    in that range, where any outgoing connection may take it as its local port before its server
-    listens: a master once failed to start because a worker's connection held its port."""
-    sockets: list[socket.socket] = []
-    try:
-        low = _ephemeral_low()
-        with _handed_out_lock:
-            recent = set(_handed_out)
-        candidates = [p for p in range(max(1024, low - _BELOW_EPHEMERAL), low) if p not in recent]
-        random.shuffle(candidates)
-        for port in candidates:
-            if len(sockets) == n:
-                break
-            s = socket.socket()
-            try:
-                s.bind((host, port))
-            except OSError:
-                s.close()
-                continue
-            sockets.append(s)
-        while len(sockets) < n:  # no room below the range: let the kernel choose
-            s = socket.socket()
-            sockets.append(s)
-            s.bind((host, 0))
-        ports = [s.getsockname()[1] for s in sockets]
-        with _handed_out_lock:
-            _handed_out.extend(ports)
-        return ports
-    finally:
-        for s in sockets:
-            s.close()
-
-
-def _ephemeral_low() -> int:
-    """The first port of the kernel's ephemeral range (Linux; 32768 when unreadable)."""
-    try:
-        return int(_EPHEMERAL_RANGE.read_text().split()[0])
-    except (OSError, ValueError, IndexError):
-        return 32768
 
 
 def worker_threads(workers: int) -> int:

@@ -14,7 +14,7 @@ from pathlib import Path
 
 from prometheus_client.parser import text_string_to_metric_families
 
-from lopa.serving.launcher import free_ports
+from lopa.serving.ports import free_ports
 
 TTFT = "lopa_time_to_first_token_seconds"
 TPOT = "lopa_time_per_output_token_seconds"
