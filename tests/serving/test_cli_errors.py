@@ -201,6 +201,17 @@ def test_serve_checks_its_flags_before_starting_anything(
     assert code == 2 and one_line(err) == line
 
 
+def test_serve_names_a_malformed_port_range(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    listen = closed_address()
+    monkeypatch.setenv("LOPA_PORT_RANGE", "30000")
+    code, err = run_cli(capsys, "serve", "--listen", listen)
+    assert code == 2
+    bounds = "must be LOW-HIGH with 1 <= LOW <= HIGH <= 65535"
+    assert one_line(err) == f"lopa serve: error: LOPA_PORT_RANGE: {bounds}, got '30000'"
+
+
 @pytest.mark.parametrize("flag", ["--http-port", "--metrics-port"])
 def test_serve_names_the_flag_of_a_port_in_use_or_taken_twice(
     capsys: pytest.CaptureFixture[str], flag: str

@@ -103,7 +103,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         return int(args.handler(args) or 0)
     except InvalidParameter as error:
-        parser.exit(2, f"lopa {args.command}: error: {flag_name(error.field)}: {error.reason}\n")
+        # A field in capitals is an environment variable (LOPA_PORT_RANGE), named as it is set.
+        where = error.field if error.field.isupper() else flag_name(error.field)
+        parser.exit(2, f"lopa {args.command}: error: {where}: {error.reason}\n")
     except PortTaken as error:
         parser.exit(PORT_TAKEN_EXIT, f"lopa {args.command}: error: {error}\n")
     # OSError: a port that cannot be bound (the message names its config key), a file that cannot be read.

@@ -19,6 +19,7 @@ import grpc
 from lopa.cli.decoding_flags import add_decoding_flags, params_from_args
 from lopa.cli.preflight import device_problem, listen_problem, weights_problem
 from lopa.params import InvalidParameter
+from lopa.serving.ports import port_pool
 from lopa.serving.shared import device_choice
 from lopa.serving.shared.config import (
     API_KEY_ENV,
@@ -270,7 +271,8 @@ def _make_log_dir(path: Path) -> None:
 def _check_ports(args: argparse.Namespace) -> None:
     """--http-port and --metrics-port (the master listens on --listen's host) free and apart from
     --listen's port, reported under their flags before any child starts (the master would name its
-    config key)."""
+    config key). LOPA_PORT_RANGE, which the free ones come from, is checked here too."""
+    port_pool()
     host, port = split_address(args.listen)  # checked by listen_problem first
     taken = {"listen": port}
     for flag in ("http_port", "metrics_port", "rendezvous_port"):

@@ -47,7 +47,7 @@ def free_ports(n: int, host: str = "127.0.0.1") -> list[int]:
                 continue
             sockets.append(s)
         if len(sockets) < n and confined:
-            where = f"{PORT_RANGE_ENV}={pool.start}-{pool.stop - 1}"
+            where = f"{pool.start}-{pool.stop - 1}"
             raise InvalidParameter(PORT_RANGE_ENV, f"{n} free ports needed, {len(sockets)} left in {where}")
         while len(sockets) < n:  # no room below the range: let the kernel choose
             s = socket.socket()
