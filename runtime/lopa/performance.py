@@ -52,7 +52,7 @@ class Switches:
                 raise ValueError(f"{key}: {reason}")
 
 
-KEYS = ("cuda_graphs", "cuda_graph_tokens", "kernels", "torch_compile", "fp8_products")
+KEYS = tuple(ENV)  # every switch has its environment variable
 
 
 def _reason(key: str, value: Any) -> str | None:
