@@ -128,8 +128,8 @@ def test_serve_places_its_workers_and_rendezvous_on_the_ports_asked() -> None:
     # taken by another test process before the probe, so a taken port means new ports, not a failure.
     for attempt in range(5):
         worker, rendezvous = free_ports(2)
-        if rendezvous == worker + 1:
-            continue
+        if rendezvous == worker + 1:  # the second worker's port: the other way round, it lies below
+            worker, rendezvous = rendezvous, worker
         args = build_parser("serve").parse_args(["serve", "--workers", "2", "--worker-port", str(worker),
                                                  "--rendezvous-port", str(rendezvous)])
         try:
