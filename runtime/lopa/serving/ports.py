@@ -26,9 +26,8 @@ _handed_out_lock = threading.Lock()
 def free_ports(n: int, host: str = "127.0.0.1") -> list[int]:
     """Distinct free ports on `host` (held open together so none is handed out twice): from
     LOPA_PORT_RANGE when set, else below the kernel's ephemeral range where it leaves room. A port the
-    kernel hands out (bind to port 0) lies in that range, where any outgoing connection may take it as
-    its local port before its server listens: a master once failed to start because a worker's
-    connection held its port."""
+    kernel hands out (bind to port 0) lies in that range, where any outgoing connection (a worker's to
+    the master, say) may take it as its local port before its server listens."""
     pool, confined = port_pool()
     sockets: list[socket.socket] = []
     try:
